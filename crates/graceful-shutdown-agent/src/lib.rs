@@ -1,0 +1,1 @@
+//! graceful-shutdown-agent

@@ -1,0 +1,1 @@
+//! out-of-service-gc
