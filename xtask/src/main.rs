@@ -1,1 +1,70 @@
-fn main() {}
+//! Developer tasks: `cargo xtask <task>`. Kept to a few dependencies so it builds in seconds.
+
+mod bench;
+mod helm;
+mod logind;
+mod test;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "nodegrace developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Installs what the tests need, then runs fmt, clippy, the test suite and the chart checks.
+    Test,
+    /// Runs a real elogind on a private bus for manual experiments or the demo.
+    Logind {
+        #[command(subcommand)]
+        action: logind::Action,
+    },
+    /// Runs a benchmark and prints its figures.
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+    /// Lints and renders every chart under charts/ with the real helm.
+    Charts,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Test => test::run(),
+        Task::Logind { action } => logind::run(action),
+        Task::Bench { which } => bench::run(&which),
+        Task::Charts => helm::check_charts(),
+    }
+}
+
+/// The workspace root, wherever cargo was invoked from.
+pub fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// Runs a command from the project root, failing with the command line when it fails.
+pub fn run_command(command: &mut Command) -> Result<()> {
+    command.current_dir(project_root());
+    let status = command
+        .status()
+        .with_context(|| format!("could not start {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed with {status}");
+    }
+    Ok(())
+}
+
+pub fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
