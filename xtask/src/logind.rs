@@ -17,8 +17,17 @@ pub enum Action {
 
 pub fn run(action: Action) -> Result<()> {
     match action {
-        Action::Up => run_command(cargo().args(["run", "--quiet", "--package", "logind-harness", "--", "up"])),
-        Action::Down => run_command(cargo().args(["run", "--quiet", "--package", "logind-harness", "--", "down"])),
+        Action::Up => {
+            run_command(cargo().args(["run", "--quiet", "--package", "logind-harness", "--", "up"]))
+        }
+        Action::Down => run_command(cargo().args([
+            "run",
+            "--quiet",
+            "--package",
+            "logind-harness",
+            "--",
+            "down",
+        ])),
         Action::Demo => run_command(cargo().args([
             "run",
             "--quiet",

@@ -12,9 +12,18 @@ pub fn run() -> Result<()> {
     ensure_nextest()?;
     helm::ensure_helm()?;
 
-    step("format", || run_command(cargo().args(["fmt", "--all", "--", "--check"])))?;
+    step("format", || {
+        run_command(cargo().args(["fmt", "--all", "--", "--check"]))
+    })?;
     step("clippy", || {
-        run_command(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
+        run_command(cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
     })?;
     step("docs", || {
         run_command(
@@ -101,6 +110,9 @@ fn check_no_stray_processes() -> Result<()> {
         println!("no stray elogind or dbus-daemon processes");
         Ok(())
     } else {
-        bail!("processes left behind by the test suite:\n{}", strays.join("\n"))
+        bail!(
+            "processes left behind by the test suite:\n{}",
+            strays.join("\n")
+        )
     }
 }

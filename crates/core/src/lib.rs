@@ -2,3 +2,11 @@
 //!
 //! Every program links this crate: the logind client for the node agents, the Kubernetes
 //! helpers, leader election for the controllers, and the admin server and CLI options for all.
+
+pub mod admin;
+pub mod cli;
+pub mod k8s;
+pub mod leader;
+pub mod logind;
+pub mod signals;
+pub mod telemetry;
