@@ -33,6 +33,17 @@ pub fn run() -> Result<()> {
         )
     })?;
     step("charts", helm::check_charts)?;
+    // Unpacking elogind once up front keeps that download out of the first test's time.
+    step("provision elogind", || {
+        run_command(cargo().args([
+            "run",
+            "--quiet",
+            "--package",
+            "logind-harness",
+            "--",
+            "provision",
+        ]))
+    })?;
     step("tests", || {
         run_command(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast"]))
     })?;
