@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod duration;
 pub mod k8s;
 pub mod leader;
 pub mod logind;
