@@ -1,0 +1,19 @@
+{{- define "gsa.name" -}}
+{{- printf "%s-graceful-shutdown-agent" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gsa.labels" -}}
+app.kubernetes.io/name: graceful-shutdown-agent
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.extraLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "gsa.selectorLabels" -}}
+app.kubernetes.io/name: graceful-shutdown-agent
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
