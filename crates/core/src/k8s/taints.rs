@@ -1,0 +1,105 @@
+//! Adding and removing a node taint without losing anyone else's: read, change, and replace
+//! with the read `resourceVersion`, retrying when another writer got there first (409).
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Api;
+use kube::api::PostParams;
+
+/// Conflicts are normal on a busy node (the kubelet and controllers write it too); a handful of
+/// attempts is plenty, and a bound keeps a pathological fight from spinning forever.
+const ATTEMPTS: usize = 8;
+
+/// Adds `taint` (matched by key and effect) unless present. Returns whether the node changed.
+pub async fn add_taint(nodes: &Api<Node>, node: &str, taint: &Taint) -> Result<bool, kube::Error> {
+    modify_taints(nodes, node, |taints| {
+        if taints.iter().any(|t| same_taint(t, taint)) {
+            return false;
+        }
+        let mut added = taint.clone();
+        if added.effect == "NoExecute" && added.time_added.is_none() {
+            // The taint manager counts tolerationSeconds from here.
+            added.time_added = Some(Time(Timestamp::now()));
+        }
+        taints.push(added);
+        true
+    })
+    .await
+}
+
+/// Removes the taint with `taint`'s key and effect if present. Returns whether the node changed.
+pub async fn remove_taint(
+    nodes: &Api<Node>,
+    node: &str,
+    taint: &Taint,
+) -> Result<bool, kube::Error> {
+    modify_taints(nodes, node, |taints| {
+        let before = taints.len();
+        taints.retain(|t| !same_taint(t, taint));
+        taints.len() != before
+    })
+    .await
+}
+
+/// Taints are identified by key and effect, as the API validates them.
+fn same_taint(a: &Taint, b: &Taint) -> bool {
+    a.key == b.key && a.effect == b.effect
+}
+
+async fn modify_taints(
+    nodes: &Api<Node>,
+    node: &str,
+    mut change: impl FnMut(&mut Vec<Taint>) -> bool,
+) -> Result<bool, kube::Error> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut current = nodes.get(node).await?;
+        let spec = current.spec.get_or_insert_with(Default::default);
+        let mut taints = spec.taints.take().unwrap_or_default();
+        if !change(&mut taints) {
+            return Ok(false);
+        }
+        spec.taints = (!taints.is_empty()).then_some(taints);
+        // `current` carries the resourceVersion we read: a concurrent write makes this a 409.
+        match nodes.replace(node, &PostParams::default(), &current).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {
+                tracing::debug!(
+                    node,
+                    attempt,
+                    "node changed underneath; retrying the taint update"
+                );
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn taints_are_the_same_by_key_and_effect() {
+        let taint = |key: &str, value: Option<&str>, effect: &str| Taint {
+            key: key.to_owned(),
+            value: value.map(str::to_owned),
+            effect: effect.to_owned(),
+            time_added: None,
+        };
+        assert!(same_taint(
+            &taint("a", Some("1"), "NoSchedule"),
+            &taint("a", Some("2"), "NoSchedule")
+        ));
+        assert!(!same_taint(
+            &taint("a", None, "NoSchedule"),
+            &taint("a", None, "NoExecute")
+        ));
+        assert!(!same_taint(
+            &taint("a", None, "NoSchedule"),
+            &taint("b", None, "NoSchedule")
+        ));
+    }
+}
