@@ -1,0 +1,240 @@
+//! The agent's life: hold the delay inhibitor, and when logind announces a shutdown, terminate
+//! the node's pods group by group and release the inhibitor the moment the last group is done.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Future, StreamExt};
+use jiff::Timestamp;
+use nodegrace_core::admin::ReadinessGate;
+use nodegrace_core::logind::{InhibitMode, InhibitorLock, Logind, ShutdownEvent};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{Metrics, PodLabels};
+use crate::node_marks::NodeMarks;
+use crate::node_pods::NodePods;
+use crate::plan::ShutdownPlan;
+use crate::state::{ShutdownRecord, StateFile};
+use crate::terminate::{Terminator, group_pods};
+
+pub const INHIBITOR_WHO: &str = "nodegrace graceful-shutdown-agent";
+const INHIBITOR_WHY: &str =
+    "Terminating the node's pods gracefully, in priority order, before shutdown";
+/// How long node markings may take before the pods' termination starts regardless: an
+/// unreachable API server must not eat the pods' time.
+const MARK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Everything the agent works with, assembled by `main` (or a test).
+#[derive(Debug)]
+pub struct Agent {
+    pub logind: Logind,
+    pub plan: ShutdownPlan,
+    /// What logind grants: the deadline of a shutdown is its start plus this.
+    pub budget: Duration,
+    pub pods: NodePods,
+    pub terminator: Terminator,
+    pub marks: NodeMarks,
+    pub state: StateFile,
+    pub boot_id: String,
+    pub own_pod: Option<(String, String)>,
+    pub metrics: Metrics,
+    /// Set once the inhibitor is held (the agent is useful only from then on).
+    pub ready: ReadinessGate,
+}
+
+type Procedure = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl Agent {
+    /// Runs until `stop` is cancelled. A shutdown in progress is finished (within its budget)
+    /// before returning, since the node is going down anyway.
+    pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
+        let agent = Arc::new(self);
+        let mut events = agent.logind.shutdown_events().await?;
+        agent.pods.synced().await;
+        agent.publish_last_shutdown();
+
+        let mut record = agent.state.load();
+        let mut procedure: Option<Procedure> = None;
+        if record.in_progress_in(&agent.boot_id) || agent.logind.preparing_for_shutdown().await? {
+            // We crashed (or restarted) mid-shutdown: carry on, never undo it.
+            let started = record
+                .started_at
+                .filter(|_| record.in_progress_in(&agent.boot_id));
+            let started = started.unwrap_or_else(Timestamp::now);
+            tracing::warn!(%started, "a shutdown is in progress; resuming it");
+            record = agent.begin_record(started);
+            let deadline = agent.deadline_from(started);
+            procedure = Some(Box::pin(Arc::clone(&agent).shutdown(deadline, false)));
+        } else {
+            agent.marks.clear_stale().await;
+        }
+
+        let mut lock = agent.take_lock().await;
+        loop {
+            let shutting_down = procedure.is_some();
+            tokio::select! {
+                () = async { procedure.as_mut().expect("guarded by shutting_down").await }, if shutting_down => {
+                    procedure = None;
+                    drop(lock.take());
+                    agent.metrics.inhibitor_held.set(0);
+                    agent.finish(&mut record);
+                    if stop.is_cancelled() {
+                        return Ok(());
+                    }
+                }
+                () = stop.cancelled(), if !shutting_down => return Ok(()),
+                event = events.next() => match event {
+                    Some(ShutdownEvent::PrepareForShutdown(true)) => {
+                        if procedure.is_none() {
+                            let started = Timestamp::now();
+                            record = agent.begin_record(started);
+                            let deadline = Instant::now() + agent.budget;
+                            procedure = Some(Box::pin(Arc::clone(&agent).shutdown(deadline, true)));
+                        }
+                    }
+                    Some(ShutdownEvent::PrepareForShutdown(false)) => {
+                        procedure = None;
+                        record.cancelled_at = Some(Timestamp::now());
+                        agent.store(&record);
+                        agent.marks.shutdown_cancelled().await;
+                        if lock.is_none() {
+                            lock = agent.take_lock().await;
+                        }
+                    }
+                    Some(ShutdownEvent::LogindStopped) => {
+                        // logind's locks died with it; ours is only a dead fd now.
+                        drop(lock.take());
+                        agent.metrics.inhibitor_held.set(0);
+                        agent.ready.set(false);
+                        tracing::warn!("logind left the bus; waiting for it to come back");
+                    }
+                    Some(ShutdownEvent::LogindStarted) => {
+                        tracing::info!("logind is back; taking the inhibitor again");
+                        lock = agent.take_lock().await;
+                    }
+                    None => anyhow::bail!("lost the system bus connection"),
+                },
+            }
+        }
+    }
+
+    /// The deadline of a shutdown that started at `started` (wall clock), on the monotonic clock.
+    fn deadline_from(&self, started: Timestamp) -> Instant {
+        let elapsed = Timestamp::now().duration_since(started).unsigned_abs();
+        Instant::now() + self.budget.saturating_sub(elapsed)
+    }
+
+    async fn take_lock(&self) -> Option<InhibitorLock> {
+        match self
+            .logind
+            .inhibit("shutdown", INHIBITOR_WHO, INHIBITOR_WHY, InhibitMode::Delay)
+            .await
+        {
+            Ok(lock) => {
+                self.metrics.inhibitor_held.set(1);
+                self.ready.set(true);
+                Some(lock)
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot take the logind delay inhibitor");
+                self.metrics.inhibitor_held.set(0);
+                self.ready.set(false);
+                None
+            }
+        }
+    }
+
+    /// Marks the node, then terminates the groups; all of it bounded by `deadline`, after which
+    /// the inhibitor goes whatever is left undone.
+    async fn shutdown(self: Arc<Self>, deadline: Instant, mark: bool) {
+        let work = async {
+            if mark {
+                let marked = tokio::time::timeout(MARK_TIMEOUT, self.marks.shutting_down()).await;
+                if marked.is_err() {
+                    tracing::warn!("marking the node took too long; terminating pods regardless");
+                }
+            }
+            let snapshot = self.pods.snapshot();
+            let own = self
+                .own_pod
+                .as_ref()
+                .map(|(ns, name)| (ns.as_str(), name.as_str()));
+            let groups = group_pods(&self.plan, &snapshot, own);
+            for (group, pods) in self.plan.groups().iter().zip(groups) {
+                if pods.is_empty() {
+                    continue;
+                }
+                self.marks.group_started(group, pods.len()).await;
+                let report = self.terminator.run_group(*group, &pods).await;
+                for (pod, outcome) in &report.pods {
+                    tracing::info!(
+                        pod,
+                        outcome = outcome.as_str(),
+                        priority = group.priority,
+                        "pod terminated"
+                    );
+                    self.metrics
+                        .pods_terminated
+                        .get_or_create(&PodLabels {
+                            group_priority: group.priority.to_string(),
+                            outcome: outcome.as_str().to_owned(),
+                        })
+                        .inc();
+                }
+            }
+        };
+        if tokio::time::timeout_at(deadline, work).await.is_err() {
+            tracing::warn!(
+                "the shutdown budget ran out before every group finished; releasing the inhibitor"
+            );
+        }
+    }
+
+    fn begin_record(&self, started: Timestamp) -> ShutdownRecord {
+        let record = ShutdownRecord {
+            boot_id: self.boot_id.clone(),
+            started_at: Some(started),
+            ended_at: None,
+            cancelled_at: None,
+        };
+        self.store(&record);
+        self.metrics.start_time_seconds.set(seconds(started));
+        record
+    }
+
+    fn finish(&self, record: &mut ShutdownRecord) {
+        let ended = Timestamp::now();
+        record.ended_at = Some(ended);
+        self.store(record);
+        self.metrics.end_time_seconds.set(seconds(ended));
+        if let Some(started) = record.started_at {
+            let took = ended.duration_since(started).as_secs_f64();
+            self.metrics.duration_seconds.observe(took);
+            tracing::info!(seconds = took, "graceful shutdown done; inhibitor released");
+        }
+        let marks = self.marks.clone();
+        tokio::spawn(async move { marks.shutdown_finished().await });
+    }
+
+    fn store(&self, record: &ShutdownRecord) {
+        if let Err(error) = self.state.store(record) {
+            tracing::error!(%error, "cannot record the shutdown state");
+        }
+    }
+
+    fn publish_last_shutdown(&self) {
+        let record = self.state.load();
+        if let Some(started) = record.started_at {
+            self.metrics.start_time_seconds.set(seconds(started));
+        }
+        if let Some(ended) = record.ended_at {
+            self.metrics.end_time_seconds.set(seconds(ended));
+        }
+    }
+}
+
+fn seconds(at: Timestamp) -> f64 {
+    at.as_millisecond() as f64 / 1000.0
+}

@@ -1,0 +1,126 @@
+//! Assembling the agent from its options and running it until SIGTERM.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use nodegrace_core::admin::{self, Readiness};
+use nodegrace_core::k8s::client::client;
+use nodegrace_core::k8s::events::EventPublisher;
+use nodegrace_core::logind::{DelayConfig, Logind, ensure_inhibit_delay};
+use nodegrace_core::telemetry::program_registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::Agent;
+use crate::cli::Args;
+use crate::metrics::Metrics;
+use crate::node_marks::NodeMarks;
+use crate::node_pods::NodePods;
+use crate::state::{StateFile, read_boot_id};
+use crate::terminate::Terminator;
+
+pub const PROGRAM: &str = "graceful-shutdown-agent";
+
+/// Runs the agent until `stop` is cancelled.
+pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
+    let plan = args
+        .settings()
+        .and_then(|settings| settings.plan())
+        .context("invalid shutdown configuration")?;
+    let node = args.node.node_name.clone();
+    let mut registry = program_registry(PROGRAM);
+    let metrics = Metrics::register(&mut registry);
+    let readiness = Readiness::new();
+    let inhibitor_gate = readiness.gate("logind-inhibitor");
+    let admin = admin::serve(
+        args.common.admin.admin_listen,
+        registry,
+        readiness.clone(),
+        stop.clone(),
+    )
+    .await
+    .context("start the admin server")?;
+    tracing::info!(address = %admin.local_addr(), node, "admin server listening");
+
+    if plan.is_disabled() {
+        tracing::info!(
+            "graceful shutdown is disabled: no shutdownGracePeriod or shutdownGracePeriodByPodPriority is set; \
+             holding no inhibitor"
+        );
+        inhibitor_gate.set(true);
+        stop.cancelled().await;
+        return Ok(());
+    }
+
+    let client = client(&args.common.kube, PROGRAM)
+        .await
+        .context("build the Kubernetes client")?;
+    let logind = connect_logind(args.dbus_address.as_deref(), &stop).await?;
+    let Some(logind) = logind else { return Ok(()) };
+
+    let events = EventPublisher::new(client.clone(), PROGRAM, &node);
+    let marks = NodeMarks::new(Api::<Node>::all(client.clone()), node.clone(), events);
+    let delay = DelayConfig {
+        drop_in_dir: args.logind_drop_in_dir.clone(),
+        file_name: args.logind_drop_in_file.clone(),
+        ..DelayConfig::default()
+    };
+    let wanted = plan.total();
+    let budget = match ensure_inhibit_delay(&logind, wanted, &delay).await {
+        Ok(outcome) => outcome.effective,
+        Err(error) => {
+            // Running with what logind grants beats crash-looping on a read-only host path.
+            tracing::error!(%error, "cannot raise logind's InhibitDelayMaxSec");
+            logind.inhibit_delay_max().await?.min(wanted)
+        }
+    };
+    metrics.budget_seconds.set(budget.as_secs_f64());
+    if budget < wanted {
+        metrics.budget_reduced.set(1);
+        tracing::warn!(
+            wanted = wanted.as_secs(),
+            effective = budget.as_secs(),
+            "shutdown budget reduced by logind"
+        );
+        marks
+            .budget_reduced(wanted.as_secs(), budget.as_secs())
+            .await;
+    }
+
+    let pods = NodePods::start(client.clone(), &node, stop.clone());
+    let agent = Agent {
+        logind,
+        plan,
+        budget,
+        terminator: Terminator::new(client, pods.clone(), node.clone()),
+        pods,
+        marks,
+        state: StateFile::new(&args.state_dir),
+        boot_id: read_boot_id(&args.boot_id_file),
+        own_pod: args.pod_namespace.clone().zip(args.pod_name.clone()),
+        metrics,
+        ready: inhibitor_gate,
+    };
+    agent.run(stop).await
+}
+
+/// Connects to logind, retrying while it is not there yet (the agent stays not-ready).
+async fn connect_logind(address: Option<&str>, stop: &CancellationToken) -> Result<Option<Logind>> {
+    let mut pause = Duration::from_millis(200);
+    loop {
+        let connected = match address {
+            Some(address) => Logind::connect_to(address).await,
+            None => Logind::connect().await,
+        };
+        match connected {
+            Ok(logind) => return Ok(Some(logind)),
+            Err(error) => tracing::error!(%error, "cannot reach logind; retrying"),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return Ok(None),
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(10));
+    }
+}

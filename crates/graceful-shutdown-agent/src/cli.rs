@@ -1,0 +1,80 @@
+//! Command-line options. Every flag can also come from the environment, so the DaemonSet can
+//! set them either way.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use nodegrace_core::cli::{CommonArgs, NodeArgs};
+
+use crate::config::{PriorityPeriod, ShutdownSettings, parse_priority_flag};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "graceful-shutdown-agent",
+    version,
+    about = "Terminates a node's pods gracefully, in priority order, when the machine shuts down"
+)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+
+    /// YAML file with KubeletConfiguration's shutdown fields (shutdownGracePeriod,
+    /// shutdownGracePeriodCriticalPods, shutdownGracePeriodByPodPriority).
+    #[arg(long, env = "GSA_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Overrides shutdownGracePeriod (a duration such as 30s or 2m).
+    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD")]
+    pub shutdown_grace_period: Option<String>,
+    /// Overrides shutdownGracePeriodCriticalPods.
+    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS")]
+    pub shutdown_grace_period_critical_pods: Option<String>,
+    /// Overrides shutdownGracePeriodByPodPriority, as PRIORITY=SECONDS,… (e.g. 0=20,2000000000=10).
+    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD_BY_POD_PRIORITY", value_parser = parse_priority_flag)]
+    pub shutdown_grace_period_by_pod_priority: Option<Vec<PriorityPeriod>>,
+
+    /// Directory of the durable shutdown record.
+    #[arg(long, env = "GSA_STATE_DIR", default_value = "/var/lib/nodegrace")]
+    pub state_dir: PathBuf,
+    /// Where logind reads drop-ins (/etc/systemd/logind.conf.d for systemd-logind).
+    #[arg(
+        long,
+        env = "LOGIND_DROP_IN_DIR",
+        default_value = "/etc/systemd/logind.conf.d"
+    )]
+    pub logind_drop_in_dir: PathBuf,
+    /// File name of the drop-in the agent writes.
+    #[arg(long, env = "LOGIND_DROP_IN_FILE", default_value = "99-nodegrace.conf")]
+    pub logind_drop_in_file: String,
+    /// Identifies the current boot, to tell a crash mid-shutdown from a reboot.
+    #[arg(
+        long,
+        env = "BOOT_ID_FILE",
+        default_value = "/proc/sys/kernel/random/boot_id"
+    )]
+    pub boot_id_file: PathBuf,
+    /// The system bus (default: the standard system bus socket).
+    #[arg(long, env = "DBUS_SYSTEM_BUS_ADDRESS")]
+    pub dbus_address: Option<String>,
+    /// The agent's own pod, which it never deletes (from the downward API).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+}
+
+impl Args {
+    /// The file's settings with the flags laid over them.
+    pub fn settings(&self) -> Result<ShutdownSettings, crate::config::ConfigError> {
+        let file = match &self.config {
+            Some(path) => ShutdownSettings::from_file(path)?,
+            None => ShutdownSettings::default(),
+        };
+        Ok(file.overridden_by(ShutdownSettings::from_flags(
+            self.shutdown_grace_period.clone(),
+            self.shutdown_grace_period_critical_pods.clone(),
+            self.shutdown_grace_period_by_pod_priority.clone(),
+        )))
+    }
+}
