@@ -5,10 +5,14 @@
 
 use anyhow::bail;
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs};
+use nodegrace_core::cli::CommonArgs;
 
 #[derive(Debug, Parser)]
-#[command(name = "out-of-service-gc", version, about = "Force-deletes pods and detaches volumes of out-of-service nodes (KEP-2268)")]
+#[command(
+    name = "out-of-service-gc",
+    version,
+    about = "Force-deletes pods and detaches volumes of out-of-service nodes (KEP-2268)"
+)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,

@@ -8,7 +8,11 @@ use clap::Parser;
 use nodegrace_core::cli::{CommonArgs, NodeArgs};
 
 #[derive(Debug, Parser)]
-#[command(name = "shutdown-inhibitor-agent", version, about = "Turns Leases named after the node into a logind block inhibitor")]
+#[command(
+    name = "shutdown-inhibitor-agent",
+    version,
+    about = "Turns Leases named after the node into a logind block inhibitor"
+)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,

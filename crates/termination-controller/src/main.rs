@@ -5,10 +5,14 @@
 
 use anyhow::bail;
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs};
+use nodegrace_core::cli::CommonArgs;
 
 #[derive(Debug, Parser)]
-#[command(name = "termination-controller", version, about = "Drains and terminates nodes through a finalizer, honouring PodDisruptionBudgets")]
+#[command(
+    name = "termination-controller",
+    version,
+    about = "Drains and terminates nodes through a finalizer, honouring PodDisruptionBudgets"
+)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,
@@ -17,5 +21,7 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing::debug!(?args, "parsed options");
-    bail!("termination-controller is not implemented in this build yet (the termination-controller issue)")
+    bail!(
+        "termination-controller is not implemented in this build yet (the termination-controller issue)"
+    )
 }
