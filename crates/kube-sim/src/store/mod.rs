@@ -1,0 +1,503 @@
+//! The object store: every object as JSON, one global resourceVersion counter, and a bounded
+//! history of changes so watches can resume from a version (or get 410 Gone when it is too old).
+//!
+//! One lock orders every write, which is what makes the resourceVersion global and watch event
+//! order identical to commit order, as etcd gives the real API server.
+
+mod delete;
+mod strategy;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+pub use delete::{DeleteOptions, Preconditions};
+
+use crate::error::ApiError;
+use crate::resources::{Registry, ResourceType};
+
+/// (namespace, name); the namespace is empty for cluster-scoped objects.
+pub type ObjectKey = (String, String);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl ChangeKind {
+    pub fn as_watch_type(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One committed change, as watches see it.
+#[derive(Debug)]
+pub struct Change {
+    pub kind: ChangeKind,
+    /// The collection (`group/plural`).
+    pub collection: String,
+    pub namespace: String,
+    pub object: Arc<Value>,
+    pub resource_version: u64,
+}
+
+/// Which part of an object an update may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The main resource: status changes are ignored for kinds with a status subresource.
+    Main,
+    /// The status subresource: only status changes are kept.
+    Status,
+}
+
+/// A consistent page of a list.
+#[derive(Debug)]
+pub struct Page {
+    pub items: Vec<Arc<Value>>,
+    /// The key of the last item when more matches follow it.
+    pub next: Option<ObjectKey>,
+    pub resource_version: u64,
+}
+
+/// What a deletion did.
+#[derive(Debug, Clone)]
+pub enum Deletion {
+    /// The object is gone; this was its last state.
+    Removed(Arc<Value>),
+    /// The object stays, marked for deletion (finalizers, or a pod's graceful termination).
+    Marked(Arc<Value>),
+}
+
+impl Deletion {
+    pub fn object(&self) -> &Arc<Value> {
+        match self {
+            Self::Removed(object) | Self::Marked(object) => object,
+        }
+    }
+}
+
+/// A watch's starting point: the changes after its version, then the live feed.
+#[derive(Debug)]
+pub struct Subscription {
+    pub backlog: Vec<Arc<Change>>,
+    pub live: broadcast::Receiver<Arc<Change>>,
+    pub resource_version: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    state: Mutex<State>,
+    changes: broadcast::Sender<Arc<Change>>,
+}
+
+#[derive(Debug)]
+struct State {
+    revision: u64,
+    collections: HashMap<String, BTreeMap<ObjectKey, Arc<Value>>>,
+    history: VecDeque<Arc<Change>>,
+    history_limit: usize,
+    /// Versions at or below this are no longer in the history.
+    compacted: u64,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self::new(Registry::default(), 200_000)
+    }
+}
+
+impl Store {
+    /// `history_limit` bounds how many changes a watch can resume across.
+    pub fn new(registry: Registry, history_limit: usize) -> Self {
+        // A watcher this far behind is dropped (and must re-list), as the real API server drops
+        // watchers that cannot keep up.
+        let (changes, _) = broadcast::channel(65_536);
+        let store = Self {
+            inner: Arc::new(Inner {
+                registry,
+                state: Mutex::new(State {
+                    revision: 1,
+                    collections: HashMap::new(),
+                    history: VecDeque::new(),
+                    history_limit: history_limit.max(1),
+                    compacted: 1,
+                }),
+                changes,
+            }),
+        };
+        let namespaces = store.kind("", "namespaces");
+        for namespace in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            let object = serde_json::json!({"metadata": {"name": namespace}});
+            store
+                .create(&namespaces, None, object)
+                .expect("the initial namespaces are valid");
+        }
+        store
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// A built-in kind by group and plural (any served version).
+    pub fn kind(&self, group: &str, plural: &str) -> Arc<ResourceType> {
+        self.registry()
+            .find_any_version(group, plural)
+            .unwrap_or_else(|| panic!("{group}/{plural} is not a served resource"))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current global resourceVersion.
+    pub fn revision(&self) -> u64 {
+        self.lock().revision
+    }
+
+    pub fn get(
+        &self,
+        kind: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Arc<Value>, ApiError> {
+        let key = object_key(namespace, name);
+        self.lock()
+            .collections
+            .get(&kind.key())
+            .and_then(|objects| objects.get(&key))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&kind.group, &kind.plural, name))
+    }
+
+    /// Up to `limit` objects (0 = no limit) matching `filter`, in (namespace, name) order,
+    /// starting after `after`.
+    pub fn list(
+        &self,
+        kind: &ResourceType,
+        namespace: Option<&str>,
+        after: Option<&ObjectKey>,
+        limit: usize,
+        filter: &dyn Fn(&Value) -> bool,
+    ) -> Page {
+        let state = self.lock();
+        let resource_version = state.revision;
+        let mut items = Vec::new();
+        let mut next = None;
+        if let Some(objects) = state.collections.get(&kind.key()) {
+            let start = match (after, namespace) {
+                (Some(after), _) => Bound::Excluded(after.clone()),
+                (None, Some(namespace)) => Bound::Included((namespace.to_owned(), String::new())),
+                (None, None) => Bound::Unbounded,
+            };
+            let mut last_key: Option<&ObjectKey> = None;
+            for (key, object) in objects.range((start, Bound::Unbounded)) {
+                if namespace.is_some_and(|namespace| key.0 != namespace) {
+                    break;
+                }
+                if !filter(object) {
+                    continue;
+                }
+                if limit > 0 && items.len() == limit {
+                    next = last_key.cloned();
+                    break;
+                }
+                items.push(Arc::clone(object));
+                last_key = Some(key);
+            }
+        }
+        Page {
+            items,
+            next,
+            resource_version,
+        }
+    }
+
+    pub fn create(
+        &self,
+        kind: &ResourceType,
+        namespace: Option<&str>,
+        object: Value,
+    ) -> Result<Arc<Value>, ApiError> {
+        let mut state = self.lock();
+        let namespace = namespace.unwrap_or_default();
+        if kind.namespaced {
+            check_namespace_open(&state, namespace)?;
+        }
+        let mut object = object;
+        strategy::prepare_create(kind, namespace, &mut object, &|class| {
+            priority_of_class(&state, class)
+        })?;
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let key = (namespace.to_owned(), name.clone());
+        if state
+            .collections
+            .get(&kind.key())
+            .is_some_and(|objects| objects.contains_key(&key))
+        {
+            return Err(ApiError::already_exists(&kind.group, &kind.plural, &name));
+        }
+        Ok(self.commit(&mut state, kind, key, ChangeKind::Added, object))
+    }
+
+    /// Replaces an object with what `change` makes of the current one, atomically. A
+    /// `metadata.resourceVersion` in the result must match the stored one (409 otherwise); an
+    /// unchanged result writes nothing.
+    pub fn update(
+        &self,
+        kind: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        part: Part,
+        change: impl FnOnce(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Arc<Value>, ApiError> {
+        let mut state = self.lock();
+        let key = object_key(namespace, name);
+        let current = state
+            .collections
+            .get(&kind.key())
+            .and_then(|objects| objects.get(&key))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&kind.group, &kind.plural, name))?;
+        let mut updated = change(&current)?;
+        let asked_version = updated["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default();
+        if !asked_version.is_empty() && asked_version != current["metadata"]["resourceVersion"] {
+            return Err(ApiError::stale(&kind.group, &kind.plural, name));
+        }
+        strategy::prepare_update(kind, &current, &mut updated, part)?;
+        if strip_version(&updated) == strip_version(&current) {
+            return Ok(current);
+        }
+        if delete::ready_to_remove(&updated) {
+            return Ok(self.remove(&mut state, kind, key, &updated));
+        }
+        Ok(self.commit(&mut state, kind, key, ChangeKind::Modified, updated))
+    }
+
+    /// Deletes following the real API server's rules (see [`delete`]).
+    pub fn delete(
+        &self,
+        kind: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        options: &DeleteOptions,
+    ) -> Result<Deletion, ApiError> {
+        let mut state = self.lock();
+        let key = object_key(namespace, name);
+        let current = state
+            .collections
+            .get(&kind.key())
+            .and_then(|objects| objects.get(&key))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&kind.group, &kind.plural, name))?;
+        options.preconditions.check(kind, name, &current)?;
+        match delete::plan(kind, &current, options) {
+            delete::Plan::Remove => Ok(Deletion::Removed(
+                self.remove(&mut state, kind, key, &current),
+            )),
+            delete::Plan::Mark(marked) => {
+                if marked == *current {
+                    return Ok(Deletion::Marked(current));
+                }
+                Ok(Deletion::Marked(self.commit(
+                    &mut state,
+                    kind,
+                    key,
+                    ChangeKind::Modified,
+                    marked,
+                )))
+            }
+        }
+    }
+
+    /// Starts a watch after `resource_version` (0 = from now). Fails with 410 Gone when the
+    /// history no longer reaches back that far.
+    pub fn subscribe(&self, resource_version: u64) -> Result<Subscription, ApiError> {
+        let state = self.lock();
+        let live = self.inner.changes.subscribe();
+        if resource_version == 0 {
+            return Ok(Subscription {
+                backlog: Vec::new(),
+                live,
+                resource_version: state.revision,
+            });
+        }
+        if resource_version < state.compacted {
+            return Err(ApiError::gone(format!(
+                "too old resource version: {resource_version} ({})",
+                state.compacted
+            )));
+        }
+        let backlog = state
+            .history
+            .iter()
+            .filter(|change| change.resource_version > resource_version)
+            .cloned()
+            .collect();
+        Ok(Subscription {
+            backlog,
+            live,
+            resource_version: state.revision,
+        })
+    }
+
+    /// Forgets the whole change history, as etcd compaction does: every watch resuming from an
+    /// older version gets 410 Gone.
+    pub fn compact(&self) {
+        let mut state = self.lock();
+        state.history.clear();
+        state.compacted = state.revision + 1;
+    }
+
+    /// The collection's objects in one go (for controllers and benchmarks).
+    pub fn all(&self, kind: &ResourceType) -> Vec<Arc<Value>> {
+        self.list(kind, None, None, 0, &|_| true).items
+    }
+
+    fn commit(
+        &self,
+        state: &mut State,
+        kind: &ResourceType,
+        key: ObjectKey,
+        change: ChangeKind,
+        mut object: Value,
+    ) -> Arc<Value> {
+        state.revision += 1;
+        let revision = state.revision;
+        object["metadata"]["resourceVersion"] = Value::String(revision.to_string());
+        let object = Arc::new(object);
+        state
+            .collections
+            .entry(kind.key())
+            .or_default()
+            .insert(key.clone(), Arc::clone(&object));
+        self.record(state, kind, key.0, change, Arc::clone(&object), revision);
+        if kind.group == "apiextensions.k8s.io" {
+            self.registry().add_crd(&object);
+        }
+        object
+    }
+
+    fn remove(
+        &self,
+        state: &mut State,
+        kind: &ResourceType,
+        key: ObjectKey,
+        last: &Value,
+    ) -> Arc<Value> {
+        state.revision += 1;
+        let revision = state.revision;
+        if let Some(objects) = state.collections.get_mut(&kind.key()) {
+            objects.remove(&key);
+        }
+        let mut last = last.clone();
+        last["metadata"]["resourceVersion"] = Value::String(revision.to_string());
+        let last = Arc::new(last);
+        self.record(
+            state,
+            kind,
+            key.0,
+            ChangeKind::Deleted,
+            Arc::clone(&last),
+            revision,
+        );
+        if kind.group == "apiextensions.k8s.io" {
+            self.registry().remove_crd(&last);
+        }
+        last
+    }
+
+    fn record(
+        &self,
+        state: &mut State,
+        kind: &ResourceType,
+        namespace: String,
+        change: ChangeKind,
+        object: Arc<Value>,
+        revision: u64,
+    ) {
+        let change = Arc::new(Change {
+            kind: change,
+            collection: kind.key(),
+            namespace,
+            object,
+            resource_version: revision,
+        });
+        if state.history.len() == state.history_limit
+            && let Some(dropped) = state.history.pop_front()
+        {
+            state.compacted = dropped.resource_version + 1;
+        }
+        state.history.push_back(Arc::clone(&change));
+        // No receivers is fine: nobody is watching.
+        let _ = self.inner.changes.send(change);
+    }
+}
+
+fn object_key(namespace: Option<&str>, name: &str) -> ObjectKey {
+    (namespace.unwrap_or_default().to_owned(), name.to_owned())
+}
+
+fn strip_version(object: &Value) -> Value {
+    let mut object = object.clone();
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.remove("resourceVersion");
+    }
+    object
+}
+
+fn check_namespace_open(state: &State, namespace: &str) -> Result<(), ApiError> {
+    if namespace.is_empty() {
+        return Err(ApiError::bad_request(
+            "the namespace of the object does not match the namespace on the request",
+        ));
+    }
+    let found = state
+        .collections
+        .get("/namespaces")
+        .and_then(|namespaces| namespaces.get(&(String::new(), namespace.to_owned())));
+    match found {
+        None => Err(ApiError::not_found("", "namespaces", namespace)),
+        Some(ns) if ns["metadata"]["deletionTimestamp"].is_string() => {
+            Err(ApiError::forbidden(format!(
+                "unable to create new content in namespace {namespace} because it is being terminated"
+            )))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+fn priority_of_class(state: &State, class: &str) -> Option<i64> {
+    match class {
+        "system-node-critical" => Some(2_000_001_000),
+        "system-cluster-critical" => Some(2_000_000_000),
+        _ => state
+            .collections
+            .get("scheduling.k8s.io/priorityclasses")
+            .and_then(|classes| classes.get(&(String::new(), class.to_owned())))
+            .and_then(|class| class["value"].as_i64()),
+    }
+}
