@@ -2,8 +2,19 @@
 //! controllers nodegrace's components interact with. Test infrastructure held to production
 //! standards; see README.md for what it does and how it differs from a real API server.
 
+pub mod api;
+pub mod control;
 pub mod error;
+pub mod eviction;
+pub mod faults;
 pub mod patch;
+pub mod populate;
 pub mod resources;
 pub mod selector;
+pub mod server;
 pub mod store;
+pub mod tls;
+pub mod world;
+
+pub use server::{KubeSim, SimError, SimOptions};
+pub use world::{World, WorldOptions};

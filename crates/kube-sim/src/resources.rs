@@ -20,6 +20,8 @@ pub struct ResourceType {
     /// Whether writes to `.spec` bump `metadata.generation`.
     pub has_spec: bool,
     pub categories: Vec<String>,
+    /// Defined by a CRD (no strategic merge patch, schema from the CRD).
+    pub custom: bool,
 }
 
 impl ResourceType {
@@ -64,6 +66,7 @@ fn builtin(
         has_status,
         has_spec,
         categories: Vec::new(),
+        custom: false,
     }
 }
 
@@ -345,6 +348,7 @@ fn crd_types(crd: &Value) -> Vec<ResourceType> {
             has_status: version["subresources"]["status"].is_object(),
             has_spec: true,
             categories: categories.clone(),
+            custom: true,
         })
         .collect()
 }

@@ -5,7 +5,7 @@
 //! order identical to commit order, as etcd gives the real API server.
 
 mod delete;
-mod strategy;
+pub(crate) mod strategy;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
@@ -362,6 +362,37 @@ impl Store {
             live,
             resource_version: state.revision,
         })
+    }
+
+    /// The collection's current objects in `namespace` (all if `None`) and a live feed starting
+    /// right after them, taken atomically: what a watch from "now" needs for its initial
+    /// ADDED events.
+    pub fn snapshot_and_subscribe(
+        &self,
+        kind: &ResourceType,
+        namespace: Option<&str>,
+    ) -> (Vec<Arc<Value>>, Subscription) {
+        let state = self.lock();
+        let live = self.inner.changes.subscribe();
+        let objects = state
+            .collections
+            .get(&kind.key())
+            .map(|objects| {
+                objects
+                    .iter()
+                    .filter(|(key, _)| namespace.is_none_or(|namespace| key.0 == namespace))
+                    .map(|(_, object)| Arc::clone(object))
+                    .collect()
+            })
+            .unwrap_or_default();
+        (
+            objects,
+            Subscription {
+                backlog: Vec::new(),
+                live,
+                resource_version: state.revision,
+            },
+        )
     }
 
     /// Forgets the whole change history, as etcd compaction does: every watch resuming from an

@@ -1,0 +1,272 @@
+//! The HTTP face of the simulator: Kubernetes REST paths onto the store, with the real API
+//! server's verbs, parameters and error bodies.
+
+mod discovery;
+mod objects;
+mod query;
+mod table;
+mod watch;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::faults::Faults;
+use crate::resources::ResourceType;
+use crate::store::Store;
+
+pub use query::Query;
+
+/// What the API layer works with.
+#[derive(Debug, Clone)]
+pub struct App {
+    pub store: Store,
+    pub faults: Faults,
+}
+
+/// The router serving every Kubernetes path; `extra` (e.g. the /sim/v1 control routes) is
+/// merged in front.
+pub fn router(app: App, extra: Router<App>) -> Router {
+    extra.fallback(handle).with_state(app)
+}
+
+/// What a request path names.
+#[derive(Debug)]
+enum Target {
+    Version,
+    OpenApiV2,
+    ApiVersions,
+    ApiGroups,
+    ResourceList {
+        group: String,
+        version: String,
+    },
+    Collection {
+        kind: Arc<ResourceType>,
+        namespace: Option<String>,
+    },
+    Object {
+        kind: Arc<ResourceType>,
+        namespace: Option<String>,
+        name: String,
+        sub: Option<String>,
+    },
+}
+
+async fn handle(State(app): State<App>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, 64 * 1024 * 1024).await {
+        Ok(body) => body,
+        Err(error) => {
+            return error_response(&ApiError::bad_request(format!(
+                "cannot read the request body: {error}"
+            )));
+        }
+    };
+    let query = Query::parse(parts.uri.query());
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if content_type.contains("protobuf") || content_type.contains("cbor") {
+        // Only JSON (and YAML for apply) is spoken here; 415 makes clients fall back to JSON.
+        return error_response(&ApiError::unsupported_media_type(content_type));
+    }
+    let result = match parse_target(&app.store, parts.uri.path()) {
+        Ok(target) => dispatch(&app, &parts.method, target, &query, &parts.headers, &body),
+        Err(error) => Err(error),
+    };
+    result.unwrap_or_else(|error| error_response(&error))
+}
+
+fn parse_target(store: &Store, path: &str) -> Result<Target, ApiError> {
+    let segments: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let not_found = || ApiError {
+        code: 404,
+        reason: "NotFound",
+        message: "the server could not find the requested resource".to_owned(),
+        details: None,
+    };
+    let (group, version, rest) = match segments.as_slice() {
+        ["version"] => return Ok(Target::Version),
+        ["openapi", "v2"] => return Ok(Target::OpenApiV2),
+        ["api"] => return Ok(Target::ApiVersions),
+        ["apis"] => return Ok(Target::ApiGroups),
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return Err(not_found()),
+    };
+    let registry = store.registry();
+    let find = |plural: &str| registry.find(group, version, plural);
+    if rest.is_empty() {
+        if registry
+            .all()
+            .iter()
+            .any(|k| k.group == group && k.version == version)
+        {
+            return Ok(Target::ResourceList {
+                group: group.to_owned(),
+                version: version.to_owned(),
+            });
+        }
+        return Err(not_found());
+    }
+    // namespaces/{ns}/{plural}[/{name}[/{sub}]] when {plural} is a namespaced kind.
+    if let ["namespaces", namespace, plural, tail @ ..] = rest
+        && let Some(kind) = find(plural).filter(|k| k.namespaced)
+    {
+        let namespace = Some((*namespace).to_owned());
+        return match tail {
+            [] => Ok(Target::Collection { kind, namespace }),
+            [name] => Ok(Target::Object {
+                kind,
+                namespace,
+                name: (*name).to_owned(),
+                sub: None,
+            }),
+            [name, sub] => Ok(Target::Object {
+                kind,
+                namespace,
+                name: (*name).to_owned(),
+                sub: Some((*sub).to_owned()),
+            }),
+            _ => Err(not_found()),
+        };
+    }
+    let kind = find(rest[0]).ok_or_else(not_found)?;
+    match &rest[1..] {
+        [] => Ok(Target::Collection {
+            kind,
+            namespace: None,
+        }),
+        [name] if !kind.namespaced => Ok(Target::Object {
+            kind,
+            namespace: None,
+            name: (*name).to_owned(),
+            sub: None,
+        }),
+        [name, sub] if !kind.namespaced => Ok(Target::Object {
+            kind,
+            namespace: None,
+            name: (*name).to_owned(),
+            sub: Some((*sub).to_owned()),
+        }),
+        _ => Err(not_found()),
+    }
+}
+
+fn dispatch(
+    app: &App,
+    method: &Method,
+    target: Target,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let as_table = table::wanted(headers);
+    match target {
+        Target::Version => Ok(json_response(StatusCode::OK, &discovery::version())),
+        // An empty OpenAPI v2 document (an empty protobuf message): kubectl then finds no schema
+        // and skips client-side validation, where it would otherwise refuse to apply.
+        Target::OpenApiV2 => Ok((
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+            )],
+            Body::empty(),
+        )
+            .into_response()),
+        Target::ApiVersions => Ok(json_response(StatusCode::OK, &discovery::api_versions())),
+        Target::ApiGroups => Ok(json_response(
+            StatusCode::OK,
+            &discovery::api_groups(app.store.registry()),
+        )),
+        Target::ResourceList { group, version } => Ok(json_response(
+            StatusCode::OK,
+            &discovery::resource_list(app.store.registry(), &group, &version),
+        )),
+        Target::Collection { kind, namespace } => {
+            let namespace = namespace.as_deref();
+            match *method {
+                Method::GET if query.is_watch() => {
+                    watch::serve(app, &kind, namespace, query, as_table)
+                }
+                Method::GET => objects::list(app, &kind, namespace, query, as_table),
+                Method::POST => objects::create(app, &kind, namespace, query, body),
+                Method::DELETE => objects::delete_collection(app, &kind, namespace, query, body),
+                _ => Err(ApiError::method_not_allowed(format!(
+                    "{method} is not supported on a collection"
+                ))),
+            }
+        }
+        Target::Object {
+            kind,
+            namespace,
+            name,
+            sub,
+        } => {
+            let namespace = namespace.as_deref();
+            let part = match sub.as_deref() {
+                None => crate::store::Part::Main,
+                Some("status") if kind.has_status => crate::store::Part::Status,
+                Some("eviction")
+                    if kind.group.is_empty()
+                        && kind.plural == "pods"
+                        && *method == Method::POST =>
+                {
+                    return objects::evict(app, namespace.unwrap_or_default(), &name, body);
+                }
+                Some(other) => {
+                    return Err(ApiError::not_found(
+                        &kind.group,
+                        &format!("{}/{other}", kind.plural),
+                        &name,
+                    ));
+                }
+            };
+            match *method {
+                Method::GET => objects::get(app, &kind, namespace, &name, as_table),
+                Method::PUT => objects::update(app, &kind, namespace, &name, part, query, body),
+                Method::PATCH => {
+                    objects::patch(app, &kind, namespace, &name, part, query, headers, body)
+                }
+                Method::DELETE if part == crate::store::Part::Main => {
+                    objects::delete(app, &kind, namespace, &name, query, body)
+                }
+                _ => Err(ApiError::method_not_allowed(format!(
+                    "{method} is not supported here"
+                ))),
+            }
+        }
+    }
+}
+
+pub fn json_response(code: StatusCode, value: &Value) -> Response {
+    bytes_response(code, serde_json::to_vec(value).unwrap_or_default())
+}
+
+pub fn bytes_response(code: StatusCode, bytes: Vec<u8>) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from(bytes),
+    )
+        .into_response()
+}
+
+pub fn error_response(error: &ApiError) -> Response {
+    let code = StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(code, &error.to_status())
+}

@@ -1,0 +1,306 @@
+//! The object verbs: get, list, create, update, patch, delete, deletecollection, and the pod
+//! eviction subresource.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::Response;
+use base64::Engine;
+use serde_json::{Value, json};
+
+use super::{App, Query, bytes_response, json_response, table};
+use crate::error::{ApiError, success_status};
+use crate::patch::{self, PatchType};
+use crate::resources::ResourceType;
+use crate::selector::{FieldSelector, LabelSelector};
+use crate::store::{DeleteOptions, Deletion, ObjectKey, Part};
+
+fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(body).map_err(|error| {
+        ApiError::bad_request(format!("the request body is not valid JSON: {error}"))
+    })
+}
+
+/// The selectors of a list or watch, as one predicate.
+pub fn filter(
+    kind: &ResourceType,
+    query: &Query,
+) -> Result<impl Fn(&Value) -> bool + use<>, ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or_default())?;
+    let fields = FieldSelector::parse(
+        query.get("fieldSelector").unwrap_or_default(),
+        &kind.group,
+        &kind.plural,
+    )?;
+    Ok(move |object: &Value| labels.matches(object) && fields.matches(object))
+}
+
+pub fn get(
+    app: &App,
+    kind: &ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+    as_table: bool,
+) -> Result<Response, ApiError> {
+    let object = app.store.get(kind, namespace, name)?;
+    if as_table {
+        let revision = object["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        return Ok(json_response(
+            StatusCode::OK,
+            &table::table(kind, &[object], &revision, None),
+        ));
+    }
+    Ok(bytes_response(
+        StatusCode::OK,
+        serde_json::to_vec(&*object).unwrap_or_default(),
+    ))
+}
+
+/// Continue tokens carry the key the next page starts after.
+fn encode_continue(key: &ObjectKey) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(serde_json::to_vec(&json!([key.0, key.1])).unwrap_or_default())
+}
+
+fn decode_continue(token: &str) -> Result<ObjectKey, ApiError> {
+    let invalid = || {
+        ApiError::bad_request("continue key is not valid: the token was not issued by this server")
+    };
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .map_err(|_| invalid())?;
+    let (namespace, name): (String, String) =
+        serde_json::from_slice(&bytes).map_err(|_| invalid())?;
+    Ok((namespace, name))
+}
+
+pub fn list(
+    app: &App,
+    kind: &ResourceType,
+    namespace: Option<&str>,
+    query: &Query,
+    as_table: bool,
+) -> Result<Response, ApiError> {
+    let matches = filter(kind, query)?;
+    let after = query.get("continue").map(decode_continue).transpose()?;
+    let page = app
+        .store
+        .list(kind, namespace, after.as_ref(), query.limit()?, &matches);
+    let revision = page.resource_version.to_string();
+    let next = page.next.as_ref().map(encode_continue);
+    if as_table {
+        return Ok(json_response(
+            StatusCode::OK,
+            &table::table(kind, &page.items, &revision, next.as_deref()),
+        ));
+    }
+    // Written by hand so the items are serialised straight from the store, without a copy.
+    let mut body = Vec::with_capacity(256 + page.items.len() * 1024);
+    let mut metadata = json!({"resourceVersion": revision});
+    if let Some(next) = next {
+        metadata["continue"] = Value::String(next);
+    }
+    body.extend_from_slice(
+        format!(
+            "{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[",
+            kind.list_kind(),
+            kind.api_version(),
+            metadata
+        )
+        .as_bytes(),
+    );
+    for (index, item) in page.items.iter().enumerate() {
+        if index > 0 {
+            body.push(b',');
+        }
+        serde_json::to_writer(&mut body, &**item).map_err(|e| ApiError::internal(e.to_string()))?;
+    }
+    body.extend_from_slice(b"]}");
+    Ok(bytes_response(StatusCode::OK, body))
+}
+
+pub fn create(
+    app: &App,
+    kind: &ResourceType,
+    namespace: Option<&str>,
+    query: &Query,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let object = parse_json(body)?;
+    if query.dry_run() {
+        return Ok(json_response(StatusCode::CREATED, &object));
+    }
+    let created = app.store.create(kind, namespace, object)?;
+    Ok(bytes_response(
+        StatusCode::CREATED,
+        serde_json::to_vec(&*created).unwrap_or_default(),
+    ))
+}
+
+pub fn update(
+    app: &App,
+    kind: &ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+    part: Part,
+    query: &Query,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let object = parse_json(body)?;
+    if query.dry_run() {
+        return Ok(json_response(StatusCode::OK, &object));
+    }
+    let updated = app
+        .store
+        .update(kind, namespace, name, part, |_| Ok(object))?;
+    Ok(bytes_response(
+        StatusCode::OK,
+        serde_json::to_vec(&*updated).unwrap_or_default(),
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn patch(
+    app: &App,
+    kind: &ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+    part: Part,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let patch_type = PatchType::from_content_type(content_type)
+        .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
+    let patch = patch::parse_body(patch_type, body)?;
+    if patch_type == PatchType::Apply && query.get("fieldManager").is_none() {
+        return Err(ApiError::bad_request(
+            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+        ));
+    }
+    if query.dry_run() {
+        let current = app.store.get(kind, namespace, name)?;
+        return Ok(json_response(
+            StatusCode::OK,
+            &patch::apply(&current, patch_type, &patch, kind.custom)?,
+        ));
+    }
+    let patched = app.store.update(kind, namespace, name, part, |current| {
+        patch::apply(current, patch_type, &patch, kind.custom)
+    });
+    match patched {
+        Ok(object) => Ok(bytes_response(
+            StatusCode::OK,
+            serde_json::to_vec(&*object).unwrap_or_default(),
+        )),
+        // Server-side apply creates what does not exist yet.
+        Err(error) if error.code == 404 && patch_type == PatchType::Apply && part == Part::Main => {
+            let mut object = patch;
+            object["metadata"]["name"] = Value::String(name.to_owned());
+            let created = app.store.create(kind, namespace, object)?;
+            Ok(bytes_response(
+                StatusCode::CREATED,
+                serde_json::to_vec(&*created).unwrap_or_default(),
+            ))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+fn delete_options(query: &Query, body: &Bytes) -> Result<DeleteOptions, ApiError> {
+    let mut options = DeleteOptions::from_json(&parse_json(body)?)?;
+    if let Some(grace) = query.grace_period_seconds()? {
+        options.grace_period_seconds = Some(grace);
+    }
+    if let Some(policy) = query.get("propagationPolicy") {
+        options.propagation_policy = Some(policy.to_owned());
+    }
+    options.dry_run |= query.dry_run();
+    Ok(options)
+}
+
+pub fn delete(
+    app: &App,
+    kind: &ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+    query: &Query,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let options = delete_options(query, body)?;
+    if options.dry_run {
+        let current = app.store.get(kind, namespace, name)?;
+        return Ok(bytes_response(
+            StatusCode::OK,
+            serde_json::to_vec(&*current).unwrap_or_default(),
+        ));
+    }
+    let deletion = app.store.delete(kind, namespace, name, &options)?;
+    let code = match deletion {
+        // The real server answers 202 while finalizers hold a (non-pod) object.
+        Deletion::Marked(_) if kind.plural != "pods" => StatusCode::ACCEPTED,
+        Deletion::Marked(_) | Deletion::Removed(_) => StatusCode::OK,
+    };
+    Ok(bytes_response(
+        code,
+        serde_json::to_vec(&**deletion.object()).unwrap_or_default(),
+    ))
+}
+
+pub fn delete_collection(
+    app: &App,
+    kind: &ResourceType,
+    namespace: Option<&str>,
+    query: &Query,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let options = delete_options(query, body)?;
+    let matches = filter(kind, query)?;
+    let page = app.store.list(kind, namespace, None, 0, &matches);
+    let mut deleted: Vec<Arc<Value>> = Vec::new();
+    for object in page.items {
+        let meta = &object["metadata"];
+        let (ns, name) = (
+            meta["namespace"].as_str(),
+            meta["name"].as_str().unwrap_or_default(),
+        );
+        if options.dry_run {
+            deleted.push(object.clone());
+            continue;
+        }
+        match app.store.delete(kind, ns, name, &options) {
+            Ok(deletion) => deleted.push(Arc::clone(deletion.object())),
+            Err(error) if error.code == 404 => {}
+            Err(error) => return Err(error),
+        }
+    }
+    let items: Vec<&Value> = deleted.iter().map(|o| &**o).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "kind": kind.list_kind(),
+            "apiVersion": kind.api_version(),
+            "metadata": {"resourceVersion": app.store.revision().to_string()},
+            "items": items,
+        }),
+    ))
+}
+
+pub fn evict(app: &App, namespace: &str, name: &str, body: &Bytes) -> Result<Response, ApiError> {
+    let eviction = parse_json(body)?;
+    crate::eviction::evict(&app.store, namespace, name, &eviction)?;
+    let mut status = success_status("", "pods", name, "");
+    status["code"] = json!(201);
+    Ok(json_response(StatusCode::CREATED, &status))
+}

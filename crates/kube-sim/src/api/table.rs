@@ -1,0 +1,200 @@
+//! Server-side printing (`meta.k8s.io/v1 Table`), which kubectl asks for on `get`.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, header};
+use serde_json::{Value, json};
+
+use crate::resources::ResourceType;
+
+/// Whether the client asked for a Table (kubectl's Accept header lists it first).
+pub fn wanted(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|accept| accept.to_str().ok())
+        .is_some_and(|accept| accept.contains("as=Table"))
+}
+
+fn column(name: &str, kind: &str, description: &str, priority: i64) -> Value {
+    json!({"name": name, "type": kind, "format": if name == "Name" { "name" } else { "" }, "description": description, "priority": priority})
+}
+
+/// A compact age, as kubectl prints it: 45s, 12m, 5h, 3d.
+pub fn age(object: &Value) -> String {
+    let Some(created) = object["metadata"]["creationTimestamp"]
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+    else {
+        return "<unknown>".to_owned();
+    };
+    let seconds = jiff::Timestamp::now()
+        .duration_since(created)
+        .as_secs()
+        .max(0);
+    match seconds {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => "<none>".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// An IntOrString as kubectl shows it; unset is N/A.
+fn int_or_string(value: &Value) -> String {
+    match value {
+        Value::Null => "N/A".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn columns(kind: &ResourceType) -> Vec<Value> {
+    let name = column(
+        "Name",
+        "string",
+        "Name must be unique within a namespace.",
+        0,
+    );
+    let age = column("Age", "string", "Time since creation.", 0);
+    match (kind.group.as_str(), kind.plural.as_str()) {
+        ("", "pods") => vec![
+            name,
+            column("Ready", "string", "Ready containers", 0),
+            column("Status", "string", "The pod's phase, or Terminating", 0),
+            column("Restarts", "string", "Container restarts", 0),
+            age,
+            column("IP", "string", "Pod IP", 1),
+            column("Node", "string", "Node the pod is bound to", 1),
+        ],
+        ("", "nodes") => vec![
+            name,
+            column("Status", "string", "Ready condition, and scheduling", 0),
+            column("Roles", "string", "Node roles", 0),
+            age,
+            column("Version", "string", "Kubelet version", 0),
+        ],
+        ("coordination.k8s.io", "leases") => vec![
+            name,
+            column("Holder", "string", "spec.holderIdentity", 0),
+            age,
+        ],
+        ("policy", "poddisruptionbudgets") => vec![
+            name,
+            column("Min Available", "string", "spec.minAvailable", 0),
+            column("Max Unavailable", "string", "spec.maxUnavailable", 0),
+            column(
+                "Allowed Disruptions",
+                "integer",
+                "status.disruptionsAllowed",
+                0,
+            ),
+            age,
+        ],
+        _ => vec![name, age],
+    }
+}
+
+fn cells(kind: &ResourceType, object: &Value) -> Vec<Value> {
+    let name = json!(object["metadata"]["name"]);
+    let age = json!(age(object));
+    match (kind.group.as_str(), kind.plural.as_str()) {
+        ("", "pods") => {
+            let containers = object["spec"]["containers"].as_array().map_or(0, Vec::len);
+            let ready = object["status"]["containerStatuses"]
+                .as_array()
+                .map_or(0, |statuses| {
+                    statuses.iter().filter(|s| s["ready"] == true).count()
+                });
+            let status = if object["metadata"]["deletionTimestamp"].is_string() {
+                "Terminating".to_owned()
+            } else {
+                text(&object["status"]["phase"])
+            };
+            vec![
+                name,
+                json!(format!("{ready}/{containers}")),
+                json!(status),
+                json!("0"),
+                age,
+                json!(text(&object["status"]["podIP"])),
+                json!(text(&object["spec"]["nodeName"])),
+            ]
+        }
+        ("", "nodes") => {
+            let ready = object["status"]["conditions"]
+                .as_array()
+                .and_then(|conditions| conditions.iter().find(|c| c["type"] == "Ready"))
+                .map_or("Unknown", |c| {
+                    if c["status"] == "True" {
+                        "Ready"
+                    } else {
+                        "NotReady"
+                    }
+                });
+            let status = if object["spec"]["unschedulable"] == true {
+                format!("{ready},SchedulingDisabled")
+            } else {
+                ready.to_owned()
+            };
+            vec![
+                name,
+                json!(status),
+                json!("<none>"),
+                age,
+                json!(text(&object["status"]["nodeInfo"]["kubeletVersion"])),
+            ]
+        }
+        ("coordination.k8s.io", "leases") => {
+            vec![name, json!(text(&object["spec"]["holderIdentity"])), age]
+        }
+        ("policy", "poddisruptionbudgets") => vec![
+            name,
+            json!(int_or_string(&object["spec"]["minAvailable"])),
+            json!(int_or_string(&object["spec"]["maxUnavailable"])),
+            json!(object["status"]["disruptionsAllowed"].as_i64().unwrap_or(0)),
+            age,
+        ],
+        _ => vec![name, age],
+    }
+}
+
+/// The rows' objects are PartialObjectMetadata, the default of `includeObject`.
+pub fn table(
+    kind: &ResourceType,
+    items: &[Arc<Value>],
+    revision: &str,
+    next: Option<&str>,
+) -> Value {
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|object| {
+            json!({
+                "cells": cells(kind, object),
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": object["metadata"],
+                },
+            })
+        })
+        .collect();
+    let mut metadata = json!({"resourceVersion": revision});
+    if let Some(next) = next {
+        metadata["continue"] = json!(next);
+    }
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": metadata,
+        "columnDefinitions": columns(kind),
+        "rows": rows,
+    })
+}

@@ -1,0 +1,237 @@
+//! Watches: a chunked stream of `{"type": …, "object": …}` lines, from a resourceVersion (the
+//! kept history is replayed) or from now (the current objects come first as ADDED), with
+//! bookmarks, `timeoutSeconds`, and 410 Gone as an ERROR event for versions too old.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+
+use super::{App, Query, objects, table};
+use crate::error::ApiError;
+use crate::resources::ResourceType;
+use crate::store::{Change, ChangeKind};
+
+/// How often a watch that allows bookmarks gets one. The real server sends them about once a
+/// minute; sooner keeps resumed watches short in tests.
+const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
+
+pub fn serve(
+    app: &App,
+    kind: &Arc<ResourceType>,
+    namespace: Option<&str>,
+    query: &Query,
+    as_table: bool,
+) -> Result<Response, ApiError> {
+    let matches = objects::filter(kind, query)?;
+    let from = query.resource_version()?;
+    let (initial, subscription) = if from == 0 {
+        let (objects, subscription) = app.store.snapshot_and_subscribe(kind, namespace);
+        let initial: Vec<(ChangeKind, Arc<Value>)> = objects
+            .into_iter()
+            .filter(|o| matches(o))
+            .map(|o| (ChangeKind::Added, o))
+            .collect();
+        (initial, subscription)
+    } else {
+        match app.store.subscribe(from) {
+            Ok(subscription) => (Vec::new(), subscription),
+            Err(gone) => return Ok(stream_response(error_event_stream(&gone))),
+        }
+    };
+    let (sender, receiver) = mpsc::channel::<Bytes>(256);
+    let watch = Watch {
+        kind: Arc::clone(kind),
+        namespace: namespace.map(str::to_owned),
+        matches: Box::new(matches),
+        filtered: query.get("labelSelector").is_some() || query.get("fieldSelector").is_some(),
+        as_table,
+        bookmarks: query.flag("allowWatchBookmarks"),
+        timeout: query.timeout(),
+        closed: app.faults.watches_closed(),
+    };
+    tokio::spawn(watch.run(initial, subscription, sender));
+    let body = futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver
+            .recv()
+            .await
+            .map(|chunk| (Ok::<_, Infallible>(chunk), receiver))
+    });
+    Ok(stream_response(Body::from_stream(body)))
+}
+
+fn stream_response(body: Body) -> Response {
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn error_event_stream(error: &ApiError) -> Body {
+    let line = json!({"type": "ERROR", "object": error.to_status()});
+    Body::from(format!("{line}\n"))
+}
+
+struct Watch {
+    kind: Arc<ResourceType>,
+    namespace: Option<String>,
+    matches: Box<dyn Fn(&Value) -> bool + Send>,
+    /// With selectors, objects can enter and leave the watched set.
+    filtered: bool,
+    as_table: bool,
+    bookmarks: bool,
+    timeout: Option<Duration>,
+    closed: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Watch {
+    fn line(&self, kind: &str, object: &Arc<Value>) -> Bytes {
+        let object = if self.as_table && kind != "BOOKMARK" {
+            let revision = object["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            table::table(&self.kind, std::slice::from_ref(object), &revision, None)
+        } else {
+            (**object).clone()
+        };
+        let mut line =
+            serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+        line.push(b'\n');
+        Bytes::from(line)
+    }
+
+    fn concerns(&self, change: &Change) -> bool {
+        change.collection == self.kind.key()
+            && self
+                .namespace
+                .as_deref()
+                .is_none_or(|namespace| namespace == change.namespace)
+    }
+
+    /// The event to send for a change. With selectors, an object entering the selected set is
+    /// ADDED and one leaving it DELETED, as the real watch cache reports them.
+    fn event_for(&self, change: &Change, selected: &mut HashSet<String>) -> Option<&'static str> {
+        if !self.filtered {
+            return Some(change.kind.as_watch_type());
+        }
+        let key = format!(
+            "{}/{}",
+            change.namespace,
+            change.object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+        );
+        let before = selected.contains(&key);
+        let now = change.kind != ChangeKind::Deleted && (self.matches)(&change.object);
+        match (before, now) {
+            (false, true) => {
+                selected.insert(key);
+                Some("ADDED")
+            }
+            (true, true) => Some("MODIFIED"),
+            (true, false) => {
+                selected.remove(&key);
+                Some("DELETED")
+            }
+            (false, false) => None,
+        }
+    }
+
+    async fn run(
+        mut self,
+        initial: Vec<(ChangeKind, Arc<Value>)>,
+        subscription: crate::store::Subscription,
+        sender: mpsc::Sender<Bytes>,
+    ) {
+        let mut selected = HashSet::new();
+        let mut seen = subscription.resource_version;
+        for (kind, object) in &initial {
+            selected.insert(format!(
+                "{}/{}",
+                object["metadata"]["namespace"].as_str().unwrap_or_default(),
+                object["metadata"]["name"].as_str().unwrap_or_default()
+            ));
+            if sender
+                .send(self.line(kind.as_watch_type(), object))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let mut live = subscription.live;
+        let backlog = subscription.backlog;
+        for change in &backlog {
+            seen = seen.max(change.resource_version);
+            if self.concerns(change)
+                && let Some(event) = self.event_for(change, &mut selected)
+                && sender.send(self.line(event, &change.object)).await.is_err()
+            {
+                return;
+            }
+        }
+        let deadline = self
+            .timeout
+            .map(|timeout| tokio::time::Instant::now() + timeout);
+        let mut bookmark = tokio::time::interval(BOOKMARK_INTERVAL);
+        bookmark.tick().await;
+        let closed_generation = *self.closed.borrow();
+        loop {
+            let until_deadline = async {
+                match deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = until_deadline => return,
+                () = sender.closed() => return,
+                changed = self.closed.changed() => {
+                    if changed.is_err() || *self.closed.borrow() != closed_generation {
+                        return;
+                    }
+                }
+                _ = bookmark.tick(), if self.bookmarks => {
+                    let marker = Arc::new(json!({
+                        "kind": self.kind.kind,
+                        "apiVersion": self.kind.api_version(),
+                        "metadata": {"resourceVersion": seen.to_string()},
+                    }));
+                    if sender.send(self.line("BOOKMARK", &marker)).await.is_err() {
+                        return;
+                    }
+                }
+                received = live.recv() => match received {
+                    Ok(change) => {
+                        if change.resource_version <= seen {
+                            continue;
+                        }
+                        seen = change.resource_version;
+                        if self.concerns(&change)
+                            && let Some(event) = self.event_for(&change, &mut selected)
+                            && sender.send(self.line(event, &change.object)).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                    // Too slow to keep up, or the store is gone: end the watch; the client
+                    // resumes from its last version.
+                    Err(RecvError::Lagged(_) | RecvError::Closed) => return,
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! `kube-sim serve`: the simulator as a process, for kubectl and the e2e scenarios.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use kube_sim::{KubeSim, SimOptions};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kube-sim",
+    version,
+    about = "An in-memory Kubernetes API server with a simulated kubelet and control plane"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serves until SIGTERM or SIGINT.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Written (atomically) once the server accepts requests.
+        #[arg(long)]
+        kubeconfig_out: PathBuf,
+        /// Ready nodes node-0..N-1 to create.
+        #[arg(long, default_value_t = 0)]
+        nodes: usize,
+        /// Running ReplicaSet pods on each created node.
+        #[arg(long, default_value_t = 0)]
+        pods_per_node: usize,
+        /// Serve HTTPS with a generated CA (put in the kubeconfig).
+        #[arg(long)]
+        tls: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let Command::Serve {
+        listen,
+        kubeconfig_out,
+        nodes,
+        pods_per_node,
+        tls,
+    } = Cli::parse().command;
+    let sim = KubeSim::start(SimOptions {
+        listen,
+        tls,
+        nodes,
+        pods_per_node,
+        kubeconfig: Some(kubeconfig_out),
+        ..SimOptions::default()
+    })
+    .await
+    .context("start kube-sim")?;
+    println!("{}", sim.url());
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    sim.stop();
+    Ok(())
+}

@@ -1,0 +1,295 @@
+//! The simulated kubelets, one per node, driven by the store's change feed: pods bound to a
+//! node with a running kubelet start (Running, then Ready after `ready-after-seconds`); a pod
+//! being deleted stops after min(`stop-seconds`, its grace period) and is then removed with
+//! grace 0, as the real kubelet finishes a graceful deletion. A node annotated
+//! `sim.nodegrace.io/kubelet: stopped` gets none of that: its pods stay Terminating forever,
+//! which is the non-graceful shutdown case.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+use tokio_util::time::{DelayQueue, delay_queue};
+
+use super::{KUBELET_ANNOTATION, READY_AFTER_ANNOTATION, STOP_SECONDS_ANNOTATION, WorldOptions};
+use crate::store::strategy::now_rfc3339;
+use crate::store::{DeleteOptions, Part, Preconditions, Store};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Action {
+    /// Mark the pod Ready.
+    Ready {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
+    /// The containers have exited: remove the pod.
+    Stopped {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
+    /// Renew every running kubelet's node lease.
+    RenewLeases,
+}
+
+struct Kubelets {
+    store: Store,
+    options: WorldOptions,
+    timers: DelayQueue<Action>,
+    /// Pending stops by pod UID, with the moment they fire, so a shorter grace can move them.
+    stops: HashMap<String, (delay_queue::Key, tokio::time::Instant)>,
+}
+
+fn seconds_annotation(object: &Value, annotation: &str) -> Duration {
+    object["metadata"]["annotations"][annotation]
+        .as_str()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map_or(Duration::ZERO, Duration::from_secs_f64)
+}
+
+fn text(value: &Value) -> String {
+    value.as_str().unwrap_or_default().to_owned()
+}
+
+pub async fn run(store: Store, options: WorldOptions, stop: CancellationToken) {
+    let Ok(subscription) = store.subscribe(0) else {
+        return;
+    };
+    let mut kubelets = Kubelets {
+        store: store.clone(),
+        options,
+        timers: DelayQueue::new(),
+        stops: HashMap::new(),
+    };
+    kubelets.timers.insert(Action::RenewLeases, Duration::ZERO);
+    for pod in store.all(&store.kind("", "pods")) {
+        kubelets.pod_changed(&pod);
+    }
+    let mut live = subscription.live;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            Some(expired) = kubelets.timers.next() => kubelets.act(expired.into_inner()),
+            received = live.recv() => match received {
+                Ok(change) if change.collection == "/pods" && change.kind != crate::store::ChangeKind::Deleted => kubelets.pod_changed(&change.object),
+                Ok(change) if change.collection == "/nodes" && change.kind != crate::store::ChangeKind::Deleted => kubelets.node_changed(&change.object),
+                Ok(_) => {}
+                // Missed changes: look at every pod again.
+                Err(RecvError::Lagged(_)) => {
+                    for pod in store.all(&store.kind("", "pods")) {
+                        kubelets.pod_changed(&pod);
+                    }
+                }
+                Err(RecvError::Closed) => return,
+            },
+        }
+    }
+}
+
+impl Kubelets {
+    fn kubelet_running(&self, node: &str) -> bool {
+        let nodes = self.store.kind("", "nodes");
+        self.store.get(&nodes, None, node).is_ok_and(|node| {
+            node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() != Some("stopped")
+        })
+    }
+
+    fn pod_changed(&mut self, pod: &Arc<Value>) {
+        let node = text(&pod["spec"]["nodeName"]);
+        if node.is_empty() || !self.kubelet_running(&node) {
+            return;
+        }
+        let meta = &pod["metadata"];
+        let (namespace, name, uid) = (
+            text(&meta["namespace"]),
+            text(&meta["name"]),
+            text(&meta["uid"]),
+        );
+        if meta["deletionTimestamp"].is_string() {
+            let grace =
+                Duration::from_secs(meta["deletionGracePeriodSeconds"].as_u64().unwrap_or(0));
+            let stop_after = seconds_annotation(pod, STOP_SECONDS_ANNOTATION).min(grace);
+            let due = tokio::time::Instant::now() + stop_after;
+            match self.stops.get(&uid) {
+                Some((_, scheduled)) if *scheduled <= due => {}
+                Some((key, _)) => {
+                    let key = *key;
+                    self.timers.reset_at(&key, due);
+                    self.stops.insert(uid, (key, due));
+                }
+                None => {
+                    let key = self.timers.insert_at(
+                        Action::Stopped {
+                            namespace,
+                            name,
+                            uid: uid.clone(),
+                        },
+                        due,
+                    );
+                    self.stops.insert(uid, (key, due));
+                }
+            }
+            return;
+        }
+        if pod["status"]["phase"] == "Pending" {
+            self.start(&namespace, &name, &uid);
+            let ready_after = seconds_annotation(pod, READY_AFTER_ANNOTATION);
+            self.timers.insert(
+                Action::Ready {
+                    namespace,
+                    name,
+                    uid,
+                },
+                ready_after,
+            );
+        }
+    }
+
+    fn node_changed(&mut self, node: &Arc<Value>) {
+        // A kubelet coming back picks up the pods it ignored while stopped.
+        let name = text(&node["metadata"]["name"]);
+        if node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() == Some("stopped") {
+            return;
+        }
+        let pods = self.store.kind("", "pods");
+        let bound: Vec<Arc<Value>> = self
+            .store
+            .list(&pods, None, None, 0, &|pod| {
+                pod["spec"]["nodeName"] == name.as_str()
+            })
+            .items;
+        for pod in bound {
+            self.pod_changed(&pod);
+        }
+    }
+
+    fn act(&mut self, action: Action) {
+        match action {
+            Action::Ready {
+                namespace,
+                name,
+                uid,
+            } => self.mark_ready(&namespace, &name, &uid),
+            Action::Stopped {
+                namespace,
+                name,
+                uid,
+            } => {
+                self.stops.remove(&uid);
+                let pods = self.store.kind("", "pods");
+                let options = DeleteOptions {
+                    preconditions: Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    },
+                    ..DeleteOptions::immediate()
+                };
+                // Gone already, or replaced by a namesake: nothing left to stop.
+                let _ = self.store.delete(&pods, Some(&namespace), &name, &options);
+            }
+            Action::RenewLeases => {
+                self.renew_leases();
+                self.timers
+                    .insert(Action::RenewLeases, self.options.lease_renew_interval);
+            }
+        }
+    }
+
+    fn update_pod(&self, namespace: &str, name: &str, uid: &str, change: impl FnOnce(&mut Value)) {
+        let pods = self.store.kind("", "pods");
+        let _ = self
+            .store
+            .update(&pods, Some(namespace), name, Part::Status, |current| {
+                if current["metadata"]["uid"] != uid
+                    || current["metadata"]["deletionTimestamp"].is_string()
+                {
+                    return Ok(current.clone());
+                }
+                let mut updated = current.clone();
+                change(&mut updated);
+                Ok(updated)
+            });
+    }
+
+    fn start(&self, namespace: &str, name: &str, uid: &str) {
+        self.update_pod(namespace, name, uid, |pod| {
+            let now = now_rfc3339();
+            let statuses: Vec<Value> = pod["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": false, "started": true, "restartCount": 0, "state": {"running": {"startedAt": now}}}))
+                .collect();
+            pod["status"]["phase"] = json!("Running");
+            pod["status"]["startTime"] = json!(now);
+            pod["status"]["podIP"] = json!(format!("10.244.{}.{}", rand::random_range(0..255), rand::random_range(1..255)));
+            pod["status"]["containerStatuses"] = json!(statuses);
+            pod["status"]["conditions"] = json!([
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": "False", "lastTransitionTime": now},
+                {"type": "Ready", "status": "False", "lastTransitionTime": now},
+            ]);
+        });
+    }
+
+    fn mark_ready(&self, namespace: &str, name: &str, uid: &str) {
+        self.update_pod(namespace, name, uid, |pod| {
+            let now = now_rfc3339();
+            if let Some(statuses) = pod["status"]["containerStatuses"].as_array_mut() {
+                for status in statuses {
+                    status["ready"] = json!(true);
+                }
+            }
+            if let Some(conditions) = pod["status"]["conditions"].as_array_mut() {
+                for condition in conditions
+                    .iter_mut()
+                    .filter(|c| c["type"] == "Ready" || c["type"] == "ContainersReady")
+                {
+                    condition["status"] = json!("True");
+                    condition["lastTransitionTime"] = json!(now);
+                }
+            }
+        });
+    }
+
+    fn renew_leases(&self) {
+        let nodes = self.store.kind("", "nodes");
+        let leases = self.store.kind("coordination.k8s.io", "leases");
+        let now = jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+            .to_string();
+        for node in self.store.all(&nodes) {
+            if node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() == Some("stopped") {
+                continue;
+            }
+            let name = text(&node["metadata"]["name"]);
+            let renewed = self.store.update(
+                &leases,
+                Some("kube-node-lease"),
+                &name,
+                Part::Main,
+                |current| {
+                    let mut lease = current.clone();
+                    lease["spec"]["renewTime"] = json!(now);
+                    Ok(lease)
+                },
+            );
+            if renewed.is_err() {
+                let _ = self.store.create(&leases, Some("kube-node-lease"), json!({
+                    "metadata": {
+                        "name": name,
+                        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}],
+                    },
+                    "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now},
+                }));
+            }
+        }
+    }
+}
