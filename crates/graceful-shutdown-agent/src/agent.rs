@@ -49,9 +49,17 @@ type Procedure = Pin<Box<dyn Future<Output = ()> + Send>>;
 impl Agent {
     /// Runs until `stop` is cancelled. A shutdown in progress is finished (within its budget)
     /// before returning, since the node is going down anyway.
-    pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run(
+        self,
+        stop: CancellationToken,
+        extra_events: Option<crate::app::ExtraEvents>,
+    ) -> anyhow::Result<()> {
         let agent = Arc::new(self);
-        let mut events = agent.logind.shutdown_events().await?;
+        let logind_events = agent.logind.shutdown_events().await?;
+        let mut events: futures::stream::BoxStream<'static, ShutdownEvent> = match extra_events {
+            Some(extra) => Box::pin(futures::stream::select(logind_events, extra)),
+            None => Box::pin(logind_events),
+        };
         agent.pods.synced().await;
         agent.publish_last_shutdown();
 

@@ -24,6 +24,26 @@ pub const PROGRAM: &str = "graceful-shutdown-agent";
 
 /// Runs the agent until `stop` is cancelled.
 pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
+    start(args, stop, None).await?.finished.await?
+}
+
+/// A started agent: where its admin server listens, and its completion.
+#[derive(Debug)]
+pub struct Started {
+    pub admin_address: std::net::SocketAddr,
+    pub finished: tokio::task::JoinHandle<Result<()>>,
+}
+
+/// Extra shutdown events merged into logind's (tests use it for PrepareForShutdown(false),
+/// which elogind cannot be made to send).
+pub type ExtraEvents = futures::stream::BoxStream<'static, nodegrace_core::logind::ShutdownEvent>;
+
+/// Starts the admin server and the agent; the agent keeps running in a task.
+pub async fn start(
+    args: Args,
+    stop: CancellationToken,
+    extra_events: Option<ExtraEvents>,
+) -> Result<Started> {
     let plan = args
         .settings()
         .and_then(|settings| settings.plan())
@@ -41,17 +61,35 @@ pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
     )
     .await
     .context("start the admin server")?;
-    tracing::info!(address = %admin.local_addr(), node, "admin server listening");
+    let admin_address = admin.local_addr();
+    tracing::info!(address = %admin_address, node, "admin server listening");
+    let finished = tokio::spawn(async move {
+        if plan.is_disabled() {
+            tracing::info!(
+                "graceful shutdown is disabled: no shutdownGracePeriod or shutdownGracePeriodByPodPriority is set; \
+                 holding no inhibitor"
+            );
+            inhibitor_gate.set(true);
+            stop.cancelled().await;
+            return Ok(());
+        }
+        run_agent(args, plan, metrics, inhibitor_gate, stop, extra_events).await
+    });
+    Ok(Started {
+        admin_address,
+        finished,
+    })
+}
 
-    if plan.is_disabled() {
-        tracing::info!(
-            "graceful shutdown is disabled: no shutdownGracePeriod or shutdownGracePeriodByPodPriority is set; \
-             holding no inhibitor"
-        );
-        inhibitor_gate.set(true);
-        stop.cancelled().await;
-        return Ok(());
-    }
+async fn run_agent(
+    args: Args,
+    plan: crate::plan::ShutdownPlan,
+    metrics: Metrics,
+    inhibitor_gate: nodegrace_core::admin::ReadinessGate,
+    stop: CancellationToken,
+    extra_events: Option<ExtraEvents>,
+) -> Result<()> {
+    let node = args.node.node_name.clone();
 
     let client = client(&args.common.kube, PROGRAM)
         .await
@@ -64,7 +102,7 @@ pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
     let delay = DelayConfig {
         drop_in_dir: args.logind_drop_in_dir.clone(),
         file_name: args.logind_drop_in_file.clone(),
-        ..DelayConfig::default()
+        reload_timeout: args.logind_reload_timeout,
     };
     let wanted = plan.total();
     let budget = match ensure_inhibit_delay(&logind, wanted, &delay).await {
@@ -102,7 +140,7 @@ pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
         metrics,
         ready: inhibitor_gate,
     };
-    agent.run(stop).await
+    agent.run(stop, extra_events).await
 }
 
 /// Connects to logind, retrying while it is not there yet (the agent stays not-ready).

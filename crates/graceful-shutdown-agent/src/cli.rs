@@ -31,8 +31,8 @@ pub struct Args {
     #[arg(long, env = "SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS")]
     pub shutdown_grace_period_critical_pods: Option<String>,
     /// Overrides shutdownGracePeriodByPodPriority, as PRIORITY=SECONDS,… (e.g. 0=20,2000000000=10).
-    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD_BY_POD_PRIORITY", value_parser = parse_priority_flag)]
-    pub shutdown_grace_period_by_pod_priority: Option<Vec<PriorityPeriod>>,
+    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD_BY_POD_PRIORITY", value_parser = parse_priorities)]
+    pub shutdown_grace_period_by_pod_priority: Option<Priorities>,
 
     /// Directory of the durable shutdown record.
     #[arg(long, env = "GSA_STATE_DIR", default_value = "/var/lib/nodegrace")]
@@ -47,6 +47,9 @@ pub struct Args {
     /// File name of the drop-in the agent writes.
     #[arg(long, env = "LOGIND_DROP_IN_FILE", default_value = "99-nodegrace.conf")]
     pub logind_drop_in_file: String,
+    /// How long to wait for logind to apply a raised InhibitDelayMaxSec after the reload.
+    #[arg(long, env = "LOGIND_RELOAD_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub logind_reload_timeout: std::time::Duration,
     /// Identifies the current boot, to tell a crash mid-shutdown from a reboot.
     #[arg(
         long,
@@ -64,6 +67,18 @@ pub struct Args {
     pub pod_namespace: Option<String>,
 }
 
+/// The flag form of shutdownGracePeriodByPodPriority (one value holding the whole list).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Priorities(pub Vec<PriorityPeriod>);
+
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    nodegrace_core::duration::parse_go_duration(text).map_err(|error| error.to_string())
+}
+
+fn parse_priorities(text: &str) -> Result<Priorities, String> {
+    parse_priority_flag(text).map(Priorities)
+}
+
 impl Args {
     /// The file's settings with the flags laid over them.
     pub fn settings(&self) -> Result<ShutdownSettings, crate::config::ConfigError> {
@@ -74,7 +89,9 @@ impl Args {
         Ok(file.overridden_by(ShutdownSettings::from_flags(
             self.shutdown_grace_period.clone(),
             self.shutdown_grace_period_critical_pods.clone(),
-            self.shutdown_grace_period_by_pod_priority.clone(),
+            self.shutdown_grace_period_by_pod_priority
+                .clone()
+                .map(|p| p.0),
         )))
     }
 }

@@ -1,0 +1,529 @@
+//! The agent end to end: kube-sim for the cluster (with its simulated kubelet) and a real
+//! elogind for the shutdown.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use graceful_shutdown_agent::agent::INHIBITOR_WHO;
+use graceful_shutdown_agent::app::{self, Started};
+use graceful_shutdown_agent::cli::Args;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::PostParams;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use kube_sim::{KubeSim, SimOptions};
+use logind_harness::{LogindHarness, ScenarioOptions};
+use nodegrace_core::logind::ShutdownEvent;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "node-a";
+
+struct Cluster {
+    sim: KubeSim,
+    client: Client,
+}
+
+async fn cluster() -> Result<Cluster> {
+    let sim = KubeSim::start(SimOptions::default()).await?;
+    let client = sim.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(kube_sim::populate::node(NODE))?,
+        )
+        .await?;
+    let classes: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(client.clone());
+    for (name, value) in [("low", 0), ("mid", 1000), ("high", 100_000)] {
+        classes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name}, "value": value}))?,
+            )
+            .await?;
+    }
+    Ok(Cluster { sim, client })
+}
+
+/// A pod on the node with a priority class, a termination grace period and a stop time.
+async fn pod(
+    cluster: &Cluster,
+    name: &str,
+    class: &str,
+    grace: i64,
+    stop_seconds: f64,
+    finalizer: bool,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
+    let mut pod = json!({
+        "metadata": {"name": name, "annotations": {"sim.nodegrace.io/stop-seconds": stop_seconds.to_string()}},
+        "spec": {"nodeName": NODE, "priorityClassName": class, "terminationGracePeriodSeconds": grace, "containers": [{"name": "c", "image": "i"}]},
+    });
+    if finalizer {
+        pod["metadata"]["finalizers"] = json!(["test.nodegrace.io/hold"]);
+    }
+    pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
+        .await?;
+    Ok(())
+}
+
+/// What happened to each pod, as a watch saw it.
+#[derive(Debug, Clone, Default)]
+struct PodFate {
+    deletion_seen: Option<Instant>,
+    grace: Option<i64>,
+    removed: Option<Instant>,
+    disruption_target: Option<String>,
+}
+
+type Fates = Arc<Mutex<HashMap<String, PodFate>>>;
+
+fn record_fates(client: &Client) -> Fates {
+    let fates: Fates = Arc::default();
+    let pods: Api<Pod> = Api::all(client.clone());
+    let sink = Arc::clone(&fates);
+    tokio::spawn(async move {
+        let mut events = watcher(pods, watcher::Config::default()).boxed();
+        while let Ok(Some(event)) = events.try_next().await {
+            let now = Instant::now();
+            let mut fates = sink.lock().unwrap();
+            match event {
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                    let fate = fates
+                        .entry(pod.metadata.name.clone().unwrap_or_default())
+                        .or_default();
+                    if pod.metadata.deletion_timestamp.is_some() && fate.deletion_seen.is_none() {
+                        fate.deletion_seen = Some(now);
+                        fate.grace = pod.metadata.deletion_grace_period_seconds;
+                    }
+                    let target = pod
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .and_then(|c| c.iter().find(|c| c.type_ == "DisruptionTarget"))
+                        .and_then(|c| c.reason.clone());
+                    if target.is_some() {
+                        fate.disruption_target = target;
+                    }
+                }
+                watcher::Event::Delete(pod) => {
+                    fates
+                        .entry(pod.metadata.name.clone().unwrap_or_default())
+                        .or_default()
+                        .removed = Some(now);
+                }
+                _ => {}
+            }
+        }
+    });
+    fates
+}
+
+struct Agent {
+    stop: CancellationToken,
+    started: Started,
+    _state: tempfile::TempDir,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn start_agent(
+    cluster: &Cluster,
+    logind: &LogindHarness,
+    priorities: &str,
+    drop_in_dir: Option<&std::path::Path>,
+    extra: Option<app::ExtraEvents>,
+) -> Result<Agent> {
+    let state = tempfile::tempdir()?;
+    let boot_id = state.path().join("boot_id");
+    std::fs::write(&boot_id, "boot-1\n")?;
+    let drop_in = drop_in_dir.map_or_else(|| logind.drop_in_dir(), std::path::Path::to_path_buf);
+    let args = Args::try_parse_from([
+        "graceful-shutdown-agent".to_owned(),
+        format!("--node-name={NODE}"),
+        format!("--kubeconfig={}", cluster.sim.kubeconfig_path().display()),
+        format!("--dbus-address={}", logind.bus_address()),
+        format!("--state-dir={}", state.path().display()),
+        format!("--boot-id-file={}", boot_id.display()),
+        format!("--logind-drop-in-dir={}", drop_in.display()),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+        "--logind-reload-timeout=1s".to_owned(),
+        format!("--shutdown-grace-period-by-pod-priority={priorities}"),
+    ])?;
+    let stop = CancellationToken::new();
+    let started = app::start(args, stop.clone(), extra).await?;
+    let agent = Agent {
+        stop,
+        started,
+        _state: state,
+    };
+    wait_for(
+        Duration::from_secs(20),
+        "the agent's delay inhibitor",
+        || async {
+            Ok(logind
+                .list_inhibitors()
+                .await?
+                .iter()
+                .any(|row| row.1 == INHIBITOR_WHO && row.3 == "delay"))
+        },
+    )
+    .await?;
+    Ok(agent)
+}
+
+async fn wait_for<F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn metrics(agent: &Agent) -> Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(agent.started.admin_address).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response)
+}
+
+async fn node(cluster: &Cluster) -> Result<Node> {
+    Ok(Api::<Node>::all(cluster.client.clone()).get(NODE).await?)
+}
+
+fn condition(node: &Node, type_: &str) -> Option<(String, String)> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+fn tainted(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| {
+            t.iter()
+                .any(|t| t.key == "nodegrace.io/shutting-down" && t.effect == "NoSchedule")
+        })
+}
+
+async fn event_reasons(cluster: &Cluster) -> Result<Vec<String>> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(cluster.client.clone());
+    Ok(events
+        .list(&kube::api::ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect())
+}
+
+async fn logind(max_delay_seconds: u64) -> Result<Option<LogindHarness>> {
+    Ok(LogindHarness::start_or_skip(ScenarioOptions {
+        inhibit_delay_max: Duration::from_secs(max_delay_seconds),
+        ..ScenarioOptions::default()
+    })
+    .await?)
+}
+
+fn hook_instant(hook: SystemTime, reference: (Instant, SystemTime)) -> Instant {
+    let (instant, wall) = reference;
+    match hook.duration_since(wall) {
+        Ok(after) => instant + after,
+        Err(before) => instant.checked_sub(before.duration()).unwrap_or(instant),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
+    // logind allows 1 s; the agent must raise it to the groups' 9 s through the drop-in.
+    let Some(logind) = logind(1).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    pod(&cluster, "low-a", "low", 30, 0.3, false).await?;
+    pod(&cluster, "low-b", "low", 2, 0.5, false).await?;
+    pod(&cluster, "mid-a", "mid", 30, 0.4, false).await?;
+    pod(&cluster, "high-a", "high", 30, 0.2, false).await?;
+    let fates = record_fates(&cluster.client);
+    let agent = start_agent(&cluster, &logind, "0=3,1000=3,100000=3", None, None).await?;
+    let drop_in = std::fs::read_to_string(logind.drop_in_dir().join("99-nodegrace.conf"))?;
+    ensure!(drop_in.contains("InhibitDelayMaxSec=9"), "{drop_in}");
+    ensure!(
+        metrics(&agent)
+            .await?
+            .contains("graceful_shutdown_budget_seconds 9.0")
+    );
+
+    let powered_off = (Instant::now(), SystemTime::now());
+    logind.power_off().await?;
+    let hook = hook_instant(
+        logind
+            .wait_for_shutdown_hook(Duration::from_secs(30))
+            .await?,
+        powered_off,
+    );
+
+    let fates = fates.lock().unwrap().clone();
+    let fate = |name: &str| {
+        fates
+            .get(name)
+            .cloned()
+            .with_context(|| format!("no record of {name}"))
+    };
+    let (low_a, low_b, mid, high) = (
+        fate("low-a")?,
+        fate("low-b")?,
+        fate("mid-a")?,
+        fate("high-a")?,
+    );
+    for (name, f) in [
+        ("low-a", &low_a),
+        ("low-b", &low_b),
+        ("mid-a", &mid),
+        ("high-a", &high),
+    ] {
+        ensure!(f.removed.is_some(), "{name} was not removed: {f:?}");
+        ensure!(
+            f.disruption_target.as_deref() == Some("TerminationByNodeShutdown"),
+            "{name}: {f:?}"
+        );
+    }
+    // Grace = min(the pod's own, its group's period).
+    ensure!(
+        low_a.grace == Some(3)
+            && low_b.grace == Some(2)
+            && mid.grace == Some(3)
+            && high.grace == Some(3),
+        "{fates:?}"
+    );
+    // Group order: a group starts only once the previous one's pods are gone.
+    let last_low = low_a.removed.max(low_b.removed).unwrap();
+    ensure!(
+        mid.deletion_seen.unwrap() >= last_low,
+        "mid started before low finished: {fates:?}"
+    );
+    ensure!(
+        high.deletion_seen.unwrap() >= mid.removed.unwrap(),
+        "high started before mid finished: {fates:?}"
+    );
+    // Shutdown proceeds right after the last pod, not at the end of the 9 s budget.
+    let last_pod = high.removed.unwrap();
+    ensure!(
+        hook + Duration::from_millis(50) >= last_pod,
+        "shutdown proceeded before the last pod stopped"
+    );
+    ensure!(
+        hook.duration_since(powered_off.0) < Duration::from_secs(6),
+        "the inhibitor was held to the budget's end"
+    );
+
+    let node = node(&cluster).await?;
+    ensure!(
+        condition(&node, "GracefulShutdown") == Some(("True".into(), "NodeShuttingDown".into())),
+        "{:?}",
+        node.status
+    );
+    ensure!(tainted(&node));
+    let reasons = event_reasons(&cluster).await?;
+    for reason in ["NodeShutdown", "ShutdownGroupStarted"] {
+        ensure!(
+            reasons.iter().any(|r| r == reason),
+            "no {reason} event in {reasons:?}"
+        );
+    }
+    let text = metrics(&agent).await?;
+    ensure!(
+        text.contains("nodegrace_graceful_shutdown_agent_inhibitor_held 0"),
+        "{text}"
+    );
+    ensure!(
+        text.contains(
+            "graceful_shutdown_pods_terminated_total{group_priority=\"0\",outcome=\"stopped\"} 2"
+        ),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_outliving_its_group_period_does_not_hold_the_next_group() -> Result<()> {
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    // The finalizer keeps the stopped pod in the API: its group must end at its period (1 s).
+    pod(&cluster, "stuck", "low", 30, 0.0, true).await?;
+    pod(&cluster, "next", "high", 30, 0.0, false).await?;
+    let fates = record_fates(&cluster.client);
+    let _agent = start_agent(&cluster, &logind, "0=1,100000=2", None, None).await?;
+    let powered_off = Instant::now();
+    logind.power_off().await?;
+    logind
+        .wait_for_shutdown_hook(Duration::from_secs(30))
+        .await?;
+    let fates = fates.lock().unwrap().clone();
+    let next = fates.get("next").cloned().context("no record of next")?;
+    let started = next
+        .deletion_seen
+        .context("next was never deleted")?
+        .duration_since(powered_off);
+    ensure!(
+        started >= Duration::from_millis(900) && started < Duration::from_secs(3),
+        "next group started after {started:?}"
+    );
+    ensure!(fates.get("stuck").is_some_and(|f| f.removed.is_none()));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_outage_still_releases_the_inhibitor_at_the_budget_end() -> Result<()> {
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    pod(&cluster, "web", "low", 30, 0.0, false).await?;
+    let _agent = start_agent(&cluster, &logind, "0=2,100000=1", None, None).await?;
+    cluster.sim.faults().outage(Duration::from_secs(60));
+    let powered_off = Instant::now();
+    logind.power_off().await?;
+    logind
+        .wait_for_shutdown_hook(Duration::from_secs(40))
+        .await?;
+    let held = powered_off.elapsed();
+    // The pod's group ran its full 2 s (nothing could be deleted), the empty group after it was
+    // skipped, and the agent let go long before logind's own 30 s.
+    ensure!(
+        held >= Duration::from_millis(1900) && held < Duration::from_secs(10),
+        "held {held:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logind_restart_gets_the_inhibitor_back() -> Result<()> {
+    let Some(mut logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    let _agent = start_agent(&cluster, &logind, "0=5", None, None).await?;
+    logind.restart().await?;
+    let back = Instant::now();
+    wait_for(
+        Duration::from_secs(10),
+        "the inhibitor after the restart",
+        || async {
+            Ok(logind
+                .list_inhibitors()
+                .await?
+                .iter()
+                .any(|row| row.1 == INHIBITOR_WHO))
+        },
+    )
+    .await?;
+    ensure!(
+        back.elapsed() < Duration::from_secs(1),
+        "re-taken after {:?}",
+        back.elapsed()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_logind_will_not_grant_is_reported_not_fatal() -> Result<()> {
+    let Some(logind) = logind(2).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    let ignored = tempfile::tempdir()?;
+    let agent = start_agent(&cluster, &logind, "0=10", Some(ignored.path()), None).await?;
+    let text = metrics(&agent).await?;
+    ensure!(
+        text.contains("graceful_shutdown_budget_seconds 2.0"),
+        "{text}"
+    );
+    ensure!(
+        text.contains("graceful_shutdown_budget_reduced 1"),
+        "{text}"
+    );
+    wait_for(
+        Duration::from_secs(10),
+        "the ShutdownBudgetReduced event",
+        || async {
+            Ok(event_reasons(&cluster)
+                .await?
+                .iter()
+                .any(|r| r == "ShutdownBudgetReduced"))
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_shutdown_unmarks_the_node_and_retakes_the_inhibitor() -> Result<()> {
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    pod(&cluster, "stuck", "low", 30, 0.0, true).await?;
+    // elogind never sends PrepareForShutdown(false) after a power-off it ran, so the
+    // cancellation is injected; the inhibitor is still taken from the real elogind.
+    let (cancel, cancellations) = futures::channel::mpsc::unbounded::<ShutdownEvent>();
+    let _agent = start_agent(&cluster, &logind, "0=20", None, Some(cancellations.boxed())).await?;
+    logind.power_off().await?;
+    wait_for(Duration::from_secs(10), "the node to be marked", || async {
+        Ok(tainted(&node(&cluster).await?))
+    })
+    .await?;
+    cancel.unbounded_send(ShutdownEvent::PrepareForShutdown(false))?;
+    wait_for(
+        Duration::from_secs(10),
+        "the node to be unmarked",
+        || async {
+            let node = node(&cluster).await?;
+            Ok(!tainted(&node)
+                && condition(&node, "GracefulShutdown")
+                    == Some(("False".into(), "ShutdownCancelled".into())))
+        },
+    )
+    .await?;
+    let reasons = event_reasons(&cluster).await?;
+    ensure!(
+        reasons.iter().any(|r| r == "ShutdownCancelled"),
+        "{reasons:?}"
+    );
+    ensure!(
+        logind
+            .list_inhibitors()
+            .await?
+            .iter()
+            .any(|row| row.1 == INHIBITOR_WHO && row.3 == "delay")
+    );
+    Ok(())
+}
