@@ -144,7 +144,39 @@ async fn start_agent(
     drop_in_dir: Option<&std::path::Path>,
     extra: Option<app::ExtraEvents>,
 ) -> Result<Agent> {
+    let agent =
+        start_agent_with_state(cluster, logind, priorities, drop_in_dir, extra, None).await?;
+    wait_for(
+        Duration::from_secs(20),
+        "the agent's delay inhibitor",
+        || async {
+            Ok(logind
+                .list_inhibitors()
+                .await?
+                .iter()
+                .any(|row| row.1 == INHIBITOR_WHO && row.3 == "delay"))
+        },
+    )
+    .await?;
+    Ok(agent)
+}
+
+/// `record`: a shutdown record left by an earlier run of the agent.
+async fn start_agent_with_state(
+    cluster: &Cluster,
+    logind: &LogindHarness,
+    priorities: &str,
+    drop_in_dir: Option<&std::path::Path>,
+    extra: Option<app::ExtraEvents>,
+    record: Option<serde_json::Value>,
+) -> Result<Agent> {
     let state = tempfile::tempdir()?;
+    if let Some(record) = record {
+        std::fs::write(
+            state.path().join("graceful-shutdown-agent.json"),
+            record.to_string(),
+        )?;
+    }
     let boot_id = state.path().join("boot_id");
     std::fs::write(&boot_id, "boot-1\n")?;
     let drop_in = drop_in_dir.map_or_else(|| logind.drop_in_dir(), std::path::Path::to_path_buf);
@@ -167,18 +199,6 @@ async fn start_agent(
         started,
         _state: state,
     };
-    wait_for(
-        Duration::from_secs(20),
-        "the agent's delay inhibitor",
-        || async {
-            Ok(logind
-                .list_inhibitors()
-                .await?
-                .iter()
-                .any(|row| row.1 == INHIBITOR_WHO && row.3 == "delay"))
-        },
-    )
-    .await?;
     Ok(agent)
 }
 
@@ -525,5 +545,89 @@ async fn a_cancelled_shutdown_unmarks_the_node_and_retakes_the_inhibitor() -> Re
             .iter()
             .any(|row| row.1 == INHIBITOR_WHO && row.3 == "delay")
     );
+    Ok(())
+}
+
+async fn mark_node_as_shutting_down(cluster: &Cluster) -> Result<()> {
+    let nodes: Api<Node> = Api::all(cluster.client.clone());
+    let patch = json!({"spec": {"taints": [{"key": "nodegrace.io/shutting-down", "effect": "NoSchedule"}]}});
+    nodes
+        .patch(
+            NODE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await?;
+    let status = json!({"status": {"conditions": [{"type": "GracefulShutdown", "status": "True", "reason": "NodeShuttingDown", "message": "", "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    nodes
+        .patch_status(
+            NODE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(status),
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reboot_stale_markings_go_and_the_last_shutdown_is_published() -> Result<()> {
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    mark_node_as_shutting_down(&cluster).await?;
+    let record = json!({"bootId": "boot-0", "startedAt": "2026-11-20T10:00:00Z", "endedAt": "2026-11-20T10:00:07Z"});
+    let agent = start_agent_with_state(&cluster, &logind, "0=5", None, None, Some(record)).await?;
+    wait_for(
+        Duration::from_secs(10),
+        "the stale markings to go",
+        || async {
+            let node = node(&cluster).await?;
+            Ok(!tainted(&node)
+                && condition(&node, "GracefulShutdown")
+                    .is_some_and(|(status, _)| status == "False"))
+        },
+    )
+    .await?;
+    let text = metrics(&agent).await?;
+    ensure!(
+        text.contains("graceful_shutdown_start_time_seconds 1795168800.0"),
+        "{text}"
+    );
+    ensure!(
+        text.contains("graceful_shutdown_end_time_seconds 1795168807.0"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_shutdown_resumes_it_and_never_undoes_it() -> Result<()> {
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    pod(&cluster, "web", "low", 30, 0.0, false).await?;
+    mark_node_as_shutting_down(&cluster).await?;
+    // Same boot, started, never ended: the agent died mid-shutdown.
+    let started = jiff::Timestamp::now().to_string();
+    let record = json!({"bootId": "boot-1", "startedAt": started});
+    let fates = record_fates(&cluster.client);
+    let _agent = start_agent_with_state(&cluster, &logind, "0=5", None, None, Some(record)).await?;
+    wait_for(
+        Duration::from_secs(10),
+        "the pod to be terminated",
+        || async {
+            Ok(fates
+                .lock()
+                .unwrap()
+                .get("web")
+                .is_some_and(|f| f.removed.is_some()))
+        },
+    )
+    .await?;
+    let node = node(&cluster).await?;
+    ensure!(tainted(&node), "the resumed shutdown must keep the taint");
+    ensure!(condition(&node, "GracefulShutdown").is_some_and(|(status, _)| status == "True"));
     Ok(())
 }
