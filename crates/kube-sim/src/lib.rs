@@ -3,6 +3,7 @@
 //! standards; see README.md for what it does and how it differs from a real API server.
 
 pub mod api;
+pub mod audit;
 pub mod control;
 pub mod error;
 pub mod eviction;

@@ -97,7 +97,13 @@ impl KubeSim {
         let faults = Faults::default();
         let stop = CancellationToken::new();
         crate::populate::populate(&store, options.nodes, options.pods_per_node)?;
-        let world = World::start(store.clone(), &options.world, &stop.child_token());
+        let audit = crate::audit::Audit::default();
+        let world = World::start(
+            store.clone(),
+            audit.clone(),
+            &options.world,
+            &stop.child_token(),
+        );
         let listener =
             TcpListener::bind(options.listen)
                 .await
@@ -115,6 +121,7 @@ impl KubeSim {
         let app = App {
             store: store.clone(),
             faults: faults.clone(),
+            audit: world.audit().clone(),
         };
         let router = api::router(
             app,

@@ -28,6 +28,7 @@ pub use query::Query;
 pub struct App {
     pub store: Store,
     pub faults: Faults,
+    pub audit: crate::audit::Audit,
 }
 
 /// The router serving every Kubernetes path; `extra` (e.g. the /sim/v1 control routes) is

@@ -246,6 +246,17 @@ pub fn delete(
             serde_json::to_vec(&*current).unwrap_or_default(),
         ));
     }
+    if kind.group.is_empty() && kind.plural == "pods" {
+        let pod = app.store.get(kind, namespace, name)?;
+        app.audit.check_pod_deletion(&app.store, &pod);
+    }
+    if options.propagation_policy.as_deref() == Some("Orphan") {
+        let current = app.store.get(kind, namespace, name)?;
+        crate::world::orphan_dependents(
+            &app.store,
+            current["metadata"]["uid"].as_str().unwrap_or_default(),
+        );
+    }
     let deletion = app.store.delete(kind, namespace, name, &options)?;
     let code = match deletion {
         // The real server answers 202 while finalizers hold a (non-pod) object.

@@ -136,6 +136,19 @@ pub fn plan(kind: &ResourceType, current: &Value, options: &DeleteOptions) -> Pl
             return Plan::Mark(marked);
         }
     }
+    if kind.group.is_empty() && kind.plural == "namespaces" {
+        let content_finalizers = current["spec"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        if content_finalizers || !finalizers(current).is_empty() {
+            // The namespace controller empties it, then drops the `kubernetes` finalizer.
+            if !already_deleting {
+                marked["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+            }
+            marked["status"]["phase"] = json!("Terminating");
+            return Plan::Mark(marked);
+        }
+    }
     if finalizers(current).is_empty() {
         return Plan::Remove;
     }

@@ -259,6 +259,24 @@ impl Kubelets {
         });
     }
 
+    /// A running kubelet reports its node Ready (a node created bare, or coming back).
+    fn post_ready(&self, name: &str, node: &Value) {
+        let ready = node["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        if ready {
+            return;
+        }
+        let nodes = self.store.kind("", "nodes");
+        let _ = self.store.update(&nodes, None, name, Part::Status, |current| {
+            let now = now_rfc3339();
+            let condition = json!({"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now});
+            let patch = json!({"status": {"conditions": [condition], "nodeInfo": {"kubeletVersion": "v1.33.0-sim"}}});
+            crate::patch::apply(current, crate::patch::PatchType::StrategicMerge, &patch, false)
+        });
+    }
+
     fn renew_leases(&self) {
         let nodes = self.store.kind("", "nodes");
         let leases = self.store.kind("coordination.k8s.io", "leases");
@@ -270,6 +288,7 @@ impl Kubelets {
                 continue;
             }
             let name = text(&node["metadata"]["name"]);
+            self.post_ready(&name, &node);
             let renewed = self.store.update(
                 &leases,
                 Some("kube-node-lease"),

@@ -1,14 +1,28 @@
 //! The simulated world around the API server: kubelets, and the control-plane controllers our
-//! components interact with. Each runs in-process on the store (writes skip admission) and
-//! can be switched off. Annotations under `sim.nodegrace.io/` steer it (see README.md).
+//! components interact with. Each runs in-process on the store (its writes skip admission) and
+//! can be switched off. Annotations under `sim.nodegrace.io/` steer it (see WORLD.md).
 
+mod attach_detach;
+mod cloud;
+mod controller;
+mod disruption;
+mod gc;
 mod kubelet;
+mod node_lifecycle;
+mod workloads;
 
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
+pub use attach_detach::{DRIVER as CSI_DRIVER, attachment_name};
+pub use cloud::{Cloud, Instance};
+pub use gc::orphan_dependents;
+
+use crate::audit::Audit;
 use crate::store::Store;
 
 /// Node annotation: `stopped` makes the node's kubelet stop (no lease renewal, no pod changes).
@@ -24,6 +38,16 @@ pub struct WorldOptions {
     pub kubelet: bool,
     /// How often a running kubelet renews its node's Lease in kube-node-lease.
     pub lease_renew_interval: Duration,
+    pub node_lifecycle: bool,
+    /// How long without a lease renewal before a node turns Ready=Unknown (real default 40 s).
+    pub node_monitor_grace: Duration,
+    pub disruption: bool,
+    /// The scheduler, the ReplicaSet and the DaemonSet controllers.
+    pub workloads: bool,
+    pub attach_detach: bool,
+    /// How long the simulated external attacher takes to detach a volume.
+    pub detach_delay: Duration,
+    pub garbage_collector: bool,
 }
 
 impl Default for WorldOptions {
@@ -31,6 +55,13 @@ impl Default for WorldOptions {
         Self {
             kubelet: true,
             lease_renew_interval: Duration::from_secs(10),
+            node_lifecycle: true,
+            node_monitor_grace: Duration::from_secs(40),
+            disruption: true,
+            workloads: true,
+            attach_detach: true,
+            detach_delay: Duration::from_secs(1),
+            garbage_collector: true,
         }
     }
 }
@@ -40,28 +71,111 @@ impl WorldOptions {
     pub fn none() -> Self {
         Self {
             kubelet: false,
+            node_lifecycle: false,
+            disruption: false,
+            workloads: false,
+            attach_detach: false,
+            garbage_collector: false,
             ..Self::default()
         }
     }
 }
 
-/// The running controllers.
+/// The running world: its cloud and its audit log.
 #[derive(Debug, Clone)]
 pub struct World {
-    store: Store,
+    cloud: Cloud,
+    audit: Audit,
 }
 
 impl World {
-    pub fn start(store: Store, options: &WorldOptions, stop: &CancellationToken) -> Self {
+    pub fn start(
+        store: Store,
+        audit: Audit,
+        options: &WorldOptions,
+        stop: &CancellationToken,
+    ) -> Self {
         if options.kubelet {
             tokio::spawn(kubelet::run(store.clone(), options.clone(), stop.clone()));
         }
-        Self { store }
+        let quick = Duration::from_secs(1);
+        if options.workloads {
+            tokio::spawn(controller::run(
+                store.clone(),
+                stop.clone(),
+                quick,
+                workloads::concerns,
+                workloads::reconcile,
+            ));
+        }
+        if options.disruption {
+            tokio::spawn(controller::run(
+                store.clone(),
+                stop.clone(),
+                quick,
+                disruption::concerns,
+                disruption::reconcile,
+            ));
+        }
+        if options.node_lifecycle {
+            let grace = options.node_monitor_grace;
+            let period = (grace / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+            tokio::spawn(controller::run(
+                store.clone(),
+                stop.clone(),
+                period,
+                node_lifecycle::concerns,
+                move |store: &Store| node_lifecycle::reconcile(store, grace),
+            ));
+        }
+        if options.attach_detach {
+            let delay = options.detach_delay;
+            let period = (delay / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+            tokio::spawn(controller::run(
+                store.clone(),
+                stop.clone(),
+                period,
+                attach_detach::concerns,
+                move |store: &Store| attach_detach::reconcile(store, delay),
+            ));
+        }
+        if options.garbage_collector {
+            tokio::spawn(controller::run(
+                store.clone(),
+                stop.clone(),
+                quick,
+                gc::concerns,
+                gc::reconcile,
+            ));
+        }
+        let cloud = Cloud::new(store.clone());
+        let registrar = cloud.clone();
+        tokio::spawn(controller::run(
+            store,
+            stop.clone(),
+            quick,
+            cloud::concerns,
+            move |_: &Store| registrar.reconcile(),
+        ));
+        Self { cloud, audit }
     }
 
-    /// The world's `/sim/v1` endpoints.
+    pub fn cloud(&self) -> &Cloud {
+        &self.cloud
+    }
+
+    pub fn audit(&self) -> &Audit {
+        &self.audit
+    }
+
+    /// The world's `/sim/v1` endpoints: instances and the audit log.
     pub fn control_router<S: Clone + Send + Sync + 'static>(&self) -> Router<S> {
-        let _ = &self.store;
-        Router::new()
+        let audit = Router::new()
+            .route(
+                "/sim/v1/audit/violations",
+                get(|State(audit): State<Audit>| async move { axum::Json(audit.violations()) }),
+            )
+            .with_state(self.audit.clone());
+        self.cloud.router().merge(audit)
     }
 }

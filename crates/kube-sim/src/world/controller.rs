@@ -1,0 +1,48 @@
+//! The shape every simulated controller shares: level-triggered reconciliation of the whole
+//! world, run shortly after a relevant change (changes arriving together are handled at once)
+//! and on a period for what time alone changes.
+
+use std::time::Duration;
+
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{Change, Store};
+
+/// How long to let a burst of changes gather before reconciling.
+const SETTLE: Duration = Duration::from_millis(10);
+
+pub async fn run(
+    store: Store,
+    stop: CancellationToken,
+    period: Duration,
+    interested: impl Fn(&Change) -> bool,
+    mut reconcile: impl FnMut(&Store),
+) {
+    let Ok(subscription) = store.subscribe(0) else {
+        return;
+    };
+    let mut live = subscription.live;
+    reconcile(&store);
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let dirty = tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => true,
+            received = live.recv() => match received {
+                Ok(change) => interested(&change),
+                Err(RecvError::Lagged(_)) => true,
+                Err(RecvError::Closed) => return,
+            },
+        };
+        if dirty {
+            tokio::time::sleep(SETTLE).await;
+            // Whatever else arrived meanwhile is covered by this reconciliation.
+            while let Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) =
+                live.try_recv()
+            {}
+            reconcile(&store);
+        }
+    }
+}

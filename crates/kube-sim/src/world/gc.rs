@@ -1,0 +1,92 @@
+//! Garbage collection: dependents of a deleted owner are deleted (background propagation) or
+//! freed of the owner reference (orphan), and a deleting namespace is emptied, then removed.
+
+use std::collections::HashSet;
+
+use serde_json::{Value, json};
+
+use crate::store::{Change, DeleteOptions, Part, Store};
+
+pub fn concerns(change: &Change) -> bool {
+    change.kind == crate::store::ChangeKind::Deleted || change.collection == "/namespaces"
+}
+
+fn owners(object: &Value) -> Vec<String> {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|owner| owner["uid"].as_str().map(str::to_owned))
+        .collect()
+}
+
+pub fn reconcile(store: &Store) {
+    let kinds = store.registry().all();
+    let mut live = HashSet::new();
+    let mut all = Vec::new();
+    for kind in &kinds {
+        for object in store.all(kind) {
+            if let Some(uid) = object["metadata"]["uid"].as_str() {
+                live.insert(uid.to_owned());
+            }
+            all.push((kind.clone(), object));
+        }
+    }
+    for (kind, object) in &all {
+        let owners = owners(object);
+        if owners.is_empty() || owners.iter().any(|uid| live.contains(uid)) {
+            continue;
+        }
+        let namespace = object["metadata"]["namespace"].as_str();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let _ = store.delete(kind, namespace, name, &DeleteOptions::default());
+    }
+    let namespaces = store.kind("", "namespaces");
+    for namespace in store.all(&namespaces) {
+        if !namespace["metadata"]["deletionTimestamp"].is_string() {
+            continue;
+        }
+        let name = namespace["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let mut remaining = 0;
+        for kind in kinds.iter().filter(|k| k.namespaced) {
+            for object in store.list(kind, Some(&name), None, 0, &|_| true).items {
+                remaining += 1;
+                let object_name = object["metadata"]["name"].as_str().unwrap_or_default();
+                let _ = store.delete(kind, Some(&name), object_name, &DeleteOptions::default());
+            }
+        }
+        if remaining == 0 {
+            let finalized = store.update(&namespaces, None, &name, Part::Main, |current| {
+                let mut updated = current.clone();
+                updated["spec"]["finalizers"] = json!([]);
+                Ok(updated)
+            });
+            if finalized.is_ok() {
+                let _ = store.delete(&namespaces, None, &name, &DeleteOptions::default());
+            }
+        }
+    }
+}
+
+/// Orphan propagation: the dependents keep running without the owner reference.
+pub fn orphan_dependents(store: &Store, owner_uid: &str) {
+    for kind in store.registry().all() {
+        for object in store.all(&kind) {
+            if !owners(&object).iter().any(|uid| uid == owner_uid) {
+                continue;
+            }
+            let namespace = object["metadata"]["namespace"].as_str();
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            let _ = store.update(&kind, namespace, name, Part::Main, |current| {
+                let mut updated = current.clone();
+                if let Some(references) = updated["metadata"]["ownerReferences"].as_array_mut() {
+                    references.retain(|r| r["uid"] != owner_uid);
+                }
+                Ok(updated)
+            });
+        }
+    }
+}
