@@ -55,6 +55,9 @@ pub struct SimOptions {
     /// Where to write the kubeconfig; a temporary directory when `None`.
     pub kubeconfig: Option<PathBuf>,
     pub world: WorldOptions,
+    /// How often watches that allow bookmarks get one. The real server sends them about once
+    /// a minute; the default here is shorter so resumed watches stay short.
+    pub bookmark_interval: std::time::Duration,
 }
 
 impl Default for SimOptions {
@@ -66,6 +69,7 @@ impl Default for SimOptions {
             pods_per_node: 0,
             kubeconfig: None,
             world: WorldOptions::default(),
+            bookmark_interval: std::time::Duration::from_secs(5),
         }
     }
 }
@@ -122,6 +126,7 @@ impl KubeSim {
             store: store.clone(),
             faults: faults.clone(),
             audit: world.audit().clone(),
+            bookmark_interval: options.bookmark_interval,
         };
         let router = api::router(
             app,
@@ -153,7 +158,7 @@ impl KubeSim {
             path: kubeconfig.clone(),
             source,
         })?;
-        let client = client_for(&kubeconfig).await?;
+        let client = client_for(&kubeconfig, true).await?;
         Ok(Self {
             url,
             kubeconfig,
@@ -169,6 +174,12 @@ impl KubeSim {
     /// A kube client for the simulator.
     pub fn client(&self) -> kube::Client {
         self.client.clone()
+    }
+
+    /// A client that does not retry 429/503 answers itself (kube-rs clients do by default),
+    /// for tests that look at those answers.
+    pub async fn client_without_retries(&self) -> Result<kube::Client, SimError> {
+        client_for(&self.kubeconfig, false).await
     }
 
     pub fn kubeconfig_path(&self) -> &Path {
@@ -203,13 +214,14 @@ impl Drop for KubeSim {
     }
 }
 
-async fn client_for(kubeconfig: &Path) -> Result<kube::Client, SimError> {
+async fn client_for(kubeconfig: &Path, retries: bool) -> Result<kube::Client, SimError> {
     let error = |e: &dyn std::fmt::Display| SimError::Client(e.to_string());
     let file = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| error(&e))?;
-    let config =
+    let mut config =
         kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| error(&e))?;
+    config.default_retry = retries;
     kube::Client::try_from(config).map_err(|e| error(&e))
 }
 

@@ -29,6 +29,8 @@ pub struct App {
     pub store: Store,
     pub faults: Faults,
     pub audit: crate::audit::Audit,
+    /// How often watches that allow bookmarks get one.
+    pub bookmark_interval: std::time::Duration,
 }
 
 /// The router serving every Kubernetes path; `extra` (e.g. the /sim/v1 control routes) is

@@ -19,10 +19,6 @@ use crate::error::ApiError;
 use crate::resources::ResourceType;
 use crate::store::{Change, ChangeKind};
 
-/// How often a watch that allows bookmarks gets one. The real server sends them about once a
-/// minute; sooner keeps resumed watches short in tests.
-const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
-
 pub fn serve(
     app: &App,
     kind: &Arc<ResourceType>,
@@ -53,7 +49,9 @@ pub fn serve(
         matches: Box::new(matches),
         filtered: query.get("labelSelector").is_some() || query.get("fieldSelector").is_some(),
         as_table,
-        bookmarks: query.flag("allowWatchBookmarks"),
+        bookmarks: query
+            .flag("allowWatchBookmarks")
+            .then_some(app.bookmark_interval),
         timeout: query.timeout(),
         closed: app.faults.watches_closed(),
     };
@@ -91,7 +89,7 @@ struct Watch {
     /// With selectors, objects can enter and leave the watched set.
     filtered: bool,
     as_table: bool,
-    bookmarks: bool,
+    bookmarks: Option<Duration>,
     timeout: Option<Duration>,
     closed: tokio::sync::watch::Receiver<u64>,
 }
@@ -186,7 +184,8 @@ impl Watch {
         let deadline = self
             .timeout
             .map(|timeout| tokio::time::Instant::now() + timeout);
-        let mut bookmark = tokio::time::interval(BOOKMARK_INTERVAL);
+        let mut bookmark =
+            tokio::time::interval(self.bookmarks.unwrap_or(Duration::from_secs(3600)));
         bookmark.tick().await;
         let closed_generation = *self.closed.borrow();
         loop {
@@ -204,7 +203,7 @@ impl Watch {
                         return;
                     }
                 }
-                _ = bookmark.tick(), if self.bookmarks => {
+                _ = bookmark.tick(), if self.bookmarks.is_some() => {
                     let marker = Arc::new(json!({
                         "kind": self.kind.kind,
                         "apiVersion": self.kind.api_version(),

@@ -67,6 +67,13 @@ impl Default for WorldOptions {
 }
 
 impl WorldOptions {
+    /// Adds the garbage collector (and namespace deletion) to these options.
+    #[must_use]
+    pub fn with_garbage_collector(mut self) -> Self {
+        self.garbage_collector = true;
+        self
+    }
+
     /// Nothing simulated: a bare API server.
     pub fn none() -> Self {
         Self {

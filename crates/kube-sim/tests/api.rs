@@ -1,0 +1,543 @@
+//! The API server's behaviour as kube-rs sees it: verbs, errors, resourceVersions, pagination,
+//! watches (history, bookmarks, 410), selectors, deletion rules, eviction and CRDs.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{
+    DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
+    WatchParams,
+};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use serde_json::json;
+
+async fn bare() -> Result<KubeSim> {
+    Ok(KubeSim::start(SimOptions {
+        world: WorldOptions::none(),
+        bookmark_interval: Duration::from_millis(200),
+        ..SimOptions::default()
+    })
+    .await?)
+}
+
+fn lease(name: &str) -> Result<Lease> {
+    Ok(serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": {"team": "a"}}, "spec": {"holderIdentity": "me"}}),
+    )?)
+}
+
+fn api_error(error: kube::Error) -> Result<kube::core::Status> {
+    match error {
+        kube::Error::Api(status) => Ok(*status),
+        other => Err(other).context("expected an API error"),
+    }
+}
+
+async fn wait_until<F, Fut>(what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !check().await? {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn crud_and_error_bodies() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    let created = leases.create(&PostParams::default(), &lease("a")?).await?;
+    ensure!(created.metadata.uid.is_some() && created.metadata.creation_timestamp.is_some());
+    let duplicate = api_error(
+        leases
+            .create(&PostParams::default(), &lease("a")?)
+            .await
+            .unwrap_err(),
+    )?;
+    ensure!(
+        duplicate.code == 409 && duplicate.reason == "AlreadyExists",
+        "{duplicate:?}"
+    );
+    ensure!(duplicate.message == "leases.coordination.k8s.io \"a\" already exists");
+
+    let mut stale = created.clone();
+    leases
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"holderIdentity": "other"}})),
+        )
+        .await?;
+    stale.spec.as_mut().unwrap().holder_identity = Some("late".into());
+    let conflict = api_error(
+        leases
+            .replace("a", &PostParams::default(), &stale)
+            .await
+            .unwrap_err(),
+    )?;
+    ensure!(
+        conflict.code == 409
+            && conflict.reason == "Conflict"
+            && conflict.message.contains("the object has been modified")
+    );
+
+    let missing = api_error(leases.get("nope").await.unwrap_err())?;
+    ensure!(missing.code == 404 && missing.reason == "NotFound");
+    let invalid = api_error(
+        leases
+            .create(&PostParams::default(), &lease("Not_Valid")?)
+            .await
+            .unwrap_err(),
+    )?;
+    ensure!(
+        invalid.code == 422 && invalid.reason == "Invalid",
+        "{invalid:?}"
+    );
+    let no_namespace: Api<Lease> = Api::namespaced(sim.client(), "ghost");
+    ensure!(
+        api_error(
+            no_namespace
+                .create(&PostParams::default(), &lease("x")?)
+                .await
+                .unwrap_err()
+        )?
+        .code
+            == 404
+    );
+
+    leases.delete("a", &DeleteParams::default()).await?;
+    ensure!(leases.get_opt("a").await?.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn resource_versions_are_global_and_lists_paginate() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    let mut versions = Vec::new();
+    for index in 0..7 {
+        let created = leases
+            .create(&PostParams::default(), &lease(&format!("l{index}"))?)
+            .await?;
+        versions.push(created.metadata.resource_version.unwrap().parse::<u64>()?);
+    }
+    ensure!(versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
+    let mut names = Vec::new();
+    let mut params = ListParams::default().limit(3);
+    loop {
+        let page = leases.list(&params).await?;
+        names.extend(page.items.iter().filter_map(|l| l.metadata.name.clone()));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    ensure!(
+        names == (0..7).map(|i| format!("l{i}")).collect::<Vec<_>>(),
+        "{names:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn selectors_filter_lists_including_not_equal() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    leases.create(&PostParams::default(), &lease("a")?).await?;
+    let mut other = lease("b")?;
+    other.metadata.labels = Some([("team".to_owned(), "b".to_owned())].into());
+    leases.create(&PostParams::default(), &other).await?;
+    let names = |list: kube::core::ObjectList<Lease>| {
+        list.items
+            .into_iter()
+            .filter_map(|l| l.metadata.name)
+            .collect::<Vec<_>>()
+    };
+    ensure!(names(leases.list(&ListParams::default().labels("team=a")).await?) == ["a"]);
+    ensure!(
+        names(
+            leases
+                .list(&ListParams::default().labels("team!=a"))
+                .await?
+        ) == ["b"]
+    );
+    ensure!(
+        names(
+            leases
+                .list(&ListParams::default().labels("team in (a,b)"))
+                .await?
+        ) == ["a", "b"]
+    );
+    let all: Api<Lease> = Api::all(sim.client());
+    ensure!(
+        names(
+            all.list(
+                &ListParams::default()
+                    .fields("metadata.name=b,metadata.namespace!=kube-node-lease")
+            )
+            .await?
+        ) == ["b"]
+    );
+    let bad = api_error(
+        all.list(&ListParams::default().fields("spec.holderIdentity=me"))
+            .await
+            .unwrap_err(),
+    )?;
+    ensure!(bad.code == 400);
+    Ok(())
+}
+
+#[tokio::test]
+async fn watches_resume_from_history_and_expired_versions_get_410() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    let first = leases.create(&PostParams::default(), &lease("a")?).await?;
+    let version = first.metadata.resource_version.clone().unwrap();
+    leases.create(&PostParams::default(), &lease("b")?).await?;
+    leases.delete("a", &DeleteParams::default()).await?;
+    let mut stream = leases
+        .watch(&WatchParams::default().timeout(2), &version)
+        .await?
+        .boxed();
+    let mut seen = Vec::new();
+    while let Some(event) = stream.try_next().await? {
+        match event {
+            WatchEvent::Added(l) => seen.push(format!("added {}", l.metadata.name.unwrap())),
+            WatchEvent::Deleted(l) => seen.push(format!("deleted {}", l.metadata.name.unwrap())),
+            _ => {}
+        }
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    ensure!(seen == ["added b", "deleted a"], "{seen:?}");
+
+    sim.store().compact();
+    let mut expired = leases
+        .watch(&WatchParams::default(), &version)
+        .await?
+        .boxed();
+    match expired.try_next().await? {
+        Some(WatchEvent::Error(status)) => ensure!(status.code == 410, "{status:?}"),
+        other => anyhow::bail!("expected 410, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn bookmarks_arrive_when_allowed() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    let list = leases.list(&ListParams::default()).await?;
+    let version = list.metadata.resource_version.unwrap();
+    let mut stream = leases
+        .watch(&WatchParams::default().timeout(10), &version)
+        .await?
+        .boxed();
+    let event = tokio::time::timeout(Duration::from_secs(9), stream.try_next()).await??;
+    ensure!(matches!(event, Some(WatchEvent::Bookmark(_))), "{event:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn reflectors_recover_from_closed_watches_and_410() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(leases.clone(), watcher::Config::default().any_semantic()),
+    )
+    .default_backoff()
+    .applied_objects();
+    let task = tokio::spawn(async move { stream.for_each(|_| async {}).await });
+    store.wait_until_ready().await?;
+    leases
+        .create(&PostParams::default(), &lease("before")?)
+        .await?;
+    wait_until("the reflector to see before", || async {
+        Ok(store.state().len() == 1)
+    })
+    .await?;
+    // History gone and every watch cut: the watcher must re-list to catch up.
+    sim.store().compact();
+    sim.faults().close_watches();
+    leases
+        .create(&PostParams::default(), &lease("after")?)
+        .await?;
+    wait_until("the reflector to recover", || async {
+        Ok(store.state().len() == 2)
+    })
+    .await?;
+    task.abort();
+    Ok(())
+}
+
+#[tokio::test]
+async fn finalizers_hold_deletion_and_preconditions_guard_it() -> Result<()> {
+    let sim = bare().await?;
+    let maps: Api<ConfigMap> = Api::namespaced(sim.client(), "default");
+    let held: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "held", "finalizers": ["test/hold"]}}))?;
+    let created = maps.create(&PostParams::default(), &held).await?;
+    let wrong_uid = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some("nope".into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let refused = api_error(maps.delete("held", &wrong_uid).await.unwrap_err())?;
+    ensure!(
+        refused.code == 409 && refused.message.contains("Precondition failed: UID"),
+        "{refused:?}"
+    );
+    let right_uid = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: created.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    maps.delete("held", &right_uid).await?;
+    let marked = maps.get("held").await?;
+    ensure!(marked.metadata.deletion_timestamp.is_some());
+    maps.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    ensure!(maps.get_opt("held").await?.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn pods_on_nodes_terminate_gracefully() -> Result<()> {
+    let sim = bare().await?;
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pod: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}}),
+    )?;
+    pods.create(&PostParams::default(), &pod).await?;
+    pods.delete("p", &DeleteParams::default().grace_period(20))
+        .await?;
+    let terminating = pods.get("p").await?;
+    ensure!(terminating.metadata.deletion_grace_period_seconds == Some(20));
+    // A shorter grace shortens it; a longer one does not lengthen it.
+    pods.delete("p", &DeleteParams::default().grace_period(40))
+        .await?;
+    ensure!(pods.get("p").await?.metadata.deletion_grace_period_seconds == Some(20));
+    pods.delete("p", &DeleteParams::default().grace_period(0))
+        .await?;
+    ensure!(pods.get_opt("p").await?.is_none());
+    let unbound: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "q"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+    )?;
+    pods.create(&PostParams::default(), &unbound).await?;
+    pods.delete("q", &DeleteParams::default()).await?;
+    ensure!(
+        pods.get_opt("q").await?.is_none(),
+        "unbound pods go at once"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn eviction_follows_the_budget() -> Result<()> {
+    let sim = bare().await?;
+    let client = sim.client_without_retries().await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+    for name in ["a", "b"] {
+        let pod: Pod = serde_json::from_value(
+            json!({"metadata": {"name": name, "labels": {"app": "web"}}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
+        )?;
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    let lone: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "lone"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}, "status": {"phase": "Running"}}),
+    )?;
+    pods.create(&PostParams::default(), &lone).await?;
+    pods.evict("lone", &kube::api::EvictParams::default())
+        .await?;
+    ensure!(
+        pods.get("lone")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_some(),
+        "no budget: evicted"
+    );
+
+    let pdb: PodDisruptionBudget = serde_json::from_value(
+        json!({"metadata": {"name": "web"}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}}),
+    )?;
+    pdbs.create(&PostParams::default(), &pdb).await?;
+    let status = |allowed: i32| json!({"status": {"disruptionsAllowed": allowed, "currentHealthy": 2, "desiredHealthy": 1, "expectedPods": 2, "observedGeneration": 1}});
+    pdbs.patch_status("web", &PatchParams::default(), &Patch::Merge(status(1)))
+        .await?;
+    pods.evict("a", &kube::api::EvictParams::default()).await?;
+    let evicted = pods.get("a").await?;
+    let target = evicted
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "DisruptionTarget"))
+        .and_then(|c| c.reason.clone());
+    ensure!(
+        target.as_deref() == Some("EvictionByEvictionAPI"),
+        "{target:?}"
+    );
+    let budget = pdbs.get("web").await?;
+    ensure!(budget.status.as_ref().unwrap().disruptions_allowed == 0);
+    ensure!(
+        budget
+            .status
+            .as_ref()
+            .unwrap()
+            .disrupted_pods
+            .as_ref()
+            .is_some_and(|d| d.contains_key("a"))
+    );
+
+    let refused = api_error(
+        pods.evict("b", &kube::api::EvictParams::default())
+            .await
+            .unwrap_err(),
+    )?;
+    ensure!(
+        refused.code == 429
+            && refused.message
+                == "Cannot evict pod as it would violate the pod's disruption budget.",
+        "{refused:?}"
+    );
+
+    let second: PodDisruptionBudget = serde_json::from_value(
+        json!({"metadata": {"name": "second"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}}),
+    )?;
+    pdbs.create(&PostParams::default(), &second).await?;
+    let two = api_error(
+        pods.evict("b", &kube::api::EvictParams::default())
+            .await
+            .unwrap_err(),
+    )?;
+    ensure!(
+        two.code == 500 && two.message.contains("more than one PodDisruptionBudget"),
+        "{two:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn crds_serve_their_resources() -> Result<()> {
+    let sim = bare().await?;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(sim.client());
+    let crd = serde_json::from_value(json!({
+        "metadata": {"name": "nodedisruptionbudgets.nodegrace.io"},
+        "spec": {"group": "nodegrace.io", "scope": "Cluster", "names": {"kind": "NodeDisruptionBudget", "plural": "nodedisruptionbudgets", "singular": "nodedisruptionbudget"},
+                 "versions": [{"name": "v1alpha1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}, "subresources": {"status": {}}}]}
+    }))?;
+    crds.create(&PostParams::default(), &crd).await?;
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("nodegrace.io", "v1alpha1", "NodeDisruptionBudget"),
+        "nodedisruptionbudgets",
+    );
+    let budgets: Api<DynamicObject> = Api::all_with(sim.client(), &resource);
+    let object: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "nodegrace.io/v1alpha1", "kind": "NodeDisruptionBudget", "metadata": {"name": "all"}, "spec": {"maxUnavailable": 1}}),
+    )?;
+    budgets.create(&PostParams::default(), &object).await?;
+    ensure!(budgets.get("all").await?.data["spec"]["maxUnavailable"] == 1);
+    let discovery = kube::Discovery::new(sim.client()).run().await?;
+    ensure!(discovery.groups().any(|g| g.name() == "nodegrace.io"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn namespaces_delete_their_content_and_owners_their_dependents() -> Result<()> {
+    let sim = KubeSim::start(SimOptions {
+        world: WorldOptions {
+            kubelet: false,
+            ..WorldOptions::none()
+        }
+        .with_garbage_collector(),
+        ..SimOptions::default()
+    })
+    .await?;
+    let client: Client = sim.client();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "doomed"}}))?,
+        )
+        .await?;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "doomed");
+    let owner = maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "owner"}}))?,
+        )
+        .await?;
+    let dependent: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "dependent", "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}]}}),
+    )?;
+    maps.create(&PostParams::default(), &dependent).await?;
+    maps.delete("owner", &DeleteParams::default()).await?;
+    wait_until("the dependent to be collected", || async {
+        Ok(maps.get_opt("dependent").await?.is_none())
+    })
+    .await?;
+
+    maps.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "content"}}))?,
+    )
+    .await?;
+    namespaces
+        .delete("doomed", &DeleteParams::default())
+        .await?;
+    let terminating = namespaces.get("doomed").await?;
+    ensure!(terminating.status.and_then(|s| s.phase).as_deref() == Some("Terminating"));
+    wait_until("the namespace to go", || async {
+        Ok(namespaces.get_opt("doomed").await?.is_none())
+    })
+    .await?;
+    let _: Option<Node> = None;
+    Ok(())
+}
+
+#[tokio::test]
+async fn injected_faults_reach_clients() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    sim.faults().add_rule(kube_sim::faults::ErrorRule {
+        verb: "list".into(),
+        resource: "leases".into(),
+        rate: 1.0,
+        failure: kube_sim::faults::FailureKind::InternalError,
+    });
+    ensure!(api_error(leases.list(&ListParams::default()).await.unwrap_err())?.code == 500);
+    sim.faults().clear();
+    leases.list(&ListParams::default()).await?;
+    sim.faults().outage(Duration::from_secs(30));
+    ensure!(leases.list(&ListParams::default()).await.is_err());
+    sim.faults().end_outage();
+    leases.list(&ListParams::default()).await?;
+    Ok(())
+}

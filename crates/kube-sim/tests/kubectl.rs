@@ -1,0 +1,380 @@
+//! Conformance with the real kubectl: the simulator binary driven the way people drive a
+//! cluster. Skips (loudly) only where kubectl is missing.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+struct Sim {
+    child: Child,
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Sim {
+    fn start(nodes: usize) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kube-sim"))
+            .args(["serve", "--nodes", &nodes.to_string(), "--kubeconfig-out"])
+            .arg(&kubeconfig)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !kubeconfig.exists() {
+            if Instant::now() > deadline || child.try_wait()?.is_some() {
+                bail!("kube-sim did not write its kubeconfig");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let text = std::fs::read_to_string(&kubeconfig)?;
+        let url = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: "))
+            .context("no server in kubeconfig")?
+            .to_owned();
+        Ok(Self { child, dir, url })
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Result<Output> {
+        Ok(Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", self.kubeconfig())
+            .output()?)
+    }
+
+    /// Runs kubectl and returns stdout, failing with stderr when it fails.
+    fn ok(&self, args: &[&str]) -> Result<String> {
+        let output = self.kubectl(args)?;
+        ensure!(
+            output.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    fn apply(&self, yaml: &str) -> Result<String> {
+        let path = self
+            .dir
+            .path()
+            .join(format!("manifest-{}.yaml", rand_suffix()));
+        std::fs::write(&path, yaml)?;
+        self.ok(&["apply", "-f", path.to_str().unwrap_or_default()])
+    }
+
+    fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut(&Self) -> Result<bool>,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !check(self)? {
+            ensure!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn kubectl_missing() -> bool {
+    let missing = Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err();
+    if missing {
+        eprintln!("SKIPPED: kubectl is not on PATH; the kubectl conformance tests need it");
+    }
+    missing
+}
+
+const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {app: web}\nspec:\n  nodeName: node-0\n  containers:\n  - {name: c, image: nginx}\n";
+
+#[test]
+fn get_describe_apply_and_api_resources() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(2)?;
+    let nodes = sim.ok(&["get", "nodes"])?;
+    ensure!(
+        nodes.contains("node-0") && nodes.contains("Ready"),
+        "{nodes}"
+    );
+    ensure!(sim.apply(POD)?.contains("pod/web created"));
+    ensure!(sim.apply(POD)?.contains("pod/web unchanged"));
+    sim.wait_for("web to run", Duration::from_secs(10), |sim| {
+        Ok(sim.ok(&["get", "pod", "web"])?.contains("Running"))
+    })?;
+    let described = sim.ok(&["describe", "pod", "web"])?;
+    ensure!(
+        described.contains("Node:         node-0") && described.contains("Status:       Running"),
+        "{described}"
+    );
+    let resources = sim.ok(&["api-resources"])?;
+    for resource in [
+        "pods",
+        "leases",
+        "poddisruptionbudgets",
+        "volumeattachments",
+        "customresourcedefinitions",
+    ] {
+        ensure!(
+            resources.contains(resource),
+            "{resource} missing from {resources}"
+        );
+    }
+    let json = sim.ok(&["get", "pod", "web", "-o", "jsonpath={.spec.nodeName}"])?;
+    ensure!(json == "node-0", "{json}");
+    Ok(())
+}
+
+#[test]
+fn patch_label_annotate_taint_cordon_and_delete() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(2)?;
+    sim.apply(POD)?;
+    sim.ok(&["label", "pod", "web", "tier=front"])?;
+    sim.ok(&["annotate", "pod", "web", "owner=team-a"])?;
+    sim.ok(&[
+        "patch",
+        "pod",
+        "web",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"merge":"1"}}}"#,
+    ])?;
+    sim.ok(&[
+        "patch",
+        "pod",
+        "web",
+        "--type=json",
+        "-p",
+        r#"[{"op":"add","path":"/metadata/labels/json","value":"1"}]"#,
+    ])?;
+    sim.ok(&[
+        "patch",
+        "pod",
+        "web",
+        "-p",
+        r#"{"metadata":{"labels":{"strategic":"1"}}}"#,
+    ])?;
+    let labels = sim.ok(&["get", "pod", "web", "-o", "jsonpath={.metadata.labels}"])?;
+    for label in ["tier", "merge", "json", "strategic"] {
+        ensure!(labels.contains(label), "{label} missing: {labels}");
+    }
+    ensure!(
+        sim.ok(&[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.metadata.annotations.owner}"
+        ])? == "team-a"
+    );
+    ensure!(
+        sim.ok(&["get", "pods", "-l", "tier=front", "-o", "name"])?
+            .contains("pod/web")
+    );
+    ensure!(
+        sim.ok(&["get", "pods", "-l", "tier!=front", "-o", "name"])?
+            .trim()
+            .is_empty()
+    );
+    ensure!(
+        sim.ok(&[
+            "get",
+            "pods",
+            "--field-selector",
+            "spec.nodeName=node-0",
+            "-o",
+            "name"
+        ])?
+        .contains("pod/web")
+    );
+
+    sim.ok(&["taint", "node", "node-1", "dedicated=db:NoSchedule"])?;
+    ensure!(
+        sim.ok(&[
+            "get",
+            "node",
+            "node-1",
+            "-o",
+            "jsonpath={.spec.taints[0].key}"
+        ])? == "dedicated"
+    );
+    sim.ok(&["taint", "node", "node-1", "dedicated=db:NoSchedule-"])?;
+    ensure!(
+        sim.ok(&["get", "node", "node-1", "-o", "jsonpath={.spec.taints}"])?
+            .trim()
+            .is_empty()
+    );
+    sim.ok(&["cordon", "node-1"])?;
+    ensure!(sim.ok(&["get", "nodes"])?.contains("SchedulingDisabled"));
+    sim.ok(&["uncordon", "node-1"])?;
+    ensure!(!sim.ok(&["get", "nodes"])?.contains("SchedulingDisabled"));
+
+    let missing = sim.kubectl(&["get", "pod", "nope"])?;
+    ensure!(
+        !missing.status.success()
+            && String::from_utf8_lossy(&missing.stderr).contains("pods \"nope\" not found")
+    );
+    sim.ok(&["delete", "pod", "web", "--wait=true", "--timeout=30s"])?;
+    ensure!(sim.ok(&["get", "pods", "-o", "name"])?.trim().is_empty());
+    Ok(())
+}
+
+#[test]
+fn get_watch_streams_changes() -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    sim.apply(&POD.replace("name: web", "name: first"))?;
+    let mut watcher = Command::new("kubectl")
+        .args(["get", "pods", "-w", "--request-timeout=10s"])
+        .env("KUBECONFIG", sim.kubeconfig())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut lines = BufReader::new(watcher.stdout.take().context("no stdout")?).lines();
+    // The listing comes first; once it shows, the watch resumes from the listed version, so
+    // nothing done afterwards can be missed.
+    loop {
+        let line = lines.next().context("the watch ended before listing")??;
+        if line.contains("first") {
+            break;
+        }
+    }
+    sim.apply(POD)?;
+    sim.ok(&["label", "pod", "web", "seen=yes"])?;
+    let mut seen = 0;
+    for line in lines {
+        if line?.contains("web") {
+            seen += 1;
+            if seen == 2 {
+                break;
+            }
+        }
+    }
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    ensure!(seen >= 2, "the watch saw {seen} changes of web");
+    Ok(())
+}
+
+#[test]
+fn drain_under_a_pdb_completes_without_violations() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(3)?;
+    sim.apply(
+        "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: web}\nspec:\n  replicas: 4\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata:\n      labels: {app: web}\n      annotations: {sim.nodegrace.io/ready-after-seconds: \"0.3\", sim.nodegrace.io/stop-seconds: \"0.2\"}\n    spec:\n      containers: [{name: c, image: nginx}]\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web}\nspec:\n  maxUnavailable: 1\n  selector: {matchLabels: {app: web}}\n",
+    )?;
+    sim.wait_for("4 ready pods", Duration::from_secs(20), |sim| {
+        Ok(sim
+            .ok(&[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "-o",
+                "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
+            ])?
+            .matches("True")
+            .count()
+            == 4)
+    })?;
+    let busiest = sim.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={.items[*].spec.nodeName}",
+    ])?;
+    let node = busiest
+        .split_whitespace()
+        .next()
+        .context("no pods placed")?
+        .to_owned();
+    let drained = sim.ok(&["drain", &node, "--ignore-daemonsets", "--timeout=120s"])?;
+    ensure!(drained.contains("drained"), "{drained}");
+    let placements = sim.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={.items[*].spec.nodeName}",
+    ])?;
+    ensure!(
+        !placements.split_whitespace().any(|n| n == node),
+        "pods still on {node}: {placements}"
+    );
+    sim.wait_for("4 replacements", Duration::from_secs(20), |sim| {
+        Ok(sim
+            .ok(&[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "--field-selector",
+                "status.phase=Running",
+                "-o",
+                "name",
+            ])?
+            .lines()
+            .count()
+            == 4)
+    })?;
+    let violations = http_get(&format!("{}/sim/v1/audit/violations", sim.url))?;
+    ensure!(violations.trim() == "[]", "PDB violations: {violations}");
+    Ok(())
+}
+
+/// A GET through curl-less plain TCP, for the /sim/v1 endpoints.
+fn http_get(url: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").context("plain http expected")?;
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
+    let mut stream = std::net::TcpStream::connect(host)?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default())
+}
