@@ -132,7 +132,10 @@ impl Watch {
                 .as_str()
                 .unwrap_or_default()
         );
-        let before = selected.contains(&key);
+        // A watch resumed from a version does not know what matched before it; a deleted object
+        // that matches in its last state was in the set.
+        let before = selected.contains(&key)
+            || (change.kind == ChangeKind::Deleted && (self.matches)(&change.object));
         let now = change.kind != ChangeKind::Deleted && (self.matches)(&change.object);
         match (before, now) {
             (false, true) => {

@@ -6,7 +6,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use jiff::Timestamp;
 use serde_json::json;
 
 use crate::store::{Change, DeleteOptions, Part, Store};
@@ -26,7 +25,10 @@ pub fn attachment_name(volume: &str, node: &str) -> String {
     format!("csi-{volume}-{node}")
 }
 
-pub fn reconcile(store: &Store, detach_delay: Duration) {
+/// When each detach began, as the attacher saw it: deletionTimestamp has only whole seconds.
+pub type DetachStarts = HashMap<String, std::time::Instant>;
+
+pub fn reconcile(store: &Store, detach_delay: Duration, detaching: &mut DetachStarts) {
     let pods = store.kind("", "pods");
     let claims = store.kind("", "persistentvolumeclaims");
     let attachments = store.kind("storage.k8s.io", "volumeattachments");
@@ -72,17 +74,19 @@ pub fn reconcile(store: &Store, detach_delay: Duration) {
             }));
         }
     }
-    let now = Timestamp::now();
+    let mut still_detaching = DetachStarts::new();
     for attachment in store.all(&attachments) {
         let name = attachment["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        if let Some(since) = attachment["metadata"]["deletionTimestamp"]
-            .as_str()
-            .and_then(|t| t.parse::<Timestamp>().ok())
-        {
-            if now.duration_since(since).unsigned_abs() >= detach_delay {
+        if attachment["metadata"]["deletionTimestamp"].is_string() {
+            let since = detaching
+                .get(&name)
+                .copied()
+                .unwrap_or_else(std::time::Instant::now);
+            still_detaching.insert(name.clone(), since);
+            if since.elapsed() >= detach_delay {
                 let _ = store.update(&attachments, None, &name, Part::Main, |current| {
                     let mut updated = current.clone();
                     if let Some(finalizers) = updated["metadata"]["finalizers"].as_array_mut() {
@@ -95,4 +99,5 @@ pub fn reconcile(store: &Store, detach_delay: Duration) {
             let _ = store.delete(&attachments, None, &name, &DeleteOptions::default());
         }
     }
+    *detaching = still_detaching;
 }

@@ -137,13 +137,14 @@ impl World {
         }
         if options.attach_detach {
             let delay = options.detach_delay;
+            let mut detaching = attach_detach::DetachStarts::new();
             let period = (delay / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
             tokio::spawn(controller::run(
                 store.clone(),
                 stop.clone(),
                 period,
                 attach_detach::concerns,
-                move |store: &Store| attach_detach::reconcile(store, delay),
+                move |store: &Store| attach_detach::reconcile(store, delay, &mut detaching),
             ));
         }
         if options.garbage_collector {

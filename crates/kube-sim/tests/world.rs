@@ -1,0 +1,378 @@
+//! The simulated world: kubelets, node lifecycle and taint eviction, the disruption
+//! controller, workloads, attach/detach, and the cloud.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use serde_json::json;
+
+async fn sim(nodes: usize) -> Result<KubeSim> {
+    let world = WorldOptions {
+        lease_renew_interval: Duration::from_millis(100),
+        node_monitor_grace: Duration::from_millis(600),
+        detach_delay: Duration::from_millis(500),
+        ..WorldOptions::default()
+    };
+    Ok(KubeSim::start(SimOptions {
+        nodes,
+        world,
+        ..SimOptions::default()
+    })
+    .await?)
+}
+
+async fn wait_until<F, Fut>(what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !check().await? {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn pod(name: &str, node: Option<&str>, extra: serde_json::Value) -> Result<Pod> {
+    let mut pod = json!({"metadata": {"name": name, "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
+    if let Some(node) = node {
+        pod["spec"]["nodeName"] = json!(node);
+    }
+    json_patch::merge(&mut pod, &extra);
+    Ok(serde_json::from_value(pod)?)
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn node_ready(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone())
+}
+
+#[tokio::test]
+async fn kubelets_start_pods_and_stop_them_after_their_stop_time() -> Result<()> {
+    let sim = sim(1).await?;
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let slow = json!({"metadata": {"annotations": {"sim.nodegrace.io/ready-after-seconds": "0.3", "sim.nodegrace.io/stop-seconds": "0.5"}}});
+    pods.create(&PostParams::default(), &pod("p", Some("node-0"), slow)?)
+        .await?;
+    wait_until("p to run", || async {
+        Ok(pods.get("p").await?.status.and_then(|s| s.phase).as_deref() == Some("Running"))
+    })
+    .await?;
+    wait_until("p to be ready", || async {
+        Ok(ready(&pods.get("p").await?))
+    })
+    .await?;
+    let deleted = tokio::time::Instant::now();
+    pods.delete("p", &DeleteParams::default()).await?;
+    ensure!(
+        pods.get("p").await?.metadata.deletion_timestamp.is_some(),
+        "a running pod terminates gracefully"
+    );
+    wait_until("p to be gone", || async {
+        Ok(pods.get_opt("p").await?.is_none())
+    })
+    .await?;
+    ensure!(
+        deleted.elapsed() >= Duration::from_millis(450),
+        "stopped after {:?}",
+        deleted.elapsed()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted() -> Result<()> {
+    let sim = sim(2).await?;
+    let client: Client = sim.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let tolerant = json!({"spec": {"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 1}]}});
+    pods.create(
+        &PostParams::default(),
+        &pod("plain", Some("node-0"), json!({}))?,
+    )
+    .await?;
+    pods.create(
+        &PostParams::default(),
+        &pod("tolerant", Some("node-0"), tolerant)?,
+    )
+    .await?;
+    wait_until("the pods to run", || async {
+        Ok(pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .all(ready))
+    })
+    .await?;
+    nodes
+        .patch(
+            "node-0",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
+            ),
+        )
+        .await?;
+    wait_until("node-0 to turn Unknown", || async {
+        Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
+    })
+    .await?;
+    let taints = nodes
+        .get("node-0")
+        .await?
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default();
+    ensure!(
+        taints
+            .iter()
+            .any(|t| t.key == "node.kubernetes.io/unreachable" && t.effect == "NoExecute"),
+        "{taints:?}"
+    );
+    ensure!(
+        taints
+            .iter()
+            .any(|t| t.key == "node.kubernetes.io/unreachable" && t.effect == "NoSchedule"),
+        "{taints:?}"
+    );
+    // The taint manager marks both; with the kubelet gone they stay Terminating forever.
+    wait_until("plain to be evicted", || async {
+        Ok(pods
+            .get("plain")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_some())
+    })
+    .await?;
+    let target = pods
+        .get("plain")
+        .await?
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "DisruptionTarget"))
+        .and_then(|c| c.reason);
+    ensure!(
+        target.as_deref() == Some("DeletionByTaintManager"),
+        "{target:?}"
+    );
+    ensure!(
+        pods.get("tolerant")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "tolerationSeconds not yet up"
+    );
+    wait_until("tolerant to be evicted after its toleration", || async {
+        Ok(pods
+            .get("tolerant")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_some())
+    })
+    .await?;
+    ensure!(node_ready(&nodes.get("node-1").await?).as_deref() == Some("True"));
+
+    nodes
+        .patch(
+            "node-0",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "running"}}}),
+            ),
+        )
+        .await?;
+    wait_until("node-0 to recover", || async {
+        let node = nodes.get("node-0").await?;
+        Ok(node_ready(&node).as_deref() == Some("True")
+            && node
+                .spec
+                .and_then(|s| s.taints)
+                .is_none_or(|t| t.is_empty()))
+    })
+    .await?;
+    wait_until("the returning kubelet to finish the evictions", || async {
+        Ok(pods.list(&ListParams::default()).await?.items.is_empty())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn budgets_track_healthy_pods_and_replicasets_replace_pods_elsewhere() -> Result<()> {
+    let sim = sim(3).await?;
+    let client = sim.client();
+    let replicasets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
+        Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+    replicasets.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}, "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}},
+    }))?).await?;
+    pdbs.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"maxUnavailable": "34%", "selector": {"matchLabels": {"app": "web"}}}}))?).await?;
+    wait_until("the budget to see 3 healthy pods", || async {
+        let status = pdbs.get("web").await?.status;
+        Ok(status.is_some_and(|s| {
+            s.current_healthy == 3
+                && s.expected_pods == 3
+                && s.desired_healthy == 1
+                && s.disruptions_allowed == 2
+        }))
+    })
+    .await?;
+    // Cordon one node and delete its pod: the replacement lands elsewhere.
+    let victim = pods.list(&ListParams::default()).await?.items.remove(0);
+    let node = victim
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await?;
+    pods.delete(
+        victim.metadata.name.as_deref().unwrap_or_default(),
+        &DeleteParams::default(),
+    )
+    .await?;
+    wait_until("a replacement on another node", || async {
+        let items = pods.list(&ListParams::default()).await?.items;
+        let live: Vec<&Pod> = items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        Ok(live.len() == 3
+            && live.iter().all(|p| {
+                ready(p)
+                    && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str())
+            }))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn daemonsets_cover_tolerated_nodes() -> Result<()> {
+    let sim = sim(3).await?;
+    let client = sim.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes.patch("node-2", &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}}))).await?;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    daemonsets.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}},
+    }))?).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    wait_until("agents on node-0 and node-1 only", || async {
+        let mut placed: Vec<String> = pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+            .collect();
+        placed.sort();
+        Ok(placed == ["node-0", "node-1"])
+    })
+    .await
+}
+
+#[tokio::test]
+async fn volume_attachments_follow_pods_and_detach_after_the_delay() -> Result<()> {
+    let sim = sim(1).await?;
+    let client = sim.client();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    claims.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1", "resources": {"requests": {"storage": "1Gi"}}}}))?).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &pod("db", Some("node-0"), json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}))?).await?;
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    let name = kube_sim::world::attachment_name("pv-1", "node-0");
+    wait_until("the attachment", || async {
+        Ok(attachments
+            .get_opt(&name)
+            .await?
+            .is_some_and(|va| va.status.is_some_and(|s| s.attached)))
+    })
+    .await?;
+    attachments.delete(&name, &DeleteParams::default()).await?;
+    ensure!(
+        attachments
+            .get(&name)
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_some(),
+        "the attacher's finalizer holds it"
+    );
+    pods.delete("db", &DeleteParams::default().grace_period(0))
+        .await?;
+    wait_until("the detach to finish", || async {
+        Ok(attachments.get_opt(&name).await?.is_none())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_cloud_counts_terminations_and_stops_the_machine() -> Result<()> {
+    let sim = sim(2).await?;
+    let cloud = sim.world().cloud();
+    wait_until("instances for both nodes", || async {
+        cloud.reconcile();
+        Ok(cloud.instances().len() == 2)
+    })
+    .await?;
+    cloud.terminate("node-1");
+    cloud.terminate("node-1");
+    let instance = cloud
+        .instances()
+        .into_iter()
+        .find(|i| i.id == "node-1")
+        .unwrap();
+    ensure!(instance.terminate_calls == 2 && instance.state == "terminated");
+    ensure!(cloud.terminate("node-9").is_none());
+    let nodes: Api<Node> = Api::all(sim.client());
+    let annotations = nodes
+        .get("node-1")
+        .await?
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    ensure!(
+        annotations
+            .get("sim.nodegrace.io/kubelet")
+            .map(String::as_str)
+            == Some("stopped")
+    );
+    Ok(())
+}
