@@ -44,12 +44,12 @@ where
     Ok(())
 }
 
-fn pod(name: &str, node: Option<&str>, extra: serde_json::Value) -> Result<Pod> {
+fn pod(name: &str, node: Option<&str>, extra: &serde_json::Value) -> Result<Pod> {
     let mut pod = json!({"metadata": {"name": name, "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
     if let Some(node) = node {
         pod["spec"]["nodeName"] = json!(node);
     }
-    json_patch::merge(&mut pod, &extra);
+    json_patch::merge(&mut pod, extra);
     Ok(serde_json::from_value(pod)?)
 }
 
@@ -75,7 +75,7 @@ async fn kubelets_start_pods_and_stop_them_after_their_stop_time() -> Result<()>
     let sim = sim(1).await?;
     let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
     let slow = json!({"metadata": {"annotations": {"sim.nodegrace.io/ready-after-seconds": "0.3", "sim.nodegrace.io/stop-seconds": "0.5"}}});
-    pods.create(&PostParams::default(), &pod("p", Some("node-0"), slow)?)
+    pods.create(&PostParams::default(), &pod("p", Some("node-0"), &slow)?)
         .await?;
     wait_until("p to run", || async {
         Ok(pods.get("p").await?.status.and_then(|s| s.phase).as_deref() == Some("Running"))
@@ -112,12 +112,12 @@ async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted()
     let tolerant = json!({"spec": {"tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 1}]}});
     pods.create(
         &PostParams::default(),
-        &pod("plain", Some("node-0"), json!({}))?,
+        &pod("plain", Some("node-0"), &json!({}))?,
     )
     .await?;
     pods.create(
         &PostParams::default(),
-        &pod("tolerant", Some("node-0"), tolerant)?,
+        &pod("tolerant", Some("node-0"), &tolerant)?,
     )
     .await?;
     wait_until("the pods to run", || async {
@@ -315,7 +315,7 @@ async fn volume_attachments_follow_pods_and_detach_after_the_delay() -> Result<(
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
     claims.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1", "resources": {"requests": {"storage": "1Gi"}}}}))?).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    pods.create(&PostParams::default(), &pod("db", Some("node-0"), json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}))?).await?;
+    pods.create(&PostParams::default(), &pod("db", Some("node-0"), &json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}))?).await?;
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
     let name = kube_sim::world::attachment_name("pv-1", "node-0");
     wait_until("the attachment", || async {
