@@ -2,9 +2,11 @@
 //! controllers nodegrace's components interact with. Test infrastructure held to production
 //! standards; see README.md for what it does and how it differs from a real API server.
 
+pub mod admission;
 pub mod api;
 pub mod audit;
 pub mod control;
+pub mod crd_schema;
 pub mod error;
 pub mod eviction;
 pub mod faults;

@@ -83,10 +83,117 @@ async fn handle(State(app): State<App>, request: Request) -> Response {
         return error_response(&ApiError::unsupported_media_type(content_type));
     }
     let result = match parse_target(&app.store, parts.uri.path()) {
-        Ok(target) => dispatch(&app, &parts.method, target, &query, &parts.headers, &body),
+        Ok(target) => match admitted(&app, &parts.method, &target, &query, &parts.headers, body)
+            .await
+        {
+            Ok((method, body)) => dispatch(&app, &method, target, &query, &parts.headers, &body),
+            Err(error) => Err(error),
+        },
         Err(error) => Err(error),
     };
     result.unwrap_or_else(|error| error_response(&error))
+}
+
+/// Runs admission webhooks on API writes. A PATCH is resolved here and continues as a PUT of
+/// the admitted object, guarded by the version it was computed from.
+async fn admitted(
+    app: &App,
+    method: &Method,
+    target: &Target,
+    query: &Query,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<(Method, Bytes), ApiError> {
+    use crate::admission::{Operation, Request, admit, any_registered};
+    let write = matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    if !write || !any_registered(&app.store) {
+        return Ok((method.clone(), body));
+    }
+    let (kind, namespace, name, sub) = match target {
+        Target::Collection { kind, namespace } if *method == Method::POST => {
+            (kind, namespace.as_deref(), None, None)
+        }
+        Target::Object {
+            kind,
+            namespace,
+            name,
+            sub,
+        } if sub.as_deref() != Some("eviction") => (
+            kind,
+            namespace.as_deref(),
+            Some(name.as_str()),
+            sub.as_deref(),
+        ),
+        _ => return Ok((method.clone(), body)),
+    };
+    let parse = |bytes: &Bytes| -> Result<Value, ApiError> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+    };
+    let old = match name {
+        Some(name) => app.store.get(kind, namespace, name).ok(),
+        None => None,
+    };
+    let (operation, object) = match *method {
+        Method::POST => (Operation::Create, parse(&body)?),
+        Method::PUT => (Operation::Update, parse(&body)?),
+        Method::DELETE => (
+            Operation::Delete,
+            old.as_deref().cloned().ok_or_else(|| {
+                ApiError::not_found(&kind.group, &kind.plural, name.unwrap_or_default())
+            })?,
+        ),
+        _ => {
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let patch_type = crate::patch::PatchType::from_content_type(content_type)
+                .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
+            let patch = crate::patch::parse_body(patch_type, &body)?;
+            match &old {
+                Some(current) => (
+                    Operation::Update,
+                    crate::patch::apply(current, patch_type, &patch, kind.custom)?,
+                ),
+                // Server-side apply of something new is a create.
+                None => return Ok((method.clone(), body)),
+            }
+        }
+    };
+    let object_name = name
+        .map(str::to_owned)
+        .or_else(|| object["metadata"]["name"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let request = Request {
+        operation,
+        kind,
+        subresource: sub,
+        namespace,
+        name: &object_name,
+        old: old.as_deref(),
+        dry_run: query.dry_run(),
+    };
+    let admitted = admit(&app.store, &request, object).await?;
+    match *method {
+        Method::DELETE => Ok((method.clone(), body)),
+        Method::PATCH => {
+            let mut admitted = admitted;
+            admitted["metadata"]["resourceVersion"] =
+                old.map_or(Value::Null, |o| o["metadata"]["resourceVersion"].clone());
+            Ok((
+                Method::PUT,
+                Bytes::from(serde_json::to_vec(&admitted).unwrap_or_default()),
+            ))
+        }
+        _ => Ok((
+            method.clone(),
+            Bytes::from(serde_json::to_vec(&admitted).unwrap_or_default()),
+        )),
+    }
 }
 
 fn parse_target(store: &Store, path: &str) -> Result<Target, ApiError> {

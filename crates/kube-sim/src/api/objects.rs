@@ -126,6 +126,42 @@ pub fn list(
     Ok(bytes_response(StatusCode::OK, body))
 }
 
+/// What a write must satisfy: a CRD's own rules, or a custom object's schema. Read before
+/// any store update, whose closure runs under the store lock.
+enum Schema {
+    None,
+    Crd,
+    Custom(Value),
+}
+
+impl Schema {
+    fn of(app: &App, kind: &ResourceType) -> Result<Self, ApiError> {
+        if kind.group == "apiextensions.k8s.io" && kind.plural == "customresourcedefinitions" {
+            return Ok(Self::Crd);
+        }
+        if !kind.custom {
+            return Ok(Self::None);
+        }
+        let crds = app
+            .store
+            .kind("apiextensions.k8s.io", "customresourcedefinitions");
+        let crd = app
+            .store
+            .get(&crds, None, &format!("{}.{}", kind.plural, kind.group))?;
+        Ok(crate::crd_schema::schema_for(&crd, &kind.version)
+            .filter(|schema| !schema.is_null())
+            .map_or(Self::None, |schema| Self::Custom(schema.clone())))
+    }
+
+    fn check(&self, kind: &ResourceType, object: &Value) -> Result<(), ApiError> {
+        match self {
+            Self::None => Ok(()),
+            Self::Crd => crate::crd_schema::validate_crd(object),
+            Self::Custom(schema) => crate::crd_schema::validate_object(&kind.kind, schema, object),
+        }
+    }
+}
+
 pub fn create(
     app: &App,
     kind: &ResourceType,
@@ -134,6 +170,7 @@ pub fn create(
     body: &Bytes,
 ) -> Result<Response, ApiError> {
     let object = parse_json(body)?;
+    Schema::of(app, kind)?.check(kind, &object)?;
     if query.dry_run() {
         return Ok(json_response(StatusCode::CREATED, &object));
     }
@@ -154,6 +191,7 @@ pub fn update(
     body: &Bytes,
 ) -> Result<Response, ApiError> {
     let object = parse_json(body)?;
+    Schema::of(app, kind)?.check(kind, &object)?;
     if query.dry_run() {
         return Ok(json_response(StatusCode::OK, &object));
     }
@@ -196,8 +234,11 @@ pub fn patch(
             &patch::apply(&current, patch_type, &patch, kind.custom)?,
         ));
     }
+    let schema = Schema::of(app, kind)?;
     let patched = app.store.update(kind, namespace, name, part, |current| {
-        patch::apply(current, patch_type, &patch, kind.custom)
+        let patched = patch::apply(current, patch_type, &patch, kind.custom)?;
+        schema.check(kind, &patched)?;
+        Ok(patched)
     });
     match patched {
         Ok(object) => Ok(bytes_response(
@@ -208,6 +249,7 @@ pub fn patch(
         Err(error) if error.code == 404 && patch_type == PatchType::Apply && part == Part::Main => {
             let mut object = patch;
             object["metadata"]["name"] = Value::String(name.to_owned());
+            schema.check(kind, &object)?;
             let created = app.store.create(kind, namespace, object)?;
             Ok(bytes_response(
                 StatusCode::CREATED,

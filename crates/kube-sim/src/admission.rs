@@ -1,0 +1,315 @@
+//! Admission webhooks: the simulator calls the registered Mutating- and
+//! ValidatingWebhookConfigurations for API writes (not for its own controllers' writes), with
+//! AdmissionReview v1 over HTTPS trusting the configured `caBundle`.
+//!
+//! Supported: `clientConfig.url` (a Service reference cannot be reached from outside a
+//! cluster and counts as a failed call), rules (operations, groups, versions, resources with
+//! subresources and `*`), `namespaceSelector`, `objectSelector`, `timeoutSeconds`,
+//! `failurePolicy`, JSONPatch mutations. Not supported: reinvocation, `matchConditions`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::resources::ResourceType;
+use crate::selector::LabelSelector;
+use crate::store::Store;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+}
+
+impl Operation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Create => "CREATE",
+            Self::Update => "UPDATE",
+            Self::Delete => "DELETE",
+        }
+    }
+}
+
+/// One admission request.
+#[derive(Debug)]
+pub struct Request<'a> {
+    pub operation: Operation,
+    pub kind: &'a ResourceType,
+    pub subresource: Option<&'a str>,
+    pub namespace: Option<&'a str>,
+    pub name: &'a str,
+    pub old: Option<&'a Value>,
+    pub dry_run: bool,
+}
+
+/// Whether any webhook is registered at all (the fast path skips admission otherwise).
+pub fn any_registered(store: &Store) -> bool {
+    [
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+    ]
+    .iter()
+    .any(|plural| {
+        !store
+            .all(&store.kind("admissionregistration.k8s.io", plural))
+            .is_empty()
+    })
+}
+
+/// Runs the mutating webhooks, then the validating ones, on `object` (the new state; the old
+/// one for DELETE). Returns the object as mutated.
+pub async fn admit(
+    store: &Store,
+    request: &Request<'_>,
+    mut object: Value,
+) -> Result<Value, ApiError> {
+    for (plural, mutating) in [
+        ("mutatingwebhookconfigurations", true),
+        ("validatingwebhookconfigurations", false),
+    ] {
+        for configuration in store.all(&store.kind("admissionregistration.k8s.io", plural)) {
+            for webhook in configuration["webhooks"].as_array().into_iter().flatten() {
+                if !applies(store, webhook, request, &object) {
+                    continue;
+                }
+                let name = webhook["name"].as_str().unwrap_or_default();
+                let ignore = webhook["failurePolicy"].as_str() == Some("Ignore");
+                match call(webhook, request, &object).await {
+                    Ok(response) => {
+                        if response["allowed"] != true {
+                            let result = &response["status"];
+                            let message = result["message"].as_str().unwrap_or_default();
+                            let code = result["code"]
+                                .as_u64()
+                                .and_then(|c| u16::try_from(c).ok())
+                                .filter(|c| *c >= 400)
+                                .unwrap_or(400);
+                            return Err(ApiError {
+                                code,
+                                reason: if code == 403 {
+                                    "Forbidden"
+                                } else {
+                                    "BadRequest"
+                                },
+                                message: format!(
+                                    "admission webhook \"{name}\" denied the request: {message}"
+                                ),
+                                details: None,
+                            });
+                        }
+                        if mutating && let Some(patch) = response["patch"].as_str() {
+                            object = apply_patch(name, &object, patch)?;
+                        }
+                    }
+                    Err(_) if ignore => {}
+                    Err(why) => {
+                        return Err(ApiError::internal(format!(
+                            "Internal error occurred: failed calling webhook \"{name}\": {why}"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(object)
+}
+
+fn apply_patch(webhook: &str, object: &Value, encoded: &str) -> Result<Value, ApiError> {
+    let invalid = |why: String| {
+        ApiError::internal(format!(
+            "Internal error occurred: webhook \"{webhook}\" returned an invalid patch: {why}"
+        ))
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|e| invalid(e.to_string()))?;
+    let patch: json_patch::Patch =
+        serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let mut patched = object.clone();
+    json_patch::patch(&mut patched, &patch).map_err(|e| invalid(e.to_string()))?;
+    Ok(patched)
+}
+
+fn matches_any(list: &Value, value: &str) -> bool {
+    list.as_array()
+        .is_some_and(|items| items.iter().any(|item| item == "*" || item == value))
+}
+
+fn applies(store: &Store, webhook: &Value, request: &Request<'_>, object: &Value) -> bool {
+    let kind = request.kind;
+    let resource = match request.subresource {
+        Some(sub) => format!("{}/{sub}", kind.plural),
+        None => kind.plural.clone(),
+    };
+    let rule_matches = webhook["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|rule| {
+            let resources_match = rule["resources"].as_array().is_some_and(|resources| {
+                resources.iter().filter_map(Value::as_str).any(|pattern| {
+                    pattern == resource
+                        || pattern == "*/*"
+                        || (pattern == "*" && request.subresource.is_none())
+                        || pattern
+                            .strip_suffix("/*")
+                            .is_some_and(|p| p == kind.plural && request.subresource.is_some())
+                        || pattern
+                            .strip_prefix("*/")
+                            .is_some_and(|s| Some(s) == request.subresource)
+                })
+            });
+            matches_any(&rule["operations"], request.operation.as_str())
+                && matches_any(&rule["apiGroups"], &kind.group)
+                && matches_any(&rule["apiVersions"], &kind.version)
+                && resources_match
+        });
+    if !rule_matches {
+        return false;
+    }
+    // An absent selector matches everything (unlike a null LabelSelector elsewhere).
+    let everything = json!({});
+    let object_selector = LabelSelector::from_object(if webhook["objectSelector"].is_null() {
+        &everything
+    } else {
+        &webhook["objectSelector"]
+    });
+    let labelled_by =
+        |o: Option<&Value>| o.is_some_and(|o| object_selector.as_ref().is_ok_and(|s| s.matches(o)));
+    if !(labelled_by(Some(object)) || labelled_by(request.old)) {
+        return false;
+    }
+    if let Some(namespace) = request
+        .namespace
+        .filter(|_| !webhook["namespaceSelector"].is_null())
+    {
+        let selector = LabelSelector::from_object(&webhook["namespaceSelector"]);
+        let namespace = store.get(&store.kind("", "namespaces"), None, namespace);
+        return namespace.is_ok_and(|ns| selector.is_ok_and(|s| s.matches(&ns)));
+    }
+    true
+}
+
+async fn call(webhook: &Value, request: &Request<'_>, object: &Value) -> Result<Value, String> {
+    let url = webhook["clientConfig"]["url"]
+        .as_str()
+        .ok_or("only clientConfig.url is supported by kube-sim (no Service routing)")?;
+    let timeout = Duration::from_secs(
+        webhook["timeoutSeconds"]
+            .as_u64()
+            .unwrap_or(10)
+            .clamp(1, 30),
+    );
+    let ca = webhook["clientConfig"]["caBundle"]
+        .as_str()
+        .unwrap_or_default();
+    let uid = crate::store::strategy::new_uid();
+    let kind = request.kind;
+    let (new_object, old_object) = match request.operation {
+        Operation::Delete => (Value::Null, request.old.cloned().unwrap_or(Value::Null)),
+        _ => (object.clone(), request.old.cloned().unwrap_or(Value::Null)),
+    };
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
+            "resource": {"group": kind.group, "version": kind.version, "resource": kind.plural},
+            "subResource": request.subresource,
+            "requestKind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
+            "requestResource": {"group": kind.group, "version": kind.version, "resource": kind.plural},
+            "name": request.name,
+            "namespace": request.namespace,
+            "operation": request.operation.as_str(),
+            "userInfo": {"username": "kube-sim", "groups": ["system:authenticated"]},
+            "object": new_object,
+            "oldObject": old_object,
+            "dryRun": request.dry_run,
+        },
+    });
+    let response = tokio::time::timeout(timeout, post(url, ca, &review))
+        .await
+        .map_err(|_| format!("context deadline exceeded ({}s)", timeout.as_secs()))??;
+    let answer = &response["response"];
+    if answer["uid"] != uid.as_str() {
+        return Err("the response uid does not match the request".to_owned());
+    }
+    Ok(answer.clone())
+}
+
+async fn post(url: &str, ca_bundle: &str, review: &Value) -> Result<Value, String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("invalid url {url:?}: {e}"))?;
+    if uri.scheme_str() != Some("https") {
+        return Err(format!("webhook url {url:?} must be https"));
+    }
+    let host = uri
+        .host()
+        .ok_or("the url has no host")?
+        .trim_matches(['[', ']'])
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(443);
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(ca_bundle)
+        .map_err(|e| format!("caBundle is not base64: {e}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_slice_iter(&pem) {
+        roots
+            .add(certificate.map_err(|e| format!("caBundle: {e}"))?)
+            .map_err(|e| format!("caBundle: {e}"))?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| format!("dial tcp {host}:{port}: {e}"))?;
+    let server_name = ServerName::try_from(host.clone()).map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(server_name, stream)
+        .await
+        .map_err(|e| format!("tls: {e}"))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let body = serde_json::to_vec(review).map_err(|e| e.to_string())?;
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let request = http::Request::post(path)
+        .header(http::header::HOST, format!("{host}:{port}"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!("the webhook answered {status}"));
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| format!("the webhook's answer is not an AdmissionReview: {e}"))
+}
