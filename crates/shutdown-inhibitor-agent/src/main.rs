@@ -1,27 +1,12 @@
-//! `shutdown-inhibitor-agent`: Turns Leases named after the node into a logind block inhibitor
-//!
-//! The behaviour lands with its component issue (issue 5); until then the binary accepts the
-//! common options, so charts and scripts can be written against them, and says it is not ready.
-
-use anyhow::bail;
+use anyhow::Result;
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, NodeArgs};
+use nodegrace_core::{signals, telemetry};
+use shutdown_inhibitor_agent::{app, cli::Args};
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "shutdown-inhibitor-agent",
-    version,
-    about = "Turns Leases named after the node into a logind block inhibitor"
-)]
-struct Args {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    node: NodeArgs,
-}
-
-fn main() -> anyhow::Result<()> {
+#[tokio::main]
+async fn main() -> Result<()> {
     let args = Args::parse();
-    tracing::debug!(?args, "parsed options");
-    bail!("shutdown-inhibitor-agent is not implemented in this build yet (issue 5)")
+    telemetry::init_tracing(&args.common.log)?;
+    let stop = signals::shutdown_token();
+    app::run(args, stop).await
 }

@@ -1,0 +1,35 @@
+//! Command-line options; every flag also reads an environment variable.
+
+use std::time::Duration;
+
+use clap::Parser;
+use nodegrace_core::cli::{CommonArgs, NodeArgs};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "shutdown-inhibitor-agent",
+    version,
+    about = "Turns Leases named after the node into a logind block inhibitor"
+)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Off: hold nothing, report not ready (the chart can be installed disabled).
+    #[arg(long, env = "INHIBITOR_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// What the block inhibitor covers, in logind's syntax (`shutdown`, `shutdown:sleep`).
+    #[arg(long, env = "INHIBIT_WHAT", default_value = "shutdown")]
+    pub inhibit_what: String,
+    /// shutdownInhibitorAlertTimeout: warn about Leases held longer than this (0 = never).
+    #[arg(long, env = "SHUTDOWN_INHIBITOR_ALERT_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
+    pub alert_timeout: Duration,
+    /// The system bus (default: the standard system bus socket).
+    #[arg(long, env = "DBUS_SYSTEM_BUS_ADDRESS")]
+    pub dbus_address: Option<String>,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    nodegrace_core::duration::parse_go_duration(text).map_err(|error| error.to_string())
+}

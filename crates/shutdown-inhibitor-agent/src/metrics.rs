@@ -1,0 +1,55 @@
+//! Metrics, under `nodegrace_shutdown_inhibitor_agent_`.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    pub block_inhibitor_held: Gauge,
+    pub active_leases: Gauge,
+    pub oldest_active_lease_age_seconds: Gauge<f64, AtomicU64>,
+    pub transitions: Counter,
+    pub watch_restarts: Counter,
+    /// Every Lease watch event received: with the field selector, other nodes' Leases add none.
+    pub lease_watch_events: Counter,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "block_inhibitor_held",
+            "1 while the logind block inhibitor is held",
+            metrics.block_inhibitor_held.clone(),
+        );
+        registry.register(
+            "active_leases",
+            "Active Leases named after this node",
+            metrics.active_leases.clone(),
+        );
+        registry.register(
+            "oldest_active_lease_age_seconds",
+            "Time since the oldest active Lease's acquireTime",
+            metrics.oldest_active_lease_age_seconds.clone(),
+        );
+        registry.register(
+            "transitions",
+            "Block/unblock transitions",
+            metrics.transitions.clone(),
+        );
+        registry.register(
+            "watch_restarts",
+            "Lease watch failures followed by a restart",
+            metrics.watch_restarts.clone(),
+        );
+        registry.register(
+            "lease_watch_events",
+            "Lease watch events received",
+            metrics.lease_watch_events.clone(),
+        );
+        metrics
+    }
+}

@@ -1,0 +1,339 @@
+//! The agent end to end: kube-sim for the Leases and the node, a real elogind for the block.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail, ensure};
+use clap::Parser;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kube_sim::{KubeSim, SimOptions};
+use logind_harness::{LogindHarness, ScenarioOptions};
+use serde_json::json;
+use shutdown_inhibitor_agent::agent::INHIBITOR_WHO;
+use shutdown_inhibitor_agent::app::{self, Started};
+use shutdown_inhibitor_agent::cli::Args;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "node-0";
+
+struct Setup {
+    sim: KubeSim,
+    client: Client,
+    logind: LogindHarness,
+    agent: Started,
+    stop: CancellationToken,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn setup() -> Result<Option<Setup>> {
+    let Some(logind) = LogindHarness::start_or_skip(ScenarioOptions::default()).await? else {
+        return Ok(None);
+    };
+    let sim = KubeSim::start(SimOptions {
+        nodes: 1,
+        ..SimOptions::default()
+    })
+    .await?;
+    let client = sim.client();
+    for namespace in ["team-a", "team-b"] {
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": namespace}}))?,
+            )
+            .await?;
+    }
+    let args = Args::try_parse_from([
+        "shutdown-inhibitor-agent".to_owned(),
+        format!("--node-name={NODE}"),
+        format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+        format!("--dbus-address={}", logind.bus_address()),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+    ])?;
+    let stop = CancellationToken::new();
+    let agent = app::start(args, stop.clone(), None).await?;
+    let setup = Setup {
+        sim,
+        client,
+        logind,
+        agent,
+        stop,
+    };
+    wait_for("the agent to be ready", || async {
+        Ok(http(&setup, "/readyz").await?.starts_with("HTTP/1.1 200"))
+    })
+    .await?;
+    Ok(Some(setup))
+}
+
+async fn wait_for<F, Fut>(what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn http(setup: &Setup, path: &str) -> Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(setup.agent.admin_address).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response)
+}
+
+/// A counter or gauge value (they are whole numbers here).
+async fn metric(setup: &Setup, name: &str) -> Result<i64> {
+    let text = http(setup, "/metrics").await?;
+    let wanted = format!("nodegrace_shutdown_inhibitor_agent_{name} ");
+    let value: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&wanted))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1.0);
+    Ok(value.round() as i64)
+}
+
+async fn our_blocks(setup: &Setup) -> Result<Vec<String>> {
+    Ok(setup
+        .logind
+        .list_inhibitors()
+        .await?
+        .into_iter()
+        .filter(|row| row.1 == INHIBITOR_WHO && row.3 == "block")
+        .map(|row| row.2)
+        .collect())
+}
+
+async fn condition(setup: &Setup) -> Result<Option<(String, String, String, String)>> {
+    let node = Api::<Node>::all(setup.client.clone()).get(NODE).await?;
+    Ok(node
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "ShutdownInhibited"))
+        .map(|c| {
+            (
+                c.status,
+                c.reason.unwrap_or_default(),
+                c.message.unwrap_or_default(),
+                c.last_transition_time
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default(),
+            )
+        }))
+}
+
+async fn take_lease(setup: &Setup, namespace: &str, name: &str, holder: &str) -> Result<()> {
+    let lease: Lease = serde_json::from_value(
+        json!({"metadata": {"name": name}, "spec": {"holderIdentity": holder, "acquireTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}}),
+    )?;
+    Api::<Lease>::namespaced(setup.client.clone(), namespace)
+        .create(&PostParams::default(), &lease)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_stack_into_one_block_and_the_condition_follows() -> Result<()> {
+    let Some(setup) = setup().await? else {
+        return Ok(());
+    };
+    wait_for("the condition False", || async {
+        Ok(condition(&setup)
+            .await?
+            .is_some_and(|c| c.0 == "False" && c.1 == "NoActiveLeases"))
+    })
+    .await?;
+
+    take_lease(&setup, "team-a", NODE, "backup").await?;
+    wait_for("the block", || async {
+        Ok(our_blocks(&setup).await?.len() == 1)
+    })
+    .await?;
+    wait_for("the condition True", || async {
+        Ok(condition(&setup)
+            .await?
+            .is_some_and(|c| c.0 == "True" && c.1 == "ActiveLeases" && c.2 == "team-a/backup"))
+    })
+    .await?;
+    let since = condition(&setup).await?.unwrap().3;
+
+    take_lease(&setup, "team-b", NODE, "upgrade").await?;
+    wait_for("both holders listed", || async {
+        Ok(condition(&setup)
+            .await?
+            .is_some_and(|c| c.2 == "team-a/backup, team-b/upgrade"))
+    })
+    .await?;
+    wait_for("still exactly one block", || async {
+        Ok(our_blocks(&setup).await? == ["Active Leases: team-a/backup, team-b/upgrade"])
+    })
+    .await?;
+    ensure!(
+        condition(&setup).await?.unwrap().3 == since,
+        "lastTransitionTime moved without a transition"
+    );
+
+    let a: Api<Lease> = Api::namespaced(setup.client.clone(), "team-a");
+    a.patch(
+        NODE,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"holderIdentity": null}})),
+    )
+    .await?;
+    wait_for("only team-b listed", || async {
+        Ok(condition(&setup)
+            .await?
+            .is_some_and(|c| c.2 == "team-b/upgrade"))
+    })
+    .await?;
+    ensure!(
+        our_blocks(&setup).await?.len() == 1,
+        "still blocked by team-b"
+    );
+
+    Api::<Lease>::namespaced(setup.client.clone(), "team-b")
+        .delete(NODE, &DeleteParams::default())
+        .await?;
+    wait_for("the block to go", || async {
+        Ok(our_blocks(&setup).await?.is_empty())
+    })
+    .await?;
+    wait_for("the condition False", || async {
+        Ok(condition(&setup).await?.is_some_and(|c| c.0 == "False"))
+    })
+    .await?;
+    ensure!(metric(&setup, "transitions_total").await? == 2);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_nodes_leases_never_reach_the_agent() -> Result<()> {
+    let Some(setup) = setup().await? else {
+        return Ok(());
+    };
+    let before = metric(&setup, "lease_watch_events_total").await?;
+    for index in 0..20 {
+        take_lease(&setup, "team-a", &format!("other-{index}"), "someone").await?;
+    }
+    // A Lease for this node afterwards proves the watch is live and in order.
+    take_lease(&setup, "team-b", NODE, "marker").await?;
+    wait_for("the marker", || async {
+        Ok(our_blocks(&setup).await?.len() == 1)
+    })
+    .await?;
+    ensure!(
+        metric(&setup, "lease_watch_events_total").await? == before + 1,
+        "other nodes' leases were delivered"
+    );
+    ensure!(our_blocks(&setup).await?.len() == 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_outage_keeps_the_block() -> Result<()> {
+    let Some(setup) = setup().await? else {
+        return Ok(());
+    };
+    take_lease(&setup, "team-a", NODE, "backup").await?;
+    wait_for("the block", || async {
+        Ok(our_blocks(&setup).await?.len() == 1)
+    })
+    .await?;
+    let restarts = metric(&setup, "watch_restarts_total").await?;
+    setup.sim.faults().outage(Duration::from_secs(30));
+    wait_for("the watch to notice the outage", || async {
+        Ok(metric(&setup, "watch_restarts_total").await? > restarts)
+    })
+    .await?;
+    ensure!(
+        our_blocks(&setup).await?.len() == 1,
+        "the block must survive the outage"
+    );
+    setup.sim.faults().end_outage();
+    Api::<Lease>::namespaced(setup.client.clone(), "team-a")
+        .delete(NODE, &DeleteParams::default())
+        .await?;
+    wait_for("the resync to release", || async {
+        Ok(our_blocks(&setup).await?.is_empty())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logind_restart_gets_the_block_back() -> Result<()> {
+    let Some(mut setup) = setup().await? else {
+        return Ok(());
+    };
+    take_lease(&setup, "team-a", NODE, "backup").await?;
+    wait_for("the block", || async {
+        Ok(our_blocks(&setup).await?.len() == 1)
+    })
+    .await?;
+    setup.logind.restart().await?;
+    let back = Instant::now();
+    wait_for("the block after the restart", || async {
+        Ok(our_blocks(&setup).await?.len() == 1)
+    })
+    .await?;
+    ensure!(
+        back.elapsed() < Duration::from_secs(1),
+        "re-taken after {:?}",
+        back.elapsed()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_shutdown_starts_lease_changes_are_ignored() -> Result<()> {
+    let Some(setup) = setup().await? else {
+        return Ok(());
+    };
+    take_lease(&setup, "team-a", NODE, "backup").await?;
+    wait_for("the block", || async {
+        Ok(our_blocks(&setup).await?.len() == 1)
+    })
+    .await?;
+    // Root's PowerOff overrides block inhibitors; logind announces the shutdown.
+    setup.logind.power_off().await?;
+    setup
+        .logind
+        .wait_for_shutdown_hook(Duration::from_secs(20))
+        .await?;
+    let events = metric(&setup, "lease_watch_events_total").await?;
+    Api::<Lease>::namespaced(setup.client.clone(), "team-a")
+        .delete(NODE, &DeleteParams::default())
+        .await?;
+    wait_for("the deletion to reach the agent", || async {
+        Ok(metric(&setup, "lease_watch_events_total").await? > events)
+    })
+    .await?;
+    // Ignored: the block stays and the condition still says True.
+    wait_for("the condition to stay True", || async {
+        Ok(condition(&setup).await?.is_some_and(|c| c.0 == "True"))
+    })
+    .await?;
+    ensure!(our_blocks(&setup).await?.len() == 1);
+    Ok(())
+}
