@@ -1,0 +1,16 @@
+{{- define "sia.name" -}}
+{{- printf "%s-shutdown-inhibitor-agent" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sia.labels" -}}
+app.kubernetes.io/name: shutdown-inhibitor-agent
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "sia.selectorLabels" -}}
+app.kubernetes.io/name: shutdown-inhibitor-agent
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
