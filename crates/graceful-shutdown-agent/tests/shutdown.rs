@@ -631,3 +631,45 @@ async fn a_restart_mid_shutdown_resumes_it_and_never_undoes_it() -> Result<()> {
     ensure!(condition(&node, "GracefulShutdown").is_some_and(|(status, _)| status == "True"));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_nothing_configured_the_agent_is_ready_and_holds_nothing() -> Result<()> {
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    let state = tempfile::tempdir()?;
+    let args = Args::try_parse_from([
+        "graceful-shutdown-agent".to_owned(),
+        format!("--node-name={NODE}"),
+        format!("--kubeconfig={}", cluster.sim.kubeconfig_path().display()),
+        format!("--dbus-address={}", logind.bus_address()),
+        format!("--state-dir={}", state.path().display()),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+    ])?;
+    let stop = CancellationToken::new();
+    let started = app::start(args, stop.clone(), None).await?;
+    let agent = Agent {
+        stop,
+        started,
+        _state: state,
+    };
+    wait_for(Duration::from_secs(10), "readiness", || async {
+        let mut stream = tokio::net::TcpStream::connect(agent.started.admin_address).await?;
+        stream
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok(response.starts_with("HTTP/1.1 200"))
+    })
+    .await?;
+    ensure!(
+        !logind
+            .list_inhibitors()
+            .await?
+            .iter()
+            .any(|row| row.1 == INHIBITOR_WHO)
+    );
+    Ok(())
+}
