@@ -7,13 +7,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use nodegrace_core::admin::ReadinessGate;
-use nodegrace_core::k8s::conditions::{ConditionChange, ConditionSpec, upsert_node_condition};
-use nodegrace_core::k8s::events::{EventPublisher, EventType};
 use nodegrace_core::logind::{InhibitMode, InhibitorLock, Logind, ShutdownEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -23,7 +21,7 @@ use crate::leases::{Activity, Holder, active_holders, activity, describe, field_
 use crate::metrics::Metrics;
 
 pub const INHIBITOR_WHO: &str = "nodegrace shutdown-inhibitor-agent";
-pub const CONDITION_TYPE: &str = "ShutdownInhibited";
+pub use crate::reporter::CONDITION_TYPE;
 
 /// Extra shutdown events merged into logind's (tests inject what elogind cannot send).
 pub type ExtraEvents = futures::stream::BoxStream<'static, ShutdownEvent>;
@@ -34,7 +32,7 @@ pub struct Agent {
     pub node: String,
     pub what: String,
     pub metrics: Metrics,
-    pub events: EventPublisher,
+    pub reporter: crate::reporter::Reporter,
     pub alerts: Alerts,
     pub ready: ReadinessGate,
 }
@@ -51,7 +49,6 @@ impl std::fmt::Debug for Agent {
 struct State {
     lock: Option<InhibitorLock>,
     why: String,
-    condition_pending: bool,
     shutting_down: bool,
     warned_incomplete: HashSet<(String, String)>,
 }
@@ -137,7 +134,6 @@ impl Agent {
         let mut state = State {
             lock: None,
             why: String::new(),
-            condition_pending: true,
             shutting_down: self.logind.preparing_for_shutdown().await.unwrap_or(false),
             warned_incomplete: HashSet::new(),
         };
@@ -158,7 +154,7 @@ impl Agent {
                     }
                     self.reconcile(&leases, &mut state).await;
                 }
-                _ = tick.tick() => self.tick(&leases, &mut state).await,
+                _ = tick.tick() => self.tick(&leases),
                 event = events.next() => match event {
                     Some(ShutdownEvent::PrepareForShutdown(true)) => {
                         // As the KEP says: once shutdown has begun, Lease changes no longer matter.
@@ -192,7 +188,7 @@ impl Agent {
         if state.shutting_down {
             return;
         }
-        self.warn_incomplete(leases, state).await;
+        self.warn_incomplete(leases, state);
         let holders = self.holders(leases);
         self.metrics
             .active_leases
@@ -233,58 +229,13 @@ impl Agent {
                     "No active Lease blocks shutdown any more".to_owned(),
                 )
             };
-            self.events
-                .publish(
-                    &node_reference(&self.node),
-                    EventType::Normal,
-                    reason,
-                    "Inhibit",
-                    Some(note),
-                )
-                .await;
+            self.reporter
+                .event(node_reference(&self.node), false, reason, note);
         }
-        state.condition_pending = true;
-        self.write_condition(&holders, state).await;
+        self.reporter.condition(holders);
     }
 
-    async fn write_condition(&self, holders: &[Holder], state: &mut State) {
-        if !state.condition_pending {
-            return;
-        }
-        let message = if holders.is_empty() {
-            "No active Leases block shutdown.".to_owned()
-        } else {
-            describe(holders)
-        };
-        let condition = ConditionSpec {
-            type_: CONDITION_TYPE,
-            status: if holders.is_empty() { "False" } else { "True" },
-            reason: if holders.is_empty() {
-                "NoActiveLeases"
-            } else {
-                "ActiveLeases"
-            },
-            message: &message,
-        };
-        match upsert_node_condition(
-            &Api::<Node>::all(self.client.clone()),
-            &self.node,
-            &condition,
-        )
-        .await
-        {
-            Ok(
-                ConditionChange::Transitioned
-                | ConditionChange::Updated
-                | ConditionChange::Unchanged,
-            ) => state.condition_pending = false,
-            Err(error) => {
-                tracing::warn!(%error, "cannot update the ShutdownInhibited condition; retrying");
-            }
-        }
-    }
-
-    async fn warn_incomplete(&self, leases: &Store<Lease>, state: &mut State) {
+    fn warn_incomplete(&self, leases: &Store<Lease>, state: &mut State) {
         for lease in leases.state() {
             if let Activity::Incomplete { holder } = activity(&lease) {
                 let key = (lease.namespace().unwrap_or_default(), holder.clone());
@@ -292,21 +243,14 @@ impl Agent {
                     let note = format!(
                         "Lease has holder {holder:?} but no acquireTime; it does not block shutdown until acquireTime is set"
                     );
-                    self.events
-                        .publish(
-                            &lease_reference(&lease),
-                            EventType::Warning,
-                            "IncompleteLease",
-                            "Inhibit",
-                            Some(note),
-                        )
-                        .await;
+                    self.reporter
+                        .event(lease_reference(&lease), true, "IncompleteLease", note);
                 }
             }
         }
     }
 
-    async fn tick(&mut self, leases: &Store<Lease>, state: &mut State) {
+    fn tick(&mut self, leases: &Store<Lease>) {
         let holders = self.holders(leases);
         let now = Timestamp::now();
         self.metrics
@@ -322,28 +266,19 @@ impl Agent {
                 .into_iter()
                 .find(|l| l.namespace().as_deref() == Some(holder.namespace.as_str()));
             if let Some(lease) = lease {
-                self.events
-                    .publish(
-                        &lease_reference(&lease),
-                        EventType::Warning,
-                        "ShutdownInhibitedTooLong",
-                        "Inhibit",
-                        Some(note.clone()),
-                    )
-                    .await;
-            }
-            self.events
-                .publish(
-                    &node_reference(&self.node),
-                    EventType::Warning,
+                self.reporter.event(
+                    lease_reference(&lease),
+                    true,
                     "ShutdownInhibitedTooLong",
-                    "Inhibit",
-                    Some(note),
-                )
-                .await;
-        }
-        if !state.shutting_down {
-            self.write_condition(&holders, state).await;
+                    note.clone(),
+                );
+            }
+            self.reporter.event(
+                node_reference(&self.node),
+                true,
+                "ShutdownInhibitedTooLong",
+                note,
+            );
         }
     }
 }

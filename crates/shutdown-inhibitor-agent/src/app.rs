@@ -71,13 +71,15 @@ pub async fn start(
         else {
             return Ok(());
         };
+        let reporter =
+            crate::reporter::Reporter::start(client.clone(), node.clone(), events, stop.clone());
         let agent = Agent {
             logind,
             client,
             node,
             what: args.inhibit_what,
             metrics,
-            events,
+            reporter,
             alerts: Alerts::new(args.alert_timeout),
             ready,
         };

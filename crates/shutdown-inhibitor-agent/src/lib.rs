@@ -7,3 +7,4 @@ pub mod app;
 pub mod cli;
 pub mod leases;
 pub mod metrics;
+pub mod reporter;

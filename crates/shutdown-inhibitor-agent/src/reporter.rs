@@ -1,0 +1,131 @@
+//! Telling the cluster (the node condition and Events) off the agent's critical path: the
+//! block is taken or released at once, and the API writes follow in order in a worker of their
+//! own, so a slow or rate-limited API server never delays the inhibitor.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::{Api, Client};
+use nodegrace_core::k8s::conditions::{ConditionSpec, upsert_node_condition};
+use nodegrace_core::k8s::events::{EventPublisher, EventType};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::leases::{Holder, describe};
+
+pub const CONDITION_TYPE: &str = "ShutdownInhibited";
+
+#[derive(Debug)]
+enum Report {
+    Event {
+        regarding: ObjectReference,
+        warning: bool,
+        reason: &'static str,
+        note: String,
+    },
+    Condition(Vec<Holder>),
+}
+
+#[derive(Debug, Clone)]
+pub struct Reporter {
+    sender: mpsc::UnboundedSender<Report>,
+}
+
+impl Reporter {
+    pub fn start(
+        client: Client,
+        node: String,
+        events: EventPublisher,
+        stop: CancellationToken,
+    ) -> Self {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(work(Api::all(client), node, events, receiver, stop));
+        Self { sender }
+    }
+
+    pub fn event(
+        &self,
+        regarding: ObjectReference,
+        warning: bool,
+        reason: &'static str,
+        note: String,
+    ) {
+        // The worker only stops with the agent; a lost report then no longer matters.
+        let _ = self.sender.send(Report::Event {
+            regarding,
+            warning,
+            reason,
+            note,
+        });
+    }
+
+    /// The condition to converge to; later calls supersede earlier ones.
+    pub fn condition(&self, holders: Vec<Holder>) {
+        let _ = self.sender.send(Report::Condition(holders));
+    }
+}
+
+async fn work(
+    nodes: Api<Node>,
+    node: String,
+    events: EventPublisher,
+    mut reports: mpsc::UnboundedReceiver<Report>,
+    stop: CancellationToken,
+) {
+    let mut pending: Option<Vec<Holder>> = None;
+    loop {
+        let first = tokio::select! {
+            () = stop.cancelled() => return,
+            report = reports.recv() => report,
+            // A condition write that failed is retried until it lands.
+            () = tokio::time::sleep(Duration::from_secs(1)), if pending.is_some() => None,
+        };
+        let mut batch: Vec<Report> = first.into_iter().collect();
+        while let Ok(report) = reports.try_recv() {
+            batch.push(report);
+        }
+        for report in batch {
+            match report {
+                Report::Event {
+                    regarding,
+                    warning,
+                    reason,
+                    note,
+                } => {
+                    let type_ = if warning {
+                        EventType::Warning
+                    } else {
+                        EventType::Normal
+                    };
+                    events
+                        .publish(&regarding, type_, reason, "Inhibit", Some(note))
+                        .await;
+                }
+                Report::Condition(holders) => pending = Some(holders),
+            }
+        }
+        if let Some(holders) = &pending {
+            let message = if holders.is_empty() {
+                "No active Leases block shutdown.".to_owned()
+            } else {
+                describe(holders)
+            };
+            let condition = ConditionSpec {
+                type_: CONDITION_TYPE,
+                status: if holders.is_empty() { "False" } else { "True" },
+                reason: if holders.is_empty() {
+                    "NoActiveLeases"
+                } else {
+                    "ActiveLeases"
+                },
+                message: &message,
+            };
+            match upsert_node_condition(&nodes, &node, &condition).await {
+                Ok(_) => pending = None,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot update the ShutdownInhibited condition; retrying");
+                }
+            }
+        }
+    }
+}
