@@ -174,7 +174,9 @@ impl Agent {
                 if pods.is_empty() {
                     continue;
                 }
-                self.marks.group_started(group, pods.len()).await;
+                // The Event must not hold up the pods' time (the API may be slow or rate-limited).
+                let (marks, announced, count) = (self.marks.clone(), *group, pods.len());
+                tokio::spawn(async move { marks.group_started(&announced, count).await });
                 let report = self.terminator.run_group(*group, &pods).await;
                 for (pod, outcome) in &report.pods {
                     tracing::info!(
