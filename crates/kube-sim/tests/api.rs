@@ -541,3 +541,19 @@ async fn injected_faults_reach_clients() -> Result<()> {
     leases.list(&ListParams::default()).await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn tls_serving_with_the_ca_in_the_kubeconfig() -> Result<()> {
+    let sim = KubeSim::start(SimOptions {
+        tls: true,
+        world: WorldOptions::none(),
+        ..SimOptions::default()
+    })
+    .await?;
+    ensure!(sim.url().starts_with("https://"));
+    let kubeconfig = std::fs::read_to_string(sim.kubeconfig_path())?;
+    ensure!(kubeconfig.contains("certificate-authority-data"));
+    let namespaces: Api<Namespace> = Api::all(sim.client());
+    ensure!(namespaces.list(&ListParams::default()).await?.items.len() == 4);
+    Ok(())
+}
