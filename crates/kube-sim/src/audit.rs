@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::conditions::is_ready;
 use crate::selector::LabelSelector;
 use crate::store::Store;
 
@@ -21,16 +22,6 @@ pub struct Violation {
 #[derive(Debug, Clone, Default)]
 pub struct Audit {
     violations: Arc<Mutex<Vec<Violation>>>,
-}
-
-fn is_ready(pod: &Value) -> bool {
-    pod["status"]["conditions"]
-        .as_array()
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
 }
 
 impl Audit {

@@ -4,6 +4,7 @@
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
+use crate::conditions::is_ready;
 use crate::error::ApiError;
 use crate::selector::LabelSelector;
 use crate::store::{DeleteOptions, Part, Store};
@@ -18,16 +19,6 @@ fn too_many_requests(cause: &str) -> ApiError {
         VIOLATION_MESSAGE,
         Some(json!({"causes": [{"reason": "DisruptionBudget", "message": cause}]})),
     )
-}
-
-fn is_ready(pod: &Value) -> bool {
-    pod["status"]["conditions"]
-        .as_array()
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
 }
 
 /// Evicts `namespace/name`: checks its budget, records the disruption, marks the pod with a

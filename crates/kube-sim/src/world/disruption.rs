@@ -4,6 +4,7 @@ use std::collections::HashSet;
 
 use serde_json::{Value, json};
 
+use crate::conditions::is_ready;
 use crate::selector::LabelSelector;
 use crate::store::strategy::now_rfc3339;
 use crate::store::{Change, Part, Store};
@@ -13,13 +14,6 @@ pub fn concerns(change: &Change) -> bool {
         change.collection.as_str(),
         "/pods" | "policy/poddisruptionbudgets" | "apps/replicasets" | "apps/daemonsets"
     )
-}
-
-fn ready(pod: &Value) -> bool {
-    pod["status"]["conditions"].as_array().is_some_and(|c| {
-        c.iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    })
 }
 
 /// An IntOrString against `total`: integers as they are, percentages rounded up.
@@ -112,7 +106,7 @@ pub fn reconcile(store: &Store) {
             .unwrap_or_default();
         let healthy = i64::try_from(
             live.iter()
-                .filter(|pod| ready(pod) && !pod["metadata"]["deletionTimestamp"].is_string())
+                .filter(|pod| is_ready(pod) && !pod["metadata"]["deletionTimestamp"].is_string())
                 .filter(|pod| {
                     !disrupted
                         .iter()

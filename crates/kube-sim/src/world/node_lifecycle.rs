@@ -8,6 +8,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
+use crate::conditions::tolerations_for;
 use crate::store::strategy::now_rfc3339;
 use crate::store::{Change, DeleteOptions, Part, Store};
 
@@ -126,22 +127,7 @@ enum Stay {
 }
 
 fn toleration(pod: &Value, taint: &Value) -> Stay {
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-    let matching: Vec<&Value> = pod["spec"]["tolerations"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|t| {
-            let (effect, key) = (text(&t["effect"]), text(&t["key"]));
-            (effect.is_empty() || effect == text(&taint["effect"]))
-                && (key.is_empty() || key == text(&taint["key"]))
-                && match t["operator"].as_str().unwrap_or_default() {
-                    "Exists" => true,
-                    "" | "Equal" => text(&t["value"]) == text(&taint["value"]),
-                    _ => false,
-                }
-        })
-        .collect();
+    let matching: Vec<&Value> = tolerations_for(&pod["spec"], taint).collect();
     if matching.is_empty() {
         return Stay::No;
     }

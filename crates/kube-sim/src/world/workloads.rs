@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use crate::conditions::{is_ready, tolerations_for};
 use crate::store::strategy::now_rfc3339;
 use crate::store::{Change, DeleteOptions, Part, Store};
 
@@ -21,35 +22,10 @@ pub fn concerns(change: &Change) -> bool {
     )
 }
 
-fn tolerates(pod_spec: &Value, taint: &Value) -> bool {
-    pod_spec["tolerations"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|toleration| {
-            let effect = text(&toleration["effect"]);
-            let key = text(&toleration["key"]);
-            (effect.is_empty() || effect == text(&taint["effect"]))
-                && (key.is_empty() || key == text(&taint["key"]))
-                && match text(&toleration["operator"]) {
-                    "Exists" => true,
-                    "" | "Equal" => text(&toleration["value"]) == text(&taint["value"]),
-                    _ => false,
-                }
-        })
-}
-
-fn node_ready(node: &Value) -> bool {
-    node["status"]["conditions"].as_array().is_some_and(|c| {
-        c.iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    })
-}
-
 /// Whether a pod with `spec` may be placed on `node` by the scheduler.
 pub fn fits(spec: &Value, node: &Value) -> bool {
     if node["spec"]["unschedulable"] == true
-        || !node_ready(node)
+        || !is_ready(node)
         || node["metadata"]["deletionTimestamp"].is_string()
     {
         return false;
@@ -59,7 +35,7 @@ pub fn fits(spec: &Value, node: &Value) -> bool {
         .into_iter()
         .flatten()
         .filter(|taint| matches!(text(&taint["effect"]), "NoSchedule" | "NoExecute"))
-        .all(|taint| tolerates(spec, taint));
+        .all(|taint| tolerations_for(spec, taint).next().is_some());
     let selector_ok = spec["nodeSelector"].as_object().is_none_or(|wanted| {
         wanted
             .iter()

@@ -1,0 +1,66 @@
+//! Reading the object state the simulated controllers share: Ready conditions and tolerations.
+
+use serde_json::Value;
+
+/// Whether `object` (a pod or a node) has condition `Ready` with status `True`.
+pub fn is_ready(object: &Value) -> bool {
+    object["status"]["conditions"]
+        .as_array()
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().unwrap_or_default()
+}
+
+/// Kubernetes' `ToleratesTaint` on JSON: empty effect matches all effects, empty key with
+/// `Exists` matches all taints, `Equal` (the default) compares values.
+pub fn tolerates(toleration: &Value, taint: &Value) -> bool {
+    let effect = text(&toleration["effect"]);
+    let key = text(&toleration["key"]);
+    (effect.is_empty() || effect == text(&taint["effect"]))
+        && (key.is_empty() || key == text(&taint["key"]))
+        && match text(&toleration["operator"]) {
+            "Exists" => true,
+            "" | "Equal" => text(&toleration["value"]) == text(&taint["value"]),
+            _ => false,
+        }
+}
+
+/// The pod spec's tolerations that tolerate `taint`.
+pub fn tolerations_for<'a>(
+    pod_spec: &'a Value,
+    taint: &'a Value,
+) -> impl Iterator<Item = &'a Value> {
+    pod_spec["tolerations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(move |t| tolerates(t, taint))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn toleration_matching() {
+        let taint = json!({"key": "k", "value": "v", "effect": "NoExecute"});
+        assert!(tolerates(&json!({"operator": "Exists"}), &taint));
+        assert!(tolerates(&json!({"key": "k", "value": "v"}), &taint));
+        assert!(!tolerates(&json!({"key": "k", "value": "w"}), &taint));
+        assert!(!tolerates(
+            &json!({"key": "k", "operator": "Exists", "effect": "NoSchedule"}),
+            &taint
+        ));
+        assert!(is_ready(
+            &json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        ));
+        assert!(!is_ready(&json!({})));
+    }
+}
