@@ -179,13 +179,7 @@ impl Store {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Arc<Value>, ApiError> {
-        let key = object_key(namespace, name);
-        self.lock()
-            .collections
-            .get(&kind.key())
-            .and_then(|objects| objects.get(&key))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&kind.group, &kind.plural, name))
+        stored(&self.lock(), kind, &object_key(namespace, name))
     }
 
     /// Up to `limit` objects (0 = no limit) matching `filter`, in (namespace, name) order,
@@ -274,12 +268,7 @@ impl Store {
     ) -> Result<Arc<Value>, ApiError> {
         let mut state = self.lock();
         let key = object_key(namespace, name);
-        let current = state
-            .collections
-            .get(&kind.key())
-            .and_then(|objects| objects.get(&key))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&kind.group, &kind.plural, name))?;
+        let current = stored(&state, kind, &key)?;
         let mut updated = change(&current)?;
         let asked_version = updated["metadata"]["resourceVersion"]
             .as_str()
@@ -307,12 +296,7 @@ impl Store {
     ) -> Result<Deletion, ApiError> {
         let mut state = self.lock();
         let key = object_key(namespace, name);
-        let current = state
-            .collections
-            .get(&kind.key())
-            .and_then(|objects| objects.get(&key))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&kind.group, &kind.plural, name))?;
+        let current = stored(&state, kind, &key)?;
         options.preconditions.check(kind, name, &current)?;
         match delete::plan(kind, &current, options) {
             delete::Plan::Remove => Ok(Deletion::Removed(
@@ -486,6 +470,15 @@ impl Store {
         // No receivers is fine: nobody is watching.
         let _ = self.inner.changes.send(change);
     }
+}
+
+fn stored(state: &State, kind: &ResourceType, key: &ObjectKey) -> Result<Arc<Value>, ApiError> {
+    state
+        .collections
+        .get(&kind.key())
+        .and_then(|objects| objects.get(key))
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&kind.group, &kind.plural, &key.1))
 }
 
 fn object_key(namespace: Option<&str>, name: &str) -> ObjectKey {
