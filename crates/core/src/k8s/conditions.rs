@@ -30,6 +30,21 @@ pub enum ConditionChange {
     Transitioned,
 }
 
+/// A strategic merge patch of the status with this one condition (conditions merge by `type`).
+fn status_patch(condition: &ConditionSpec<'_>, transition: Timestamp) -> serde_json::Value {
+    json!({
+        "status": {
+            "conditions": [{
+                "type": condition.type_,
+                "status": condition.status,
+                "reason": condition.reason,
+                "message": condition.message,
+                "lastTransitionTime": transition.to_string(),
+            }]
+        }
+    })
+}
+
 /// Sets a node condition. `lastTransitionTime` changes only when the status does; the patch is
 /// skipped entirely when nothing would change.
 pub async fn upsert_node_condition(
@@ -65,18 +80,9 @@ pub async fn upsert_node_condition(
         }
         _ => (ConditionChange::Transitioned, now),
     };
-    let patch = json!({
-        "status": {
-            "conditions": [{
-                "type": condition.type_,
-                "status": condition.status,
-                "reason": condition.reason,
-                "message": condition.message,
-                "lastHeartbeatTime": now.to_string(),
-                "lastTransitionTime": transition.to_string(),
-            }]
-        }
-    });
+    let mut patch = status_patch(condition, transition);
+    // Nodes report when the condition was last confirmed; pods have no such field.
+    patch["status"]["conditions"][0]["lastHeartbeatTime"] = json!(now.to_string());
     nodes
         .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
         .await?;
@@ -89,17 +95,7 @@ pub async fn set_pod_condition(
     pod: &str,
     condition: &ConditionSpec<'_>,
 ) -> Result<(), kube::Error> {
-    let patch = json!({
-        "status": {
-            "conditions": [{
-                "type": condition.type_,
-                "status": condition.status,
-                "reason": condition.reason,
-                "message": condition.message,
-                "lastTransitionTime": Timestamp::now().to_string(),
-            }]
-        }
-    });
+    let patch = status_patch(condition, Timestamp::now());
     pods.patch_status(pod, &PatchParams::default(), &Patch::Strategic(patch))
         .await?;
     Ok(())
