@@ -557,3 +557,30 @@ async fn tls_serving_with_the_ca_in_the_kubeconfig() -> Result<()> {
     ensure!(namespaces.list(&ListParams::default()).await?.items.len() == 4);
     Ok(())
 }
+
+#[tokio::test]
+async fn deletecollection_removes_what_the_selector_matches() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    for name in ["a", "b"] {
+        leases.create(&PostParams::default(), &lease(name)?).await?;
+    }
+    let mut other = lease("c")?;
+    other.metadata.labels = Some([("team".to_owned(), "b".to_owned())].into());
+    leases.create(&PostParams::default(), &other).await?;
+    leases
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("team=a"),
+        )
+        .await?;
+    let left: Vec<String> = leases
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|l| l.metadata.name)
+        .collect();
+    ensure!(left == ["c"], "{left:?}");
+    Ok(())
+}

@@ -337,3 +337,47 @@ async fn once_shutdown_starts_lease_changes_are_ignored() -> Result<()> {
     ensure!(our_blocks(&setup).await?.len() == 1);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabled_it_holds_nothing_reports_not_ready_and_says_why() -> Result<()> {
+    let Some(logind) = LogindHarness::start_or_skip(ScenarioOptions::default()).await? else {
+        return Ok(());
+    };
+    let sim = KubeSim::start(SimOptions {
+        nodes: 1,
+        ..SimOptions::default()
+    })
+    .await?;
+    let args = Args::try_parse_from([
+        "shutdown-inhibitor-agent".to_owned(),
+        format!("--node-name={NODE}"),
+        format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+        format!("--dbus-address={}", logind.bus_address()),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+        "--enabled=false".to_owned(),
+    ])?;
+    let stop = CancellationToken::new();
+    let agent = app::start(args, stop.clone(), None).await?;
+    let client = sim.client();
+    let setup = Setup {
+        sim,
+        client,
+        logind,
+        agent,
+        stop,
+    };
+    take_lease(&setup, "default", NODE, "backup").await?;
+    wait_for("the disabled Event", || async {
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(setup.client.clone());
+        Ok(events
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("ShutdownInhibitorDisabled")))
+    })
+    .await?;
+    ensure!(http(&setup, "/readyz").await?.starts_with("HTTP/1.1 503"));
+    ensure!(our_blocks(&setup).await?.is_empty());
+    Ok(())
+}
