@@ -63,6 +63,7 @@ const SYSTEM_COMMANDS: &[(&str, &str)] = &[
     ("busctl", "systemd"),
     ("unshare", "util-linux"),
     ("nsenter", "util-linux"),
+    ("setpriv", "util-linux"),
     ("dpkg-deb", "dpkg"),
     ("npm", "npm"),
 ];
