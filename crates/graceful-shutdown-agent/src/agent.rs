@@ -80,11 +80,20 @@ impl Agent {
         }
 
         let mut lock = agent.take_lock().await;
+        // The lock is wanted until a shutdown completes (then the machine is going down), and
+        // retried every second while wanted and missing: a failed Inhibit must not leave the
+        // node unprotected for good.
+        let mut want_lock = true;
+        let mut logind_up = true;
+        let mut retry = tokio::time::interval(Duration::from_secs(1));
         loop {
             let shutting_down = procedure.is_some();
+            let retrying = want_lock && logind_up && lock.is_none();
             tokio::select! {
+                _ = retry.tick(), if retrying => lock = agent.take_lock().await,
                 () = async { procedure.as_mut().expect("guarded by shutting_down").await }, if shutting_down => {
                     procedure = None;
+                    want_lock = false;
                     drop(lock.take());
                     agent.metrics.inhibitor_held.set(0);
                     agent.finish(&mut record);
@@ -107,6 +116,7 @@ impl Agent {
                         record.cancelled_at = Some(Timestamp::now());
                         agent.store(&record);
                         agent.marks.shutdown_cancelled().await;
+                        want_lock = true;
                         if lock.is_none() {
                             lock = agent.take_lock().await;
                         }
@@ -114,13 +124,17 @@ impl Agent {
                     Some(ShutdownEvent::LogindStopped) => {
                         // logind's locks died with it; ours is only a dead fd now.
                         drop(lock.take());
+                        logind_up = false;
                         agent.metrics.inhibitor_held.set(0);
                         agent.ready.set(false);
                         tracing::warn!("logind left the bus; waiting for it to come back");
                     }
                     Some(ShutdownEvent::LogindStarted) => {
-                        tracing::info!("logind is back; taking the inhibitor again");
-                        lock = agent.take_lock().await;
+                        logind_up = true;
+                        if want_lock {
+                            tracing::info!("logind is back; taking the inhibitor again");
+                            lock = agent.take_lock().await;
+                        }
                     }
                     None => anyhow::bail!("lost the system bus connection"),
                 },
