@@ -154,7 +154,13 @@ impl Agent {
                     }
                     self.reconcile(&leases, &mut state).await;
                 }
-                _ = tick.tick() => self.tick(&leases),
+                _ = tick.tick() => {
+                    self.tick(&leases);
+                    // A failed Inhibit is retried here, not only on the next Lease change.
+                    if state.lock.is_none() && !state.shutting_down && !self.holders(&leases).is_empty() {
+                        self.reconcile(&leases, &mut state).await;
+                    }
+                }
                 event = events.next() => match event {
                     Some(ShutdownEvent::PrepareForShutdown(true)) => {
                         // As the KEP says: once shutdown has begun, Lease changes no longer matter.
