@@ -38,11 +38,21 @@ pub struct LogArgs {
     pub log_level: String,
 }
 
+/// The admin server's address. Each program has its own default port (see [`ports`]), so any
+/// combination of them can share a host network namespace.
 #[derive(Debug, Clone, Args)]
-pub struct AdminArgs {
+pub struct AdminArgs<const PORT: u16> {
     /// Address of the admin server (/metrics, /livez, /readyz).
-    #[arg(long, env = "ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "ADMIN_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], PORT)))]
     pub admin_listen: SocketAddr,
+}
+
+/// Default admin ports, one per program. The charts use the same numbers.
+pub mod ports {
+    pub const GRACEFUL_SHUTDOWN_AGENT: u16 = 9451;
+    pub const SHUTDOWN_INHIBITOR_AGENT: u16 = 9452;
+    pub const OUT_OF_SERVICE_GC: u16 = 9453;
+    pub const TERMINATION_CONTROLLER: u16 = 9454;
 }
 
 /// For the node agents: which node they act for.
@@ -53,15 +63,15 @@ pub struct NodeArgs {
     pub node_name: String,
 }
 
-/// The options of every program.
+/// The options of every program; `ADMIN_PORT` is the program's default admin port.
 #[derive(Debug, Clone, Args)]
-pub struct CommonArgs {
+pub struct CommonArgs<const ADMIN_PORT: u16> {
     #[command(flatten)]
     pub kube: KubeArgs,
     #[command(flatten)]
     pub log: LogArgs,
     #[command(flatten)]
-    pub admin: AdminArgs,
+    pub admin: AdminArgs<ADMIN_PORT>,
 }
 
 fn non_empty(value: &str) -> Result<String, String> {
@@ -80,7 +90,7 @@ mod tests {
     #[derive(Debug, Parser)]
     struct Agent {
         #[command(flatten)]
-        common: CommonArgs,
+        common: CommonArgs<9999>,
         #[command(flatten)]
         node: NodeArgs,
     }
@@ -92,7 +102,7 @@ mod tests {
         assert!((agent.common.kube.api_qps - 20.0).abs() < f64::EPSILON);
         assert_eq!(agent.common.kube.api_burst, 40);
         assert_eq!(agent.common.log.log_format, LogFormat::Text);
-        assert_eq!(agent.common.admin.admin_listen.port(), 8080);
+        assert_eq!(agent.common.admin.admin_listen.port(), 9999);
     }
 
     #[test]

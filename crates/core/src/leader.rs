@@ -4,6 +4,7 @@
 //! The work runs under a child cancellation token that is cancelled the moment leadership is
 //! lost: a deposed leader stops acting at once instead of finishing what it was doing.
 
+use crate::error_chain::Chain;
 use std::future::Future;
 
 use kube::Client;
@@ -120,8 +121,10 @@ impl Leadership {
         drop(self.leader);
         match self.manager.await {
             Ok(Ok(_)) => tracing::info!("lease released"),
-            Ok(Err(error)) => tracing::warn!(%error, "could not release the lease cleanly"),
-            Err(error) => tracing::warn!(%error, "the lease manager task failed"),
+            Ok(Err(error)) => {
+                tracing::warn!(error = %Chain(&error), "could not release the lease cleanly");
+            }
+            Err(error) => tracing::warn!(error = %Chain(&error), "the lease manager task failed"),
         }
     }
 }

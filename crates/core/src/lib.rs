@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod cli;
 pub mod duration;
+pub mod error_chain;
 pub mod k8s;
 pub mod leader;
 pub mod logind;

@@ -1,5 +1,7 @@
 //! Logging and the metrics registry every program starts with.
 
+use std::io::IsTerminal;
+
 use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
@@ -19,13 +21,16 @@ pub enum TelemetryError {
     AlreadyInstalled,
 }
 
-/// Installs the global logger in the requested format and level.
+/// Installs the global logger in the requested format and level. Text is coloured only when
+/// stdout is a terminal: container logs and files get plain text.
 pub fn init_tracing(args: &LogArgs) -> Result<(), TelemetryError> {
     let filter = EnvFilter::try_new(&args.log_level).map_err(|source| TelemetryError::Filter {
         level: args.log_level.clone(),
         source,
     })?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     let installed = match args.log_format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

@@ -1,6 +1,7 @@
 //! The agent's life: hold the delay inhibitor, and when logind announces a shutdown, terminate
 //! the node's pods group by group and release the inhibitor the moment the last group is done.
 
+use nodegrace_core::error_chain::Chain;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -160,7 +161,7 @@ impl Agent {
                 Some(lock)
             }
             Err(error) => {
-                tracing::error!(%error, "cannot take the logind delay inhibitor");
+                tracing::error!(error = %Chain(&error), "cannot take the logind delay inhibitor");
                 self.metrics.inhibitor_held.set(0);
                 self.ready.set(false);
                 None
@@ -244,7 +245,7 @@ impl Agent {
 
     fn store(&self, record: &ShutdownRecord) {
         if let Err(error) = self.state.store(record) {
-            tracing::error!(%error, "cannot record the shutdown state");
+            tracing::error!(error = %Chain(&error), "cannot record the shutdown state");
         }
     }
 

@@ -1,5 +1,6 @@
 //! Assembling the agent from its options and running it until SIGTERM.
 
+use nodegrace_core::error_chain::Chain;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -109,7 +110,7 @@ async fn run_agent(
         Ok(outcome) => outcome.effective,
         Err(error) => {
             // Running with what logind grants beats crash-looping on a read-only host path.
-            tracing::error!(%error, "cannot raise logind's InhibitDelayMaxSec");
+            tracing::error!(error = %Chain(&error), "cannot raise logind's InhibitDelayMaxSec");
             logind.inhibit_delay_max().await?.min(wanted)
         }
     };
@@ -153,7 +154,7 @@ async fn connect_logind(address: Option<&str>, stop: &CancellationToken) -> Resu
         };
         match connected {
             Ok(logind) => return Ok(Some(logind)),
-            Err(error) => tracing::error!(%error, "cannot reach logind; retrying"),
+            Err(error) => tracing::error!(error = %Chain(&error), "cannot reach logind; retrying"),
         }
         tokio::select! {
             () = stop.cancelled() => return Ok(None),

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, NodeArgs};
+use nodegrace_core::cli::{CommonArgs, NodeArgs, ports};
 
 use crate::config::{PriorityPeriod, ShutdownSettings, parse_priority_flag};
 
@@ -16,7 +16,7 @@ use crate::config::{PriorityPeriod, ShutdownSettings, parse_priority_flag};
 )]
 pub struct Args {
     #[command(flatten)]
-    pub common: CommonArgs,
+    pub common: CommonArgs<{ ports::GRACEFUL_SHUTDOWN_AGENT }>,
     #[command(flatten)]
     pub node: NodeArgs,
 

@@ -1,12 +1,16 @@
-use anyhow::Result;
+use std::process::ExitCode;
+
 use clap::Parser;
 use graceful_shutdown_agent::{app, cli::Args};
+use nodegrace_core::error_chain::exit_code;
 use nodegrace_core::{signals, telemetry};
 
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() -> ExitCode {
     let args = Args::parse();
-    telemetry::init_tracing(&args.common.log)?;
+    if let Err(error) = telemetry::init_tracing(&args.common.log) {
+        return exit_code::<anyhow::Error>(Err(error.into()));
+    }
     let stop = signals::shutdown_token();
-    app::run(args, stop).await
+    exit_code(app::run(args, stop).await)
 }

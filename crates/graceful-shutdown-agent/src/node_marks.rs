@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Taint};
 use kube::Api;
+use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::conditions::{ConditionSpec, upsert_node_condition};
 use nodegrace_core::k8s::events::{EventPublisher, EventType};
 use nodegrace_core::k8s::taints::{add_taint, remove_taint};
@@ -57,7 +58,7 @@ impl NodeMarks {
             message,
         };
         if let Err(error) = upsert_node_condition(&self.nodes, &self.node, &condition).await {
-            tracing::warn!(%error, condition = CONDITION_TYPE, status, "cannot set the node condition");
+            tracing::warn!(error = %Chain(&error), condition = CONDITION_TYPE, status, "cannot set the node condition");
         }
     }
 
@@ -71,7 +72,7 @@ impl NodeMarks {
     pub async fn shutting_down(&self) {
         let taint = async {
             if let Err(error) = add_taint(&self.nodes, &self.node, &shutting_down_taint()).await {
-                tracing::warn!(%error, taint = TAINT_KEY, "cannot taint the node");
+                tracing::warn!(error = %Chain(&error), taint = TAINT_KEY, "cannot taint the node");
             }
         };
         tokio::join!(
@@ -119,7 +120,7 @@ impl NodeMarks {
         let untaint = async {
             if let Err(error) = remove_taint(&self.nodes, &self.node, &shutting_down_taint()).await
             {
-                tracing::warn!(%error, taint = TAINT_KEY, "cannot remove the node taint");
+                tracing::warn!(error = %Chain(&error), taint = TAINT_KEY, "cannot remove the node taint");
             }
         };
         tokio::join!(
@@ -165,7 +166,7 @@ impl NodeMarks {
         let untaint = async {
             if let Err(error) = remove_taint(&self.nodes, &self.node, &shutting_down_taint()).await
             {
-                tracing::warn!(%error, taint = TAINT_KEY, "cannot remove a stale node taint");
+                tracing::warn!(error = %Chain(&error), taint = TAINT_KEY, "cannot remove a stale node taint");
             }
         };
         tokio::join!(

@@ -1,6 +1,7 @@
 //! A live view of the pods bound to this node, kept by a watch so that waiting for pods to
 //! go away reacts to the API server's events instead of polling it.
 
+use nodegrace_core::error_chain::Chain;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -36,7 +37,7 @@ impl NodePods {
                     () = cancel.cancelled() => return,
                     event = events.next() => match event {
                         Some(Ok(_)) => notify.send_modify(|generation| *generation += 1),
-                        Some(Err(error)) => tracing::warn!(%error, "pod watch failed; retrying"),
+                        Some(Err(error)) => tracing::warn!(error = %Chain(&error), "pod watch failed; retrying"),
                         None => return,
                     },
                 }

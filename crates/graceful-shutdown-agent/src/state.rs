@@ -4,6 +4,7 @@
 //! undone) and the reboot itself (new boot: stale node markings are cleared, and the times are
 //! published as metrics, as the kubelet does).
 
+use nodegrace_core::error_chain::Chain;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -65,7 +66,7 @@ impl StateFile {
     pub fn load(&self) -> ShutdownRecord {
         match fs::read(&self.path) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|error| {
-                tracing::warn!(path = %self.path.display(), %error, "ignoring a corrupt shutdown state file");
+                tracing::warn!(path = %self.path.display(), error = %Chain(&error), "ignoring a corrupt shutdown state file");
                 ShutdownRecord::default()
             }),
             Err(_) => ShutdownRecord::default(),

@@ -1,5 +1,6 @@
 //! Terminating the node's pods group by group, lowest priority first (KEP-2712).
 
+use nodegrace_core::error_chain::Chain;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,7 +151,7 @@ impl Terminator {
         };
         if let Err(error) = set_pod_condition(&api, &name, &condition).await {
             // The condition explains the deletion; the deletion itself matters more.
-            tracing::warn!(pod = %format!("{namespace}/{name}"), %error, "cannot set DisruptionTarget");
+            tracing::warn!(pod = %format!("{namespace}/{name}"), error = %Chain(&error), "cannot set DisruptionTarget");
         }
         let params = DeleteParams {
             grace_period_seconds: Some(
@@ -177,7 +178,7 @@ impl Terminator {
                     return None;
                 }
                 Err(error) => {
-                    tracing::warn!(pod = %format!("{namespace}/{name}"), %error, "cannot delete pod; retrying");
+                    tracing::warn!(pod = %format!("{namespace}/{name}"), error = %Chain(&error), "cannot delete pod; retrying");
                     if Instant::now() + pause >= deadline {
                         return Some(uid);
                     }

@@ -24,7 +24,8 @@ enum Command {
     Serve {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
-        /// Written (atomically) once the server accepts requests.
+        /// Written (atomically) once the server accepts requests and its URL is on stdout, so a
+        /// script that waits for this file can read the URL at once.
         #[arg(long)]
         kubeconfig_out: PathBuf,
         /// Ready nodes node-0..N-1 to create.
@@ -57,12 +58,12 @@ async fn main() -> Result<()> {
         tls,
         nodes,
         pods_per_node,
-        kubeconfig: Some(kubeconfig_out),
         ..SimOptions::default()
     })
     .await
     .context("start kube-sim")?;
     println!("{}", sim.url());
+    sim.write_kubeconfig_to(&kubeconfig_out)?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = terminate.recv() => {}

@@ -186,6 +186,16 @@ impl KubeSim {
         &self.kubeconfig
     }
 
+    /// Writes (atomically) a copy of the kubeconfig to `path`.
+    pub fn write_kubeconfig_to(&self, path: &Path) -> Result<(), SimError> {
+        let kubeconfig_error = |source| SimError::Kubeconfig {
+            path: path.to_path_buf(),
+            source,
+        };
+        let contents = std::fs::read_to_string(&self.kubeconfig).map_err(kubeconfig_error)?;
+        write_atomically(path, &contents).map_err(kubeconfig_error)
+    }
+
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -1,6 +1,7 @@
 //! The agent: watch this node's Leases, hold one logind block inhibitor while any is active,
 //! and say so in the `ShutdownInhibited` node condition.
 
+use nodegrace_core::error_chain::Chain;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -107,7 +108,7 @@ impl Agent {
                     Some(Err(error)) => {
                         // The cache keeps the last known Leases: a failed watch must not unblock.
                         metrics.watch_restarts.inc();
-                        tracing::warn!(%error, "lease watch failed; keeping the last known state and retrying");
+                        tracing::warn!(error = %Chain(&error), "lease watch failed; keeping the last known state and retrying");
                     }
                     None => return,
                 }
@@ -216,7 +217,9 @@ impl Agent {
                         state.lock = Some(lock);
                         state.why = why;
                     }
-                    Err(error) => tracing::error!(%error, "cannot take the logind block inhibitor"),
+                    Err(error) => {
+                        tracing::error!(error = %Chain(&error), "cannot take the logind block inhibitor");
+                    }
                 }
             }
         }

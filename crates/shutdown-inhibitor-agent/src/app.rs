@@ -1,5 +1,6 @@
 //! Assembling the agent and running it until SIGTERM.
 
+use nodegrace_core::error_chain::Chain;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -46,6 +47,7 @@ pub async fn start(
     .await
     .context("start the admin server")?;
     let admin_address = admin.local_addr();
+    tracing::info!(address = %admin_address, node = args.node.node_name, "admin server listening");
     let client = client(&args.common.kube, PROGRAM)
         .await
         .context("build the Kubernetes client")?;
@@ -108,7 +110,7 @@ async fn connect_logind(
         match connected {
             Ok(logind) => return Some(logind),
             Err(error) => {
-                tracing::error!(%error, "cannot reach logind; retrying");
+                tracing::error!(error = %Chain(&error), "cannot reach logind; retrying");
                 if !reported {
                     reported = true;
                     events

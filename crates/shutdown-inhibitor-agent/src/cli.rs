@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, NodeArgs};
+use nodegrace_core::cli::{CommonArgs, NodeArgs, ports};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -13,7 +13,7 @@ use nodegrace_core::cli::{CommonArgs, NodeArgs};
 )]
 pub struct Args {
     #[command(flatten)]
-    pub common: CommonArgs,
+    pub common: CommonArgs<{ ports::SHUTDOWN_INHIBITOR_AGENT }>,
     #[command(flatten)]
     pub node: NodeArgs,
     /// Off: hold nothing, report not ready (the chart can be installed disabled).

@@ -2,6 +2,7 @@
 //! block is taken or released at once, and the API writes follow in order in a worker of their
 //! own, so a slow or rate-limited API server never delays the inhibitor.
 
+use nodegrace_core::error_chain::Chain;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
@@ -123,7 +124,7 @@ async fn work(
             match upsert_node_condition(&nodes, &node, &condition).await {
                 Ok(_) => pending = None,
                 Err(error) => {
-                    tracing::warn!(%error, "cannot update the ShutdownInhibited condition; retrying");
+                    tracing::warn!(error = %Chain(&error), "cannot update the ShutdownInhibited condition; retrying");
                 }
             }
         }

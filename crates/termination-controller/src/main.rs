@@ -5,7 +5,7 @@
 
 use anyhow::bail;
 use clap::Parser;
-use nodegrace_core::cli::CommonArgs;
+use nodegrace_core::cli::{CommonArgs, ports};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -15,7 +15,7 @@ use nodegrace_core::cli::CommonArgs;
 )]
 struct Args {
     #[command(flatten)]
-    common: CommonArgs,
+    common: CommonArgs<{ ports::TERMINATION_CONTROLLER }>,
 }
 
 fn main() -> anyhow::Result<()> {

@@ -1,6 +1,7 @@
 //! Kubernetes Events, published through kube-runtime's Recorder (events.k8s.io/v1, with
 //! deduplication into series), under a reporting controller named per program.
 
+use crate::error_chain::Chain;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, Recorder, Reporter};
@@ -53,7 +54,7 @@ impl EventPublisher {
             secondary: None,
         };
         if let Err(error) = self.recorder.publish(&event, regarding).await {
-            tracing::warn!(%error, reason, "cannot publish an Event");
+            tracing::warn!(error = %Chain(&error), reason, "cannot publish an Event");
         }
     }
 }

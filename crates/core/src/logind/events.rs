@@ -5,6 +5,7 @@
 //! subscribe afresh each time a new owner appears, telling the consumer about the gap so it can
 //! re-take its inhibitor and re-read `PreparingForShutdown`.
 
+use crate::error_chain::Chain;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -86,7 +87,7 @@ async fn pump(
             Some(signal) = prepare.next() => match signal.args() {
                 Ok(args) => ShutdownEvent::PrepareForShutdown(args.start),
                 Err(error) => {
-                    tracing::warn!(%error, "ignoring a malformed PrepareForShutdown signal");
+                    tracing::warn!(error = %Chain(&error), "ignoring a malformed PrepareForShutdown signal");
                     continue;
                 }
             },
@@ -123,7 +124,7 @@ async fn resubscribe(connection: &zbus::Connection) -> Option<PrepareForShutdown
     match subscribed.await {
         Ok(stream) => Some(stream),
         Err(error) => {
-            tracing::error!(%error, "cannot re-subscribe to PrepareForShutdown after a logind restart");
+            tracing::error!(error = %Chain(&error), "cannot re-subscribe to PrepareForShutdown after a logind restart");
             None
         }
     }

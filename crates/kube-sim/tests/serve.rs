@@ -1,0 +1,49 @@
+//! `kube-sim serve` as scripts use it: the URL is on stdout before the kubeconfig exists.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_kube-sim");
+
+#[test]
+fn the_url_is_printed_before_the_kubeconfig_is_written() {
+    // The kubeconfig cannot be written under /proc: the URL must be out already.
+    let output = Command::new(BINARY)
+        .args(["serve", "--kubeconfig-out", "/proc/kube-sim/kubeconfig"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(stdout.starts_with("http://127.0.0.1:"), "{stdout:?}");
+}
+
+#[test]
+fn once_the_kubeconfig_exists_stdout_has_its_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut child = Command::new(BINARY)
+        .args(["serve", "--kubeconfig-out"])
+        .arg(&kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !kubeconfig.exists() {
+        assert!(Instant::now() < deadline, "no kubeconfig after 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut url = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut url)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let contents = std::fs::read_to_string(&kubeconfig).unwrap();
+    assert!(
+        contents.contains(&format!("server: {}", url.trim())),
+        "{url:?} not in {contents}"
+    );
+}
