@@ -4,7 +4,6 @@
 //! The work runs under a child cancellation token that is cancelled the moment leadership is
 //! lost: a deposed leader stops acting at once instead of finishing what it was doing.
 
-use crate::error_chain::Chain;
 use std::future::Future;
 
 use kube::Client;
@@ -12,6 +11,8 @@ use kube_lease_manager::{LeaseCreateMode, LeaseManager, LeaseParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use crate::error_chain::Chain;
 
 #[derive(Debug, Clone)]
 pub struct LeaderConfig {

@@ -1,7 +1,6 @@
 //! The agent's life: hold the delay inhibitor, and when logind announces a shutdown, terminate
 //! the node's pods group by group and release the inhibitor the moment the last group is done.
 
-use nodegrace_core::error_chain::Chain;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,15 +8,18 @@ use std::time::Duration;
 use futures::{Future, StreamExt};
 use jiff::Timestamp;
 use nodegrace_core::admin::ReadinessGate;
+use nodegrace_core::error_chain::Chain;
 use nodegrace_core::logind::{InhibitMode, InhibitorLock, Logind, ShutdownEvent};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{Metrics, PodLabels};
 use crate::node_marks::NodeMarks;
 use crate::node_pods::NodePods;
-use crate::plan::ShutdownPlan;
+use crate::plan::{PriorityGroup, ShutdownPlan};
 use crate::state::{ShutdownRecord, StateFile};
+use crate::summary::{GroupEnd, GroupResult, ShutdownSummary};
 use crate::terminate::{Terminator, group_pods};
 
 pub const INHIBITOR_WHO: &str = "nodegrace graceful-shutdown-agent";
@@ -32,8 +34,9 @@ const MARK_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct Agent {
     pub logind: Logind,
     pub plan: ShutdownPlan,
-    /// What logind grants: the deadline of a shutdown is its start plus this.
-    pub budget: Duration,
+    /// What logind grants: the deadline of a shutdown is its start plus this. It starts at
+    /// what logind allows now and rises once logind applies the agent's drop-in.
+    pub budget: watch::Receiver<Duration>,
     pub pods: NodePods,
     pub terminator: Terminator,
     pub marks: NodeMarks,
@@ -41,11 +44,12 @@ pub struct Agent {
     pub boot_id: String,
     pub own_pod: Option<(String, String)>,
     pub metrics: Metrics,
-    /// Set once the inhibitor is held (the agent is useful only from then on).
+    /// Set while the inhibitor is held (the agent is useful only then), and while a resumed
+    /// shutdown runs without one because logind grants none during a shutdown.
     pub ready: ReadinessGate,
 }
 
-type Procedure = Pin<Box<dyn Future<Output = ()> + Send>>;
+type Procedure = Pin<Box<dyn Future<Output = ShutdownSummary> + Send>>;
 
 impl Agent {
     /// Runs until `stop` is cancelled. A shutdown in progress is finished (within its budget)
@@ -66,7 +70,10 @@ impl Agent {
 
         let mut record = agent.state.load();
         let mut procedure: Option<Procedure> = None;
-        if record.in_progress_in(&agent.boot_id) || agent.logind.preparing_for_shutdown().await? {
+        // logind refuses new delay locks while it shuts down (OperationInProgress): asking
+        // again every second would only keep the agent not ready.
+        let logind_shutting_down = agent.logind.preparing_for_shutdown().await?;
+        if record.in_progress_in(&agent.boot_id) || logind_shutting_down {
             // We crashed (or restarted) mid-shutdown: carry on, never undo it.
             let started = record
                 .started_at
@@ -80,11 +87,16 @@ impl Agent {
             agent.marks.clear_stale().await;
         }
 
-        let mut lock = agent.take_lock().await;
         // The lock is wanted until a shutdown completes (then the machine is going down), and
         // retried every second while wanted and missing: a failed Inhibit must not leave the
         // node unprotected for good.
-        let mut want_lock = true;
+        let mut want_lock = !logind_shutting_down;
+        let mut lock = if want_lock {
+            agent.take_lock().await
+        } else {
+            agent.resume_without_lock();
+            None
+        };
         let mut logind_up = true;
         let mut retry = tokio::time::interval(Duration::from_secs(1));
         loop {
@@ -92,12 +104,12 @@ impl Agent {
             let retrying = want_lock && logind_up && lock.is_none();
             tokio::select! {
                 _ = retry.tick(), if retrying => lock = agent.take_lock().await,
-                () = async { procedure.as_mut().expect("guarded by shutting_down").await }, if shutting_down => {
+                summary = async { procedure.as_mut().expect("guarded by shutting_down").await }, if shutting_down => {
                     procedure = None;
                     want_lock = false;
                     drop(lock.take());
                     agent.metrics.inhibitor_held.set(0);
-                    agent.finish(&mut record);
+                    agent.finish(&mut record, summary);
                     if stop.is_cancelled() {
                         return Ok(());
                     }
@@ -108,7 +120,7 @@ impl Agent {
                         if procedure.is_none() {
                             let started = Timestamp::now();
                             record = agent.begin_record(started);
-                            let deadline = Instant::now() + agent.budget;
+                            let deadline = Instant::now() + *agent.budget.borrow();
                             procedure = Some(Box::pin(Arc::clone(&agent).shutdown(deadline, true)));
                         }
                     }
@@ -123,7 +135,6 @@ impl Agent {
                         }
                     }
                     Some(ShutdownEvent::LogindStopped) => {
-                        // logind's locks died with it; ours is only a dead fd now.
                         drop(lock.take());
                         logind_up = false;
                         agent.metrics.inhibitor_held.set(0);
@@ -146,7 +157,18 @@ impl Agent {
     /// The deadline of a shutdown that started at `started` (wall clock), on the monotonic clock.
     fn deadline_from(&self, started: Timestamp) -> Instant {
         let elapsed = Timestamp::now().duration_since(started).unsigned_abs();
-        Instant::now() + self.budget.saturating_sub(elapsed)
+        Instant::now() + self.budget.borrow().saturating_sub(elapsed)
+    }
+
+    fn resume_without_lock(&self) {
+        tracing::warn!(
+            "logind is already shutting down and grants no inhibitor now; finishing the pods' \
+             termination without one"
+        );
+        self.metrics.resumed_without_inhibitor.set(1);
+        self.ready.set(true);
+        let marks = self.marks.clone();
+        tokio::spawn(async move { marks.resumed_without_inhibitor().await });
     }
 
     async fn take_lock(&self) -> Option<InhibitorLock> {
@@ -162,6 +184,7 @@ impl Agent {
             }
             Err(error) => {
                 tracing::error!(error = %Chain(&error), "cannot take the logind delay inhibitor");
+                self.metrics.inhibit_failures.inc();
                 self.metrics.inhibitor_held.set(0);
                 self.ready.set(false);
                 None
@@ -169,30 +192,41 @@ impl Agent {
         }
     }
 
-    /// Marks the node, then terminates the groups; all of it bounded by `deadline`, after which
-    /// the inhibitor goes whatever is left undone.
-    async fn shutdown(self: Arc<Self>, deadline: Instant, mark: bool) {
-        let work = async {
-            if mark {
-                let marked = tokio::time::timeout(MARK_TIMEOUT, self.marks.shutting_down()).await;
-                if marked.is_err() {
-                    tracing::warn!("marking the node took too long; terminating pods regardless");
-                }
+    /// Marks the node, then terminates the groups, each within its period and all within
+    /// `deadline`, after which the inhibitor goes whatever is left undone.
+    async fn shutdown(self: Arc<Self>, deadline: Instant, mark: bool) -> ShutdownSummary {
+        if mark {
+            let mark_deadline = deadline.min(Instant::now() + MARK_TIMEOUT);
+            let marked = tokio::time::timeout_at(mark_deadline, self.marks.shutting_down()).await;
+            if marked.is_err() {
+                tracing::warn!("marking the node took too long; terminating pods regardless");
             }
-            let snapshot = self.pods.snapshot();
-            let own = self
-                .own_pod
-                .as_ref()
-                .map(|(ns, name)| (ns.as_str(), name.as_str()));
-            let groups = group_pods(&self.plan, &snapshot, own);
-            for (group, pods) in self.plan.groups().iter().zip(groups) {
-                if pods.is_empty() {
-                    continue;
-                }
-                // The Event must not hold up the pods' time (the API may be slow or rate-limited).
+        }
+        let snapshot = self.pods.snapshot();
+        let own = self
+            .own_pod
+            .as_ref()
+            .map(|(ns, name)| (ns.as_str(), name.as_str()));
+        let groups = group_pods(&self.plan, &snapshot, own);
+        let mut summary = ShutdownSummary::default();
+        for (group, pods) in self.plan.groups().iter().zip(groups) {
+            if pods.is_empty() {
+                continue;
+            }
+            let now = Instant::now();
+            let end = if now >= deadline {
+                self.count_pods(group, "not_started", pods.len());
+                GroupEnd::NotStarted { pods: pods.len() }
+            } else {
+                let cut = now + group.period > deadline;
+                let group_deadline = deadline.min(now + group.period);
+                // Events must not hold up the pods' time (the API may be slow or rate-limited).
                 let (marks, announced, count) = (self.marks.clone(), *group, pods.len());
                 tokio::spawn(async move { marks.group_started(&announced, count).await });
-                let report = self.terminator.run_group(*group, &pods).await;
+                let report = self
+                    .terminator
+                    .run_group(*group, &pods, group_deadline)
+                    .await;
                 for (pod, outcome) in &report.pods {
                     tracing::info!(
                         pod,
@@ -200,21 +234,47 @@ impl Agent {
                         priority = group.priority,
                         "pod terminated"
                     );
-                    self.metrics
-                        .pods_terminated
-                        .get_or_create(&PodLabels {
-                            group_priority: group.priority.to_string(),
-                            outcome: outcome.as_str().to_owned(),
-                        })
-                        .inc();
+                    self.count_pods(group, outcome.as_str(), 1);
                 }
-            }
-        };
-        if tokio::time::timeout_at(deadline, work).await.is_err() {
+                let still_running = report.still_running();
+                let stopped = report.pods.len() - still_running;
+                if cut && still_running > 0 {
+                    GroupEnd::CutShort {
+                        stopped,
+                        still_running,
+                    }
+                } else {
+                    GroupEnd::Finished {
+                        stopped,
+                        still_running,
+                    }
+                }
+            };
+            let result = GroupResult {
+                priority: group.priority,
+                period: group.period,
+                end,
+            };
+            let marks = self.marks.clone();
+            tokio::spawn(async move { marks.group_finished(&result).await });
+            summary.groups.push(result);
+        }
+        if summary.budget_ran_out() {
             tracing::warn!(
                 "the shutdown budget ran out before every group finished; releasing the inhibitor"
             );
         }
+        summary
+    }
+
+    fn count_pods(&self, group: &PriorityGroup, outcome: &str, pods: usize) {
+        self.metrics
+            .pods_terminated
+            .get_or_create(&PodLabels {
+                group_priority: group.priority.to_string(),
+                outcome: outcome.to_owned(),
+            })
+            .inc_by(pods as u64);
     }
 
     fn begin_record(&self, started: Timestamp) -> ShutdownRecord {
@@ -229,7 +289,7 @@ impl Agent {
         record
     }
 
-    fn finish(&self, record: &mut ShutdownRecord) {
+    fn finish(&self, record: &mut ShutdownRecord, summary: ShutdownSummary) {
         let ended = Timestamp::now();
         record.ended_at = Some(ended);
         self.store(record);
@@ -240,7 +300,7 @@ impl Agent {
             tracing::info!(seconds = took, "graceful shutdown done; inhibitor released");
         }
         let marks = self.marks.clone();
-        tokio::spawn(async move { marks.shutdown_finished().await });
+        tokio::spawn(async move { marks.shutdown_finished(&summary).await });
     }
 
     fn store(&self, record: &ShutdownRecord) {

@@ -1,16 +1,17 @@
 //! Assembling the agent from its options and running it until SIGTERM.
 
-use nodegrace_core::error_chain::Chain;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use nodegrace_core::admin::{self, Readiness};
+use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::events::EventPublisher;
 use nodegrace_core::logind::{DelayConfig, Logind, ensure_inhibit_delay};
 use nodegrace_core::telemetry::program_registry;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Agent;
@@ -54,17 +55,21 @@ pub async fn start(
     let metrics = Metrics::register(&mut registry);
     let readiness = Readiness::new();
     let inhibitor_gate = readiness.gate("logind-inhibitor");
+    // The admin server outlives SIGTERM while a shutdown is being finished: probes and metrics
+    // matter most then. It stops when the agent does.
+    let admin_stop = CancellationToken::new();
     let admin = admin::serve(
         args.common.admin.admin_listen,
         registry,
         readiness.clone(),
-        stop.clone(),
+        admin_stop.clone(),
     )
     .await
     .context("start the admin server")?;
     let admin_address = admin.local_addr();
     tracing::info!(address = %admin_address, node, "admin server listening");
     let finished = tokio::spawn(async move {
+        let _stop_admin = admin_stop.drop_guard();
         if plan.is_disabled() {
             tracing::info!(
                 "graceful shutdown is disabled: no shutdownGracePeriod or shutdownGracePeriodByPodPriority is set; \
@@ -106,28 +111,25 @@ async fn run_agent(
         reload_timeout: args.logind_reload_timeout,
     };
     let wanted = plan.total();
-    let budget = match ensure_inhibit_delay(&logind, wanted, &delay).await {
-        Ok(outcome) => outcome.effective,
-        Err(error) => {
-            // Running with what logind grants beats crash-looping on a read-only host path.
-            tracing::error!(error = %Chain(&error), "cannot raise logind's InhibitDelayMaxSec");
-            logind.inhibit_delay_max().await?.min(wanted)
-        }
-    };
-    metrics.budget_seconds.set(budget.as_secs_f64());
-    if budget < wanted {
-        metrics.budget_reduced.set(1);
-        tracing::warn!(
-            wanted = wanted.as_secs(),
-            effective = budget.as_secs(),
-            "shutdown budget reduced by logind"
-        );
-        marks
-            .budget_reduced(wanted.as_secs(), budget.as_secs())
-            .await;
+    // The lock is taken with what logind allows now; the budget rises when logind applies the
+    // drop-in, which may take the whole reload timeout (or never happen).
+    let allowed = logind.inhibit_delay_max().await?;
+    let (budget_sender, budget) = watch::channel(wanted.min(allowed));
+    metrics
+        .budget_seconds
+        .set(wanted.min(allowed).as_secs_f64());
+    if allowed < wanted {
+        tokio::spawn(raise_budget(
+            logind.clone(),
+            wanted,
+            delay,
+            budget_sender,
+            metrics.clone(),
+            marks.clone(),
+        ));
     }
 
-    let pods = NodePods::start(client.clone(), &node, stop.clone());
+    let pods = NodePods::start(client.clone(), &node);
     let agent = Agent {
         logind,
         plan,
@@ -142,6 +144,46 @@ async fn run_agent(
         ready: inhibitor_gate,
     };
     agent.run(stop, extra_events).await
+}
+
+/// Raises logind's InhibitDelayMaxSec through the drop-in and publishes the budget in effect.
+async fn raise_budget(
+    logind: Logind,
+    wanted: Duration,
+    delay: DelayConfig,
+    budget: watch::Sender<Duration>,
+    metrics: Metrics,
+    marks: NodeMarks,
+) {
+    let effective = match ensure_inhibit_delay(&logind, wanted, &delay).await {
+        Ok(outcome) => outcome.effective,
+        Err(error) => {
+            // Running with what logind grants beats crash-looping on a read-only host path.
+            tracing::error!(error = %Chain(&error), "cannot raise logind's InhibitDelayMaxSec");
+            logind
+                .inhibit_delay_max()
+                .await
+                .map_or(*budget.borrow(), |allowed| allowed.min(wanted))
+        }
+    };
+    budget.send_replace(effective);
+    metrics.budget_seconds.set(effective.as_secs_f64());
+    if effective < wanted {
+        metrics.budget_reduced.set(1);
+        tracing::warn!(
+            wanted = wanted.as_secs(),
+            effective = effective.as_secs(),
+            "shutdown budget reduced by logind"
+        );
+        marks
+            .budget_reduced(wanted.as_secs(), effective.as_secs())
+            .await;
+    } else {
+        tracing::info!(
+            budget = effective.as_secs(),
+            "logind applied the shutdown budget"
+        );
+    }
 }
 
 /// Connects to logind, retrying while it is not there yet (the agent stays not-ready).

@@ -10,4 +10,5 @@ pub mod node_marks;
 pub mod node_pods;
 pub mod plan;
 pub mod state;
+pub mod summary;
 pub mod terminate;

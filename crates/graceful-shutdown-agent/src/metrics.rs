@@ -14,6 +14,7 @@ use prometheus_client::registry::Registry;
 pub struct PodLabels {
     /// The group's priority threshold.
     pub group_priority: String,
+    /// `stopped`, `timed_out`, `failed`, or `not_started` (the budget ended first).
     pub outcome: String,
 }
 
@@ -26,6 +27,8 @@ pub struct Metrics {
     pub budget_seconds: Gauge<f64, AtomicU64>,
     pub budget_reduced: Gauge,
     pub inhibitor_held: Gauge,
+    pub inhibit_failures: Counter,
+    pub resumed_without_inhibitor: Gauge,
 }
 
 impl Metrics {
@@ -39,6 +42,8 @@ impl Metrics {
             budget_seconds: Gauge::default(),
             budget_reduced: Gauge::default(),
             inhibitor_held: Gauge::default(),
+            inhibit_failures: Counter::default(),
+            resumed_without_inhibitor: Gauge::default(),
         };
         registry.register(
             "graceful_shutdown_start_time_seconds",
@@ -74,6 +79,17 @@ impl Metrics {
             "inhibitor_held",
             "1 while the agent holds its logind delay inhibitor",
             metrics.inhibitor_held.clone(),
+        );
+        registry.register(
+            "inhibit_failures",
+            "logind Inhibit calls that failed (each retried while the lock is wanted)",
+            metrics.inhibit_failures.clone(),
+        );
+        registry.register(
+            "graceful_shutdown_resumed_without_inhibitor",
+            "1 when the agent restarted during a shutdown and finishes it without an inhibitor \
+             (logind grants none while shutting down)",
+            metrics.resumed_without_inhibitor.clone(),
         );
         metrics
     }

@@ -10,6 +10,7 @@ use nodegrace_core::k8s::events::{EventPublisher, EventType};
 use nodegrace_core::k8s::taints::{add_taint, remove_taint};
 
 use crate::plan::PriorityGroup;
+use crate::summary::{GroupEnd, GroupResult, ShutdownSummary};
 
 pub const CONDITION_TYPE: &str = "GracefulShutdown";
 pub const TAINT_KEY: &str = "nodegrace.io/shutting-down";
@@ -91,26 +92,70 @@ impl NodeMarks {
         );
     }
 
+    /// One Event per group start and end: each keeps its own note (folded into one series,
+    /// only the first group's would be seen).
     pub async fn group_started(&self, group: &PriorityGroup, pods: usize) {
-        self.event(
-            EventType::Normal,
-            "ShutdownGroupStarted",
-            "Shutdown",
-            format!(
-                "Terminating {pods} pod(s) with priority >= {} within {}s",
-                group.priority,
-                group.period.as_secs()
-            ),
-        )
-        .await;
+        let note = format!(
+            "Terminating {pods} pod(s) of priority group >= {} within {}s",
+            group.priority,
+            group.period.as_secs()
+        );
+        self.events
+            .publish_distinct(
+                &self.node_ref(),
+                EventType::Normal,
+                "ShutdownGroupStarted",
+                "Shutdown",
+                note,
+            )
+            .await;
     }
 
-    pub async fn shutdown_finished(&self) {
+    pub async fn group_finished(&self, result: &GroupResult) {
+        let type_ = match result.end {
+            GroupEnd::Finished {
+                still_running: 0, ..
+            } => EventType::Normal,
+            _ => EventType::Warning,
+        };
+        self.events
+            .publish_distinct(
+                &self.node_ref(),
+                type_,
+                "ShutdownGroupFinished",
+                "Shutdown",
+                result.note(),
+            )
+            .await;
+    }
+
+    pub async fn shutdown_finished(&self, summary: &ShutdownSummary) {
+        let type_ = if summary.budget_ran_out() {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        self.events
+            .publish_distinct(
+                &self.node_ref(),
+                type_,
+                "NodeShutdownCompleted",
+                "Shutdown",
+                summary.note(),
+            )
+            .await;
+    }
+
+    /// Restarted while logind was already shutting down: logind grants no new delay lock then,
+    /// so the agent finishes the pods' termination without one.
+    pub async fn resumed_without_inhibitor(&self) {
         self.event(
-            EventType::Normal,
-            "NodeShutdownCompleted",
+            EventType::Warning,
+            "ShutdownResumedWithoutInhibitor",
             "Shutdown",
-            "All priority groups done; the shutdown inhibitor was released".to_owned(),
+            "The agent restarted during a shutdown; it resumes terminating pods, but logind grants \
+             no inhibitor while shutting down, so the shutdown may proceed before the pods are done"
+                .to_owned(),
         )
         .await;
     }

@@ -1,7 +1,6 @@
 //! A live view of the pods bound to this node, kept by a watch so that waiting for pods to
 //! go away reacts to the API server's events instead of polling it.
 
-use nodegrace_core::error_chain::Chain;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -12,7 +11,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+
+use nodegrace_core::error_chain::Chain;
 
 /// The node's pods, and a signal that fires on every change to them.
 #[derive(Debug, Clone)]
@@ -24,7 +24,9 @@ pub struct NodePods {
 impl NodePods {
     /// Starts watching the pods with `spec.nodeName = node` across all namespaces. The watch
     /// retries with backoff on its own; while the API server is away the view stays as it was.
-    pub fn start(client: Client, node: &str, cancel: CancellationToken) -> Self {
+    /// It runs as long as any clone of the view exists, and no longer: a SIGTERM must not end
+    /// it while a shutdown still waits on it.
+    pub fn start(client: Client, node: &str) -> Self {
         let (store, writer) = reflector::store();
         let (notify, changes) = watch::channel(0u64);
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
@@ -34,7 +36,7 @@ impl NodePods {
             let mut events = std::pin::pin!(events);
             loop {
                 tokio::select! {
-                    () = cancel.cancelled() => return,
+                    () = notify.closed() => return,
                     event = events.next() => match event {
                         Some(Ok(_)) => notify.send_modify(|generation| *generation += 1),
                         Some(Err(error)) => tracing::warn!(error = %Chain(&error), "pod watch failed; retrying"),
@@ -57,7 +59,8 @@ impl NodePods {
     }
 
     /// Waits until none of `uids` is on the node any more, or `deadline` passes. Returns the
-    /// UIDs still present.
+    /// UIDs still present. Only the watch can say a pod is gone: without it, the wait lasts to
+    /// the deadline.
     pub async fn wait_gone(&self, uids: &HashSet<String>, deadline: Instant) -> HashSet<String> {
         let mut changes = self.changes.clone();
         loop {
@@ -68,7 +71,7 @@ impl NodePods {
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => return self.present(uids),
                 changed = changes.changed() => if changed.is_err() {
-                    // The watch is gone (agent stopping): what we saw last is all we know.
+                    tokio::time::sleep_until(deadline).await;
                     return remaining;
                 },
             }

@@ -4,13 +4,14 @@
 //! undone) and the reboot itself (new boot: stale node markings are cleared, and the times are
 //! published as metrics, as the kubelet does).
 
-use nodegrace_core::error_chain::Chain;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
+
+use nodegrace_core::error_chain::Chain;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -1,6 +1,5 @@
 //! Terminating the node's pods group by group, lowest priority first (KEP-2712).
 
-use nodegrace_core::error_chain::Chain;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +8,7 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
+use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::conditions::{ConditionSpec, set_pod_condition};
 use nodegrace_core::k8s::pods::{effective_priority, is_mirror_pod, is_terminal};
 use tokio::time::Instant;
@@ -37,16 +37,27 @@ impl PodOutcome {
     }
 }
 
-/// What happened to one group.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What happened to one group's pods, by `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GroupReport {
-    pub group: PriorityGroup,
     pub pods: Vec<(String, PodOutcome)>,
-    pub elapsed: Duration,
+}
+
+impl GroupReport {
+    /// Pods not confirmed gone when the group ended.
+    pub fn still_running(&self) -> usize {
+        self.pods
+            .iter()
+            .filter(|(_, outcome)| *outcome != PodOutcome::Stopped)
+            .count()
+    }
 }
 
 /// The pods to terminate, split by group. Terminal pods are ignored; the agent's own pod is
-/// left alone because deleting it would end the agent before the last group is done.
+/// left alone because deleting it would end the agent before the last group is done. Mirror
+/// pods are left to the kubelet, as in KEP-2000: deleting one through the API does not stop
+/// its static pod (the kubelet only recreates the mirror), so waiting for it would only hold
+/// the group to its full period.
 pub fn group_pods(
     plan: &ShutdownPlan,
     pods: &[Arc<Pod>],
@@ -60,7 +71,7 @@ pub fn group_pods(
         let is_own = own_pod.is_some_and(|(namespace, name)| {
             pod.namespace().as_deref() == Some(namespace) && pod.name_any() == name
         });
-        if is_own || is_terminal(pod) {
+        if is_own || is_terminal(pod) || is_mirror_pod(pod) {
             continue;
         }
         groups[plan.group_index(effective_priority(pod))].push(Arc::clone(pod));
@@ -90,16 +101,21 @@ impl Terminator {
     }
 
     /// Terminates one group: every pod at once, then waits (on the pod watch) until all are
-    /// gone or the group's period expires. An empty group returns at once.
-    pub async fn run_group(&self, group: PriorityGroup, pods: &[Arc<Pod>]) -> GroupReport {
-        let started = Instant::now();
-        let deadline = started + group.period;
+    /// gone or `deadline` passes (the group's period, or less when the shutdown budget ends
+    /// first). An empty group returns at once.
+    pub async fn run_group(
+        &self,
+        group: PriorityGroup,
+        pods: &[Arc<Pod>],
+        deadline: Instant,
+    ) -> GroupReport {
         let uids: HashSet<String> = pods.iter().filter_map(|pod| pod.uid()).collect();
-        let requests = join_all(
-            pods.iter()
-                .filter(|pod| !is_mirror_pod(pod))
-                .map(|pod| self.terminate(pod, group.period, deadline)),
-        );
+        let requests = join_all(pods.iter().map(|pod| async {
+            // A hung API call must not outlive the group: its pod counts as failed.
+            tokio::time::timeout_at(deadline, self.terminate(pod, group.period, deadline))
+                .await
+                .unwrap_or_else(|_| pod.uid())
+        }));
         // The deletions and the wait run together: a slow API call must not eat the period.
         let (failed, remaining) = tokio::join!(requests, self.pods.wait_gone(&uids, deadline));
         let failed: HashSet<String> = failed.into_iter().flatten().collect();
@@ -120,11 +136,7 @@ impl Terminator {
                 )
             })
             .collect();
-        GroupReport {
-            group,
-            pods: outcomes,
-            elapsed: started.elapsed(),
-        }
+        GroupReport { pods: outcomes }
     }
 
     /// Marks the pod as disrupted and deletes it with its capped grace period. Returns the
@@ -169,23 +181,136 @@ impl Terminator {
             }),
             ..DeleteParams::default()
         };
-        let mut pause = Duration::from_millis(100);
-        loop {
+        let deleted = retry_until(deadline, || async {
             match api.delete(&name, &params).await {
-                Ok(_) => return None,
                 // Gone already, or replaced by a pod of the same name: ours is not there.
-                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-                    return None;
-                }
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
                 Err(error) => {
                     tracing::warn!(pod = %format!("{namespace}/{name}"), error = %Chain(&error), "cannot delete pod; retrying");
-                    if Instant::now() + pause >= deadline {
-                        return Some(uid);
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
+                    Err(error)
                 }
             }
+        })
+        .await;
+        deleted.err().map(|_| uid)
+    }
+}
+
+/// The shortest pause between attempts; below it, retrying is not worth the request.
+const MIN_RETRY_PAUSE: Duration = Duration::from_millis(10);
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
+
+/// Calls `attempt` until it succeeds or `deadline` passes, with exponential backoff. A pause
+/// never takes more than half of the time left, so the last attempts come shortly before the
+/// deadline rather than one full pause early: a pod deleted late still stops before the
+/// machine does.
+async fn retry_until<T, E, F, Fut>(deadline: Instant, mut attempt: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let error = match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(error) => error,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let wait = pause.min(left / 2).max(MIN_RETRY_PAUSE);
+        if wait >= left {
+            return Err(error);
         }
+        tokio::time::sleep(wait).await;
+        pause = (pause * 2).min(MAX_RETRY_PAUSE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_use_the_time_left_before_the_deadline() {
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(4);
+        // The API answers again 3.3 s in: a retry must still come before the 4 s deadline.
+        let healed = start + Duration::from_millis(3300);
+        let mut attempts = Vec::new();
+        let result = retry_until(deadline, || {
+            attempts.push(start.elapsed());
+            async move {
+                if Instant::now() >= healed {
+                    Ok(())
+                } else {
+                    Err("503")
+                }
+            }
+        })
+        .await;
+        assert_eq!(result, Ok(()), "attempts at {attempts:?}");
+        assert!(*attempts.last().unwrap() < Duration::from_secs(4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_stop_at_the_deadline() {
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(4);
+        let mut attempts = 0;
+        let result: Result<(), &str> = retry_until(deadline, || {
+            attempts += 1;
+            async { Err("503") }
+        })
+        .await;
+        assert_eq!(result, Err("503"));
+        let late = start.elapsed();
+        assert!(late <= Duration::from_secs(4), "gave up at {late:?}");
+        assert!(
+            late >= Duration::from_millis(3950),
+            "gave up early, at {late:?}"
+        );
+        assert!(attempts < 20, "{attempts} attempts");
+    }
+
+    fn pod(name: &str, priority: i32, annotations: &serde_json::Value) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "kube-system", "uid": name, "annotations": annotations},
+                "spec": {"priority": priority, "containers": []},
+                "status": {"phase": "Running"},
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn mirror_pods_and_the_agent_itself_are_not_waited_for() {
+        let plan = ShutdownPlan::new(vec![
+            PriorityGroup {
+                priority: 0,
+                period: Duration::from_secs(5),
+            },
+            PriorityGroup {
+                priority: 2_000_000_000,
+                period: Duration::from_secs(5),
+            },
+        ]);
+        let pods = [
+            pod("web", 0, &json!({})),
+            pod("agent", 2_000_001_000, &json!({})),
+            pod(
+                "kube-apiserver-n1",
+                2_000_001_000,
+                &json!({"kubernetes.io/config.mirror": "abc", "kubernetes.io/config.source": "file"}),
+            ),
+            pod("dns", 2_000_000_000, &json!({})),
+        ];
+        let groups = group_pods(&plan, &pods, Some(("kube-system", "agent")));
+        let names: Vec<Vec<String>> = groups
+            .iter()
+            .map(|group| group.iter().map(|pod| pod.name_any()).collect())
+            .collect();
+        assert_eq!(names, vec![vec!["web"], vec!["dns"]]);
     }
 }

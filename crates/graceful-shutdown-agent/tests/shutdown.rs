@@ -145,7 +145,7 @@ async fn start_agent(
     extra: Option<app::ExtraEvents>,
 ) -> Result<Agent> {
     let agent =
-        start_agent_with_state(cluster, logind, priorities, drop_in_dir, extra, None).await?;
+        start_agent_with_state(cluster, logind, priorities, drop_in_dir, extra, None, &[]).await?;
     wait_for(
         Duration::from_secs(20),
         "the agent's delay inhibitor",
@@ -161,7 +161,7 @@ async fn start_agent(
     Ok(agent)
 }
 
-/// `record`: a shutdown record left by an earlier run of the agent.
+/// `record`: a shutdown record left by an earlier run of the agent; `flags` are added last.
 async fn start_agent_with_state(
     cluster: &Cluster,
     logind: &LogindHarness,
@@ -169,6 +169,7 @@ async fn start_agent_with_state(
     drop_in_dir: Option<&std::path::Path>,
     extra: Option<app::ExtraEvents>,
     record: Option<serde_json::Value>,
+    flags: &[&str],
 ) -> Result<Agent> {
     let state = tempfile::tempdir()?;
     if let Some(record) = record {
@@ -180,18 +181,27 @@ async fn start_agent_with_state(
     let boot_id = state.path().join("boot_id");
     std::fs::write(&boot_id, "boot-1\n")?;
     let drop_in = drop_in_dir.map_or_else(|| logind.drop_in_dir(), std::path::Path::to_path_buf);
-    let args = Args::try_parse_from([
-        "graceful-shutdown-agent".to_owned(),
-        format!("--node-name={NODE}"),
-        format!("--kubeconfig={}", cluster.sim.kubeconfig_path().display()),
-        format!("--dbus-address={}", logind.bus_address()),
-        format!("--state-dir={}", state.path().display()),
-        format!("--boot-id-file={}", boot_id.display()),
-        format!("--logind-drop-in-dir={}", drop_in.display()),
-        "--admin-listen=127.0.0.1:0".to_owned(),
-        "--logind-reload-timeout=1s".to_owned(),
-        format!("--shutdown-grace-period-by-pod-priority={priorities}"),
-    ])?;
+    let args = Args::try_parse_from(
+        [
+            "graceful-shutdown-agent".to_owned(),
+            format!("--node-name={NODE}"),
+            format!("--kubeconfig={}", cluster.sim.kubeconfig_path().display()),
+            format!("--dbus-address={}", logind.bus_address()),
+            format!("--state-dir={}", state.path().display()),
+            format!("--boot-id-file={}", boot_id.display()),
+            format!("--logind-drop-in-dir={}", drop_in.display()),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+            format!("--shutdown-grace-period-by-pod-priority={priorities}"),
+        ]
+        .into_iter()
+        .chain(flags.iter().map(|flag| (*flag).to_owned()))
+        .chain(
+            (!flags
+                .iter()
+                .any(|flag| flag.starts_with("--logind-reload-timeout")))
+            .then(|| "--logind-reload-timeout=1s".to_owned()),
+        ),
+    )?;
     let stop = CancellationToken::new();
     let started = app::start(args, stop.clone(), extra).await?;
     let agent = Agent {
@@ -264,6 +274,33 @@ async fn event_reasons(cluster: &Cluster) -> Result<Vec<String>> {
         .collect())
 }
 
+/// The notes of the Events with `reason`, each Event once; an Event folded into a series would
+/// hide the notes of its repeats, so a series fails the test.
+async fn notes(cluster: &Cluster, reason: &str) -> Result<Vec<String>> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(cluster.client.clone());
+    let mut notes = Vec::new();
+    for event in events.list(&kube::api::ListParams::default()).await?.items {
+        if event.reason.as_deref() == Some(reason) {
+            ensure!(
+                event.series.is_none(),
+                "{reason} folded into a series: {event:?}"
+            );
+            notes.push(event.note.unwrap_or_default());
+        }
+    }
+    Ok(notes)
+}
+
+async fn readyz(agent: &Agent) -> Result<bool> {
+    let mut stream = tokio::net::TcpStream::connect(agent.started.admin_address).await?;
+    stream
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response.starts_with("HTTP/1.1 200"))
+}
+
 async fn logind(max_delay_seconds: u64) -> Result<Option<LogindHarness>> {
     Ok(LogindHarness::start_or_skip(ScenarioOptions {
         inhibit_delay_max: Duration::from_secs(max_delay_seconds),
@@ -293,13 +330,15 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
     pod(&cluster, "high-a", "high", 30, 0.2, false).await?;
     let fates = record_fates(&cluster.client);
     let agent = start_agent(&cluster, &logind, "0=3,1000=3,100000=3", None, None).await?;
+    // The lock comes first, with logind's 1 s; the budget rises once logind applies the drop-in.
+    wait_for(Duration::from_secs(20), "the 9 s budget", || async {
+        Ok(metrics(&agent)
+            .await?
+            .contains("graceful_shutdown_budget_seconds 9.0"))
+    })
+    .await?;
     let drop_in = std::fs::read_to_string(logind.drop_in_dir().join("99-nodegrace.conf"))?;
     ensure!(drop_in.contains("InhibitDelayMaxSec=9"), "{drop_in}");
-    ensure!(
-        metrics(&agent)
-            .await?
-            .contains("graceful_shutdown_budget_seconds 9.0")
-    );
 
     let powered_off = (Instant::now(), SystemTime::now());
     logind.power_off().await?;
@@ -371,13 +410,38 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
         node.status
     );
     ensure!(tainted(&node));
-    let reasons = event_reasons(&cluster).await?;
-    for reason in ["NodeShutdown", "ShutdownGroupStarted"] {
-        ensure!(
-            reasons.iter().any(|r| r == reason),
-            "no {reason} event in {reasons:?}"
-        );
-    }
+    // Every group's start and end is an Event of its own, and the completion says all is done.
+    wait_for(Duration::from_secs(10), "the shutdown Events", || async {
+        Ok(notes(&cluster, "NodeShutdownCompleted").await?.len() == 1)
+    })
+    .await?;
+    ensure!(notes(&cluster, "NodeShutdown").await?.len() == 1);
+    let mut started = notes(&cluster, "ShutdownGroupStarted").await?;
+    started.sort();
+    ensure!(
+        started
+            == [
+                "Terminating 1 pod(s) of priority group >= 1000 within 3s",
+                "Terminating 1 pod(s) of priority group >= 100000 within 3s",
+                "Terminating 2 pod(s) of priority group >= 0 within 3s",
+            ],
+        "{started:?}"
+    );
+    let mut finished = notes(&cluster, "ShutdownGroupFinished").await?;
+    finished.sort();
+    ensure!(
+        finished
+            == [
+                "Priority group >= 0: all 2 pod(s) stopped",
+                "Priority group >= 100000: all 1 pod(s) stopped",
+                "Priority group >= 1000: all 1 pod(s) stopped",
+            ],
+        "{finished:?}"
+    );
+    ensure!(
+        notes(&cluster, "NodeShutdownCompleted").await?
+            == ["All 3 priority group(s) done; the shutdown inhibitor was released"]
+    );
     let text = metrics(&agent).await?;
     ensure!(
         text.contains("nodegrace_graceful_shutdown_agent_inhibitor_held 0"),
@@ -577,7 +641,8 @@ async fn after_a_reboot_stale_markings_go_and_the_last_shutdown_is_published() -
     let cluster = cluster().await?;
     mark_node_as_shutting_down(&cluster).await?;
     let record = json!({"bootId": "boot-0", "startedAt": "2026-11-20T10:00:00Z", "endedAt": "2026-11-20T10:00:07Z"});
-    let agent = start_agent_with_state(&cluster, &logind, "0=5", None, None, Some(record)).await?;
+    let agent =
+        start_agent_with_state(&cluster, &logind, "0=5", None, None, Some(record), &[]).await?;
     wait_for(
         Duration::from_secs(10),
         "the stale markings to go",
@@ -613,7 +678,8 @@ async fn a_restart_mid_shutdown_resumes_it_and_never_undoes_it() -> Result<()> {
     let started = jiff::Timestamp::now().to_string();
     let record = json!({"bootId": "boot-1", "startedAt": started});
     let fates = record_fates(&cluster.client);
-    let _agent = start_agent_with_state(&cluster, &logind, "0=5", None, None, Some(record)).await?;
+    let _agent =
+        start_agent_with_state(&cluster, &logind, "0=5", None, None, Some(record), &[]).await?;
     wait_for(
         Duration::from_secs(10),
         "the pod to be terminated",
@@ -654,22 +720,214 @@ async fn with_nothing_configured_the_agent_is_ready_and_holds_nothing() -> Resul
         started,
         _state: state,
     };
-    wait_for(Duration::from_secs(10), "readiness", || async {
-        let mut stream = tokio::net::TcpStream::connect(agent.started.admin_address).await?;
-        stream
-            .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await?;
-        Ok(response.starts_with("HTTP/1.1 200"))
-    })
-    .await?;
+    wait_for(Duration::from_secs(10), "readiness", || readyz(&agent)).await?;
     ensure!(
         !logind
             .list_inhibitors()
             .await?
             .iter()
             .any(|row| row.1 == INHIBITOR_WHO)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_shutdown_finishes_the_termination_before_letting_go() -> Result<()> {
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    pod(&cluster, "low", "low", 30, 1.0, false).await?;
+    pod(&cluster, "high", "high", 30, 1.5, false).await?;
+    let fates = record_fates(&cluster.client);
+    let agent = start_agent(&cluster, &logind, "0=10,100000=10", None, None).await?;
+    let powered_off = (Instant::now(), SystemTime::now());
+    logind.power_off().await?;
+    wait_for(
+        Duration::from_secs(10),
+        "the first group to start",
+        || async {
+            Ok(fates
+                .lock()
+                .unwrap()
+                .get("low")
+                .is_some_and(|f| f.deletion_seen.is_some()))
+        },
+    )
+    .await?;
+    // The kubelet's SIGTERM, while the first group is still stopping.
+    agent.stop.cancel();
+    let hook = hook_instant(
+        logind
+            .wait_for_shutdown_hook(Duration::from_secs(30))
+            .await?,
+        powered_off,
+    );
+    let high = fates
+        .lock()
+        .unwrap()
+        .get("high")
+        .cloned()
+        .unwrap_or_default();
+    let removed = high.removed.context("the last group was never finished")?;
+    ensure!(
+        hook + Duration::from_millis(50) >= removed,
+        "the inhibitor went before the last pod stopped"
+    );
+    let mut agent = agent;
+    tokio::time::timeout(Duration::from_secs(10), &mut agent.started.finished).await???;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_while_logind_shuts_down_is_ready_without_retrying_the_lock() -> Result<()> {
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    pod(&cluster, "web", "low", 30, 0.0, false).await?;
+    // Another delay lock keeps logind in its shutdown while the agent starts.
+    let other = nodegrace_core::logind::Logind::connect_to(logind.bus_address()).await?;
+    let held = other
+        .inhibit(
+            "shutdown",
+            "test",
+            "keeps the shutdown pending",
+            nodegrace_core::logind::InhibitMode::Delay,
+        )
+        .await?;
+    logind.power_off().await?;
+    wait_for(Duration::from_secs(10), "logind to shut down", || async {
+        Ok(other.preparing_for_shutdown().await?)
+    })
+    .await?;
+    let fates = record_fates(&cluster.client);
+    let agent = start_agent_with_state(&cluster, &logind, "0=5", None, None, None, &[]).await?;
+    wait_for(Duration::from_secs(10), "readiness", || readyz(&agent)).await?;
+    wait_for(Duration::from_secs(10), "the pod's termination", || async {
+        Ok(fates
+            .lock()
+            .unwrap()
+            .get("web")
+            .is_some_and(|f| f.removed.is_some()))
+    })
+    .await?;
+    let text = metrics(&agent).await?;
+    ensure!(
+        text.contains("graceful_shutdown_resumed_without_inhibitor 1"),
+        "{text}"
+    );
+    ensure!(text.contains("inhibit_failures_total 0"), "{text}");
+    wait_for(Duration::from_secs(10), "the Warning Event", || async {
+        Ok(!notes(&cluster, "ShutdownResumedWithoutInhibitor")
+            .await?
+            .is_empty())
+    })
+    .await?;
+    drop(held);
+    logind
+        .wait_for_shutdown_hook(Duration::from_secs(30))
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirror_pods_are_left_to_the_kubelet_and_not_waited_for() -> Result<()> {
+    let Some(logind) = logind(60).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    pod(&cluster, "web", "low", 30, 0.0, false).await?;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
+    let mirror = json!({
+        "metadata": {"name": "etcd-node-a", "annotations": {"kubernetes.io/config.mirror": "abc", "kubernetes.io/config.source": "file"}},
+        "spec": {"nodeName": NODE, "priorityClassName": "high", "containers": [{"name": "c", "image": "i"}]},
+    });
+    pods.create(&PostParams::default(), &serde_json::from_value(mirror)?)
+        .await?;
+    let fates = record_fates(&cluster.client);
+    let _agent = start_agent(&cluster, &logind, "0=5,100000=30", None, None).await?;
+    let powered_off = Instant::now();
+    logind.power_off().await?;
+    logind
+        .wait_for_shutdown_hook(Duration::from_secs(60))
+        .await?;
+    // Waiting for the mirror pod would have held the last group its whole 30 s.
+    ensure!(
+        powered_off.elapsed() < Duration::from_secs(15),
+        "held {:?}",
+        powered_off.elapsed()
+    );
+    let fates = fates.lock().unwrap().clone();
+    ensure!(fates.get("web").is_some_and(|f| f.removed.is_some()));
+    ensure!(
+        fates
+            .get("etcd-node-a")
+            .is_some_and(|f| f.deletion_seen.is_none()),
+        "{fates:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_is_held_while_logind_applies_the_budget_and_a_cut_is_reported() -> Result<()> {
+    let Some(logind) = logind(2).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    // The finalizer keeps "stuck" in the API: its group lasts until the 2 s budget ends.
+    pod(&cluster, "stuck", "low", 30, 0.0, true).await?;
+    pod(&cluster, "late", "high", 30, 0.0, false).await?;
+    let ignored = tempfile::tempdir()?;
+    // logind never applies the drop-in; the agent must not wait the reload timeout unlocked.
+    let agent = start_agent_with_state(
+        &cluster,
+        &logind,
+        "0=3,100000=1",
+        Some(ignored.path()),
+        None,
+        None,
+        &["--logind-reload-timeout=5m"],
+    )
+    .await?;
+    wait_for(Duration::from_secs(20), "the inhibitor", || async {
+        Ok(logind
+            .list_inhibitors()
+            .await?
+            .iter()
+            .any(|row| row.1 == INHIBITOR_WHO && row.3 == "delay"))
+    })
+    .await?;
+    ensure!(readyz(&agent).await?);
+    let text = metrics(&agent).await?;
+    ensure!(
+        text.contains("graceful_shutdown_budget_seconds 2.0"),
+        "{text}"
+    );
+    logind.power_off().await?;
+    logind
+        .wait_for_shutdown_hook(Duration::from_secs(30))
+        .await?;
+    wait_for(Duration::from_secs(10), "the completion Event", || async {
+        Ok(notes(&cluster, "NodeShutdownCompleted").await?.len() == 1)
+    })
+    .await?;
+    let completed = notes(&cluster, "NodeShutdownCompleted").await?;
+    ensure!(
+        completed
+            == [
+                "The shutdown budget ran out: 0 of 2 priority group(s) done; \
+                 group >= 0 cut short with 1 pod(s) still running; \
+                 group >= 100000 not started (1 pod(s)); the shutdown inhibitor was released"
+            ],
+        "{completed:?}"
+    );
+    let text = metrics(&agent).await?;
+    ensure!(
+        text.contains(
+            "graceful_shutdown_pods_terminated_total{group_priority=\"100000\",outcome=\"not_started\"} 1"
+        ),
+        "{text}"
     );
     Ok(())
 }

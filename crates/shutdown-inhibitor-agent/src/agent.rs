@@ -1,7 +1,6 @@
 //! The agent: watch this node's Leases, hold one logind block inhibitor while any is active,
 //! and say so in the `ShutdownInhibited` node condition.
 
-use nodegrace_core::error_chain::Chain;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use nodegrace_core::admin::ReadinessGate;
+use nodegrace_core::error_chain::Chain;
 use nodegrace_core::logind::{InhibitMode, InhibitorLock, Logind, ShutdownEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

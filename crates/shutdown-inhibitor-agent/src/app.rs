@@ -1,11 +1,11 @@
 //! Assembling the agent and running it until SIGTERM.
 
-use nodegrace_core::error_chain::Chain;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::ObjectReference;
 use nodegrace_core::admin::{self, Readiness};
+use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::events::{EventPublisher, EventType};
 use nodegrace_core::logind::Logind;

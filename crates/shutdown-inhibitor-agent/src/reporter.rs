@@ -2,11 +2,11 @@
 //! block is taken or released at once, and the API writes follow in order in a worker of their
 //! own, so a slow or rate-limited API server never delays the inhibitor.
 
-use nodegrace_core::error_chain::Chain;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::{Api, Client};
+use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::conditions::{ConditionSpec, upsert_node_condition};
 use nodegrace_core::k8s::events::{EventPublisher, EventType};
 use tokio::sync::mpsc;

@@ -1,10 +1,14 @@
 //! Kubernetes Events, published through kube-runtime's Recorder (events.k8s.io/v1, with
 //! deduplication into series), under a reporting controller named per program.
 
-use crate::error_chain::Chain;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::Client;
+use k8s_openapi::api::events;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::PostParams;
 use kube::runtime::events::{Event, Recorder, Reporter};
+use kube::{Api, Client};
+
+use crate::error_chain::Chain;
 
 pub use kube::runtime::events::EventType;
 
@@ -12,6 +16,8 @@ pub use kube::runtime::events::EventType;
 #[derive(Clone)]
 pub struct EventPublisher {
     recorder: Recorder,
+    client: Client,
+    reporter: Reporter,
 }
 
 impl std::fmt::Debug for EventPublisher {
@@ -32,7 +38,9 @@ impl EventPublisher {
             instance: Some(instance.to_owned()),
         };
         Self {
-            recorder: Recorder::new(client, reporter),
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            client,
+            reporter,
         }
     }
 
@@ -46,6 +54,25 @@ impl EventPublisher {
         action: &str,
         note: Option<String>,
     ) {
+        if let Err(error) = self
+            .try_publish(regarding, type_, reason, action, note)
+            .await
+        {
+            tracing::warn!(error = %Chain(&error), reason, "cannot publish an Event");
+        }
+    }
+
+    /// Like [`publish`](Self::publish), for a caller that retries: a repeat of an Event
+    /// published earlier (same object, type, reason and action) is counted in that Event's
+    /// series, and its note is not kept.
+    pub async fn try_publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: Option<String>,
+    ) -> Result<(), kube::Error> {
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -53,7 +80,51 @@ impl EventPublisher {
             action: action.to_owned(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, regarding).await {
+        self.recorder.publish(&event, regarding).await
+    }
+
+    /// Publishes an Event that is never folded into the series of an earlier one with the same
+    /// reason, for notes that differ each time and must all be read (one per priority group).
+    /// Failures are logged, as with [`publish`](Self::publish).
+    pub async fn publish_distinct(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let now = jiff::Timestamp::now();
+        let name = regarding
+            .name
+            .as_deref()
+            .unwrap_or(&self.reporter.controller);
+        let event = events::v1::Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+                namespace: regarding.namespace.clone(),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            type_: Some(
+                match type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .to_owned(),
+            ),
+            reason: Some(reason.to_owned()),
+            action: Some(action.to_owned()),
+            note: Some(note),
+            regarding: Some(regarding.clone()),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: self.reporter.instance.clone(),
+            ..events::v1::Event::default()
+        };
+        // Cluster-scoped objects' Events live in `default`, as the kubelet's Node Events do.
+        let namespace = regarding.namespace.as_deref().unwrap_or("default");
+        let api: Api<events::v1::Event> = Api::namespaced(self.client.clone(), namespace);
+        if let Err(error) = api.create(&PostParams::default(), &event).await {
             tracing::warn!(error = %Chain(&error), reason, "cannot publish an Event");
         }
     }

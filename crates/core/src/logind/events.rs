@@ -5,7 +5,6 @@
 //! subscribe afresh each time a new owner appears, telling the consumer about the gap so it can
 //! re-take its inhibitor and re-read `PreparingForShutdown`.
 
-use crate::error_chain::Chain;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -17,6 +16,7 @@ use zbus::proxy::CacheProperties;
 
 use super::proxy::{ManagerProxy, PrepareForShutdownStream};
 use super::{LOGIND_BUS_NAME, LogindError, call_error};
+use crate::error_chain::Chain;
 
 /// What happened to logind, in the order it happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
