@@ -139,6 +139,7 @@ impl Agent {
             warned_incomplete: HashSet::new(),
         };
         if state.shutting_down {
+            self.metrics.shutdown_in_progress.set(1);
             tracing::warn!(
                 "a shutdown is in progress; Lease changes are ignored until the agent restarts"
             );
@@ -156,7 +157,7 @@ impl Agent {
                     self.reconcile(&leases, &mut state).await;
                 }
                 _ = tick.tick() => {
-                    self.tick(&leases);
+                    self.tick(&leases, state.shutting_down);
                     // A failed Inhibit is retried here, not only on the next Lease change.
                     if state.lock.is_none() && !state.shutting_down && !self.holders(&leases).is_empty() {
                         self.reconcile(&leases, &mut state).await;
@@ -166,6 +167,7 @@ impl Agent {
                     Some(ShutdownEvent::PrepareForShutdown(true)) => {
                         // As the KEP says: once shutdown has begun, Lease changes no longer matter.
                         state.shutting_down = true;
+                        self.metrics.shutdown_in_progress.set(1);
                         tracing::warn!("shutdown started; ignoring Lease changes until the agent restarts");
                     }
                     Some(ShutdownEvent::PrepareForShutdown(false)) => tracing::info!("shutdown cancelled; Lease changes stay ignored until the agent restarts"),
@@ -259,22 +261,41 @@ impl Agent {
         }
     }
 
-    fn tick(&mut self, leases: &Store<Lease>) {
+    fn tick(&mut self, leases: &Store<Lease>, shutting_down: bool) {
         let holders = self.holders(leases);
         let now = Timestamp::now();
         self.metrics
             .oldest_active_lease_age_seconds
             .set(oldest_age(&holders, now).as_secs_f64());
-        for holder in self.alerts.due(&holders, now) {
+        let due = self.alerts.due(&holders, now, shutting_down);
+        let lease_of = |holder: &Holder| {
+            leases
+                .state()
+                .into_iter()
+                .find(|l| l.namespace().as_deref() == Some(holder.namespace.as_str()))
+        };
+        for holder in due.acquired_in_future {
+            let note = format!(
+                "Lease {}/{} held by {} has acquireTime {} in the future (clock skew?); \
+                 it blocks shutdown and counts as just acquired",
+                holder.namespace, self.node, holder.holder, holder.acquired
+            );
+            if let Some(lease) = lease_of(&holder) {
+                self.reporter.event(
+                    lease_reference(&lease),
+                    true,
+                    "LeaseAcquireTimeInFuture",
+                    note,
+                );
+            }
+        }
+        for holder in due.held_too_long {
+            self.metrics.alerts.inc();
             let note = format!(
                 "Lease {}/{} held by {} has blocked shutdown since {}",
                 holder.namespace, self.node, holder.holder, holder.acquired
             );
-            let lease = leases
-                .state()
-                .into_iter()
-                .find(|l| l.namespace().as_deref() == Some(holder.namespace.as_str()));
-            if let Some(lease) = lease {
+            if let Some(lease) = lease_of(&holder) {
                 self.reporter.event(
                     lease_reference(&lease),
                     true,

@@ -1,5 +1,6 @@
 //! `--alert-timeout`: a Lease held longer than this since its acquireTime is reported once per
-//! acquisition (a new acquireTime is a new acquisition).
+//! acquisition (a new acquireTime is a new acquisition). An acquireTime in the future (the
+//! holder's clock runs ahead) counts as age 0 and is reported once, on its own.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -8,10 +9,35 @@ use jiff::Timestamp;
 
 use crate::leases::Holder;
 
+type Acquisition = (String, String, Timestamp);
+
 #[derive(Debug, Default)]
 pub struct Alerts {
     timeout: Option<Duration>,
-    reported: HashSet<(String, String, Timestamp)>,
+    reported: HashSet<Acquisition>,
+    reported_future: HashSet<Acquisition>,
+}
+
+/// What to report at one tick.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Due {
+    /// Holders that just crossed the timeout.
+    pub held_too_long: Vec<Holder>,
+    /// Holders whose acquireTime was just seen in the future.
+    pub acquired_in_future: Vec<Holder>,
+}
+
+fn acquisition(holder: &Holder) -> Acquisition {
+    (
+        holder.namespace.clone(),
+        holder.holder.clone(),
+        holder.acquired,
+    )
+}
+
+/// How long `holder` has held its Lease at `now`; zero for an acquireTime in the future.
+pub fn age(holder: &Holder, now: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(holder.acquired)).unwrap_or_default()
 }
 
 impl Alerts {
@@ -20,29 +46,39 @@ impl Alerts {
         Self {
             timeout: (!timeout.is_zero()).then_some(timeout),
             reported: HashSet::new(),
+            reported_future: HashSet::new(),
         }
     }
 
-    /// The holders that just crossed the timeout at `now` (each reported once).
-    pub fn due(&mut self, holders: &[Holder], now: Timestamp) -> Vec<Holder> {
-        let Some(timeout) = self.timeout else {
-            return Vec::new();
-        };
-        let current: HashSet<_> = holders
-            .iter()
-            .map(|h| (h.namespace.clone(), h.holder.clone(), h.acquired))
-            .collect();
+    /// What to report at `now`, each at most once per acquisition. Once a shutdown has begun
+    /// the Leases no longer block anything, so nothing is reported about them.
+    pub fn due(&mut self, holders: &[Holder], now: Timestamp, shutting_down: bool) -> Due {
+        let current: HashSet<Acquisition> = holders.iter().map(acquisition).collect();
         // Forget released acquisitions so a later one with the same time is new again.
         self.reported.retain(|key| current.contains(key));
-        holders
+        self.reported_future.retain(|key| current.contains(key));
+        if shutting_down {
+            return Due::default();
+        }
+        let acquired_in_future = holders
             .iter()
-            .filter(|h| now.duration_since(h.acquired).unsigned_abs() >= timeout)
-            .filter(|h| {
-                self.reported
-                    .insert((h.namespace.clone(), h.holder.clone(), h.acquired))
-            })
+            .filter(|h| h.acquired > now)
+            .filter(|h| self.reported_future.insert(acquisition(h)))
             .cloned()
-            .collect()
+            .collect();
+        let held_too_long = match self.timeout {
+            None => Vec::new(),
+            Some(timeout) => holders
+                .iter()
+                .filter(|h| h.acquired <= now && age(h, now) >= timeout)
+                .filter(|h| self.reported.insert(acquisition(h)))
+                .cloned()
+                .collect(),
+        };
+        Due {
+            held_too_long,
+            acquired_in_future,
+        }
     }
 }
 
@@ -50,7 +86,7 @@ impl Alerts {
 pub fn oldest_age(holders: &[Holder], now: Timestamp) -> Duration {
     holders
         .iter()
-        .map(|h| now.duration_since(h.acquired).unsigned_abs())
+        .map(|h| age(h, now))
         .max()
         .unwrap_or_default()
 }
@@ -72,19 +108,46 @@ mod tests {
         let mut alerts = Alerts::new(Duration::from_secs(60));
         let at = |s| Timestamp::from_second(s).unwrap();
         let holders = [holder(1000)];
-        assert!(alerts.due(&holders, at(1059)).is_empty());
-        assert_eq!(alerts.due(&holders, at(1060)).len(), 1);
-        assert!(
-            alerts.due(&holders, at(1200)).is_empty(),
-            "once per acquisition"
-        );
+        let mut too_long =
+            |holders: &[Holder], now| alerts.due(holders, at(now), false).held_too_long;
+        assert!(too_long(&holders, 1059).is_empty());
+        assert_eq!(too_long(&holders, 1060).len(), 1);
+        assert!(too_long(&holders, 1200).is_empty(), "once per acquisition");
         let again = [holder(2000)];
-        assert!(alerts.due(&again, at(2030)).is_empty());
+        assert!(too_long(&again, 2030).is_empty());
         assert_eq!(
-            alerts.due(&again, at(2061)).len(),
+            too_long(&again, 2061).len(),
             1,
             "a new acquisition alerts again"
         );
+    }
+
+    #[test]
+    fn a_future_acquire_time_is_age_zero_and_reported_once_not_as_too_long() {
+        let mut alerts = Alerts::new(Duration::from_secs(60));
+        let at = |s| Timestamp::from_second(s).unwrap();
+        let skewed = [holder(5000)];
+        let due = alerts.due(&skewed, at(1000), false);
+        assert!(due.held_too_long.is_empty(), "{due:?}");
+        assert_eq!(due.acquired_in_future, skewed.to_vec());
+        assert_eq!(alerts.due(&skewed, at(1001), false), Due::default());
+        assert_eq!(oldest_age(&skewed, at(1000)), Duration::ZERO);
+        // Once the clocks agree, the Lease ages from its acquireTime as any other.
+        assert!(
+            alerts
+                .due(&skewed, at(5059), false)
+                .held_too_long
+                .is_empty()
+        );
+        assert_eq!(alerts.due(&skewed, at(5060), false).held_too_long.len(), 1);
+    }
+
+    #[test]
+    fn nothing_is_reported_once_the_shutdown_has_begun() {
+        let mut alerts = Alerts::new(Duration::from_secs(60));
+        let now = Timestamp::from_second(10_000).unwrap();
+        let holders = [holder(1000), holder(20_000)];
+        assert_eq!(alerts.due(&holders, now, true), Due::default());
     }
 
     #[test]
@@ -92,7 +155,8 @@ mod tests {
         let mut alerts = Alerts::new(Duration::ZERO);
         assert!(
             alerts
-                .due(&[holder(0)], Timestamp::from_second(10_000).unwrap())
+                .due(&[holder(0)], Timestamp::from_second(10_000).unwrap(), false)
+                .held_too_long
                 .is_empty()
         );
         let now = Timestamp::from_second(1100).unwrap();

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::{Agent, ExtraEvents};
 use crate::alerts::Alerts;
 use crate::cli::Args;
+use crate::config::alert_timeout;
 use crate::metrics::Metrics;
 
 pub const PROGRAM: &str = "shutdown-inhibitor-agent";
@@ -34,6 +35,8 @@ pub async fn start(
     stop: CancellationToken,
     extra_events: Option<ExtraEvents>,
 ) -> Result<Started> {
+    let alert_timeout = alert_timeout(args.config.as_deref(), args.alert_timeout)
+        .context("invalid configuration")?;
     let mut registry = program_registry(PROGRAM);
     let metrics = Metrics::register(&mut registry);
     let readiness = Readiness::new();
@@ -82,7 +85,7 @@ pub async fn start(
             what: args.inhibit_what,
             metrics,
             reporter,
-            alerts: Alerts::new(args.alert_timeout),
+            alerts: Alerts::new(alert_timeout),
             ready,
         };
         agent.run(stop, extra_events).await

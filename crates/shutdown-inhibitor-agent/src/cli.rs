@@ -1,5 +1,6 @@
 //! Command-line options; every flag also reads an environment variable.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
@@ -22,9 +23,13 @@ pub struct Args {
     /// What the block inhibitor covers, in logind's syntax (`shutdown`, `shutdown:sleep`).
     #[arg(long, env = "INHIBIT_WHAT", default_value = "shutdown")]
     pub inhibit_what: String,
-    /// shutdownInhibitorAlertTimeout: warn about Leases held longer than this (0 = never).
-    #[arg(long, env = "SHUTDOWN_INHIBITOR_ALERT_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
-    pub alert_timeout: Duration,
+    /// YAML file with KubeletConfiguration's shutdownInhibitorAlertTimeout (a duration).
+    #[arg(long, env = "SIA_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Warn about Leases held longer than this since their acquireTime, e.g. 30m (0s = never).
+    /// Overrides the config file's shutdownInhibitorAlertTimeout; default 0s.
+    #[arg(long, env = "SHUTDOWN_INHIBITOR_ALERT_TIMEOUT", value_parser = parse_duration)]
+    pub alert_timeout: Option<Duration>,
     /// The system bus (default: the standard system bus socket).
     #[arg(long, env = "DBUS_SYSTEM_BUS_ADDRESS")]
     pub dbus_address: Option<String>,

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod alerts;
 pub mod app;
 pub mod cli;
+pub mod config;
 pub mod leases;
 pub mod metrics;
 pub mod reporter;

@@ -15,6 +15,10 @@ pub struct Metrics {
     pub watch_restarts: Counter,
     /// Every Lease watch event received: with the field selector, other nodes' Leases add none.
     pub lease_watch_events: Counter,
+    /// `ShutdownInhibitedTooLong` alerts raised (each published once, retried until it lands).
+    pub alerts: Counter,
+    /// 1 once logind announced the shutdown: Lease changes are ignored from then on.
+    pub shutdown_in_progress: Gauge,
 }
 
 impl Metrics {
@@ -49,6 +53,16 @@ impl Metrics {
             "lease_watch_events",
             "Lease watch events received",
             metrics.lease_watch_events.clone(),
+        );
+        registry.register(
+            "alerts",
+            "Leases reported as held longer than the alert timeout",
+            metrics.alerts.clone(),
+        );
+        registry.register(
+            "shutdown_in_progress",
+            "1 once logind announced a shutdown; Lease changes are ignored from then on",
+            metrics.shutdown_in_progress.clone(),
         );
         metrics
     }

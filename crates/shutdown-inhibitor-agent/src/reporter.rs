@@ -1,7 +1,10 @@
 //! Telling the cluster (the node condition and Events) off the agent's critical path: the
 //! block is taken or released at once, and the API writes follow in order in a worker of their
-//! own, so a slow or rate-limited API server never delays the inhibitor.
+//! own, so a slow or rate-limited API server never delays the inhibitor. Failed writes are
+//! retried every second until they land. Each Event is its own object (never folded into a
+//! series, which would keep only the first note of a reason).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
@@ -66,6 +69,9 @@ impl Reporter {
     }
 }
 
+/// How long a failed write waits before it is tried again.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
 async fn work(
     nodes: Api<Node>,
     node: String,
@@ -73,13 +79,26 @@ async fn work(
     mut reports: mpsc::UnboundedReceiver<Report>,
     stop: CancellationToken,
 ) {
-    let mut pending: Option<Vec<Holder>> = None;
+    // Both survive failed writes: an alert that falls due while the API server is away is
+    // published when it is back, once, and the condition converges to the latest holders.
+    let mut pending_events: VecDeque<Report> = VecDeque::new();
+    let mut pending_condition: Option<Vec<Holder>> = None;
+    let mut open = true;
     loop {
+        let retrying = !pending_events.is_empty() || pending_condition.is_some();
+        if !open && !retrying {
+            return;
+        }
         let first = tokio::select! {
             () = stop.cancelled() => return,
-            report = reports.recv() => report,
-            // A condition write that failed is retried until it lands.
-            () = tokio::time::sleep(Duration::from_secs(1)), if pending.is_some() => None,
+            report = reports.recv(), if open => {
+                if report.is_none() {
+                    open = false;
+                    continue;
+                }
+                report
+            }
+            () = tokio::time::sleep(RETRY_PAUSE), if retrying => None,
         };
         let mut batch: Vec<Report> = first.into_iter().collect();
         while let Ok(report) = reports.try_recv() {
@@ -87,25 +106,37 @@ async fn work(
         }
         for report in batch {
             match report {
-                Report::Event {
-                    regarding,
-                    warning,
-                    reason,
-                    note,
-                } => {
-                    let type_ = if warning {
-                        EventType::Warning
-                    } else {
-                        EventType::Normal
-                    };
-                    events
-                        .publish(&regarding, type_, reason, "Inhibit", Some(note))
-                        .await;
-                }
-                Report::Condition(holders) => pending = Some(holders),
+                Report::Condition(holders) => pending_condition = Some(holders),
+                event @ Report::Event { .. } => pending_events.push_back(event),
             }
         }
-        if let Some(holders) = &pending {
+        // In order: a later Event is not published before an earlier one that failed.
+        while let Some(Report::Event {
+            regarding,
+            warning,
+            reason,
+            note,
+        }) = pending_events.front()
+        {
+            let type_ = if *warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            let published = events
+                .try_publish_distinct(regarding, type_, reason, "Inhibit", note.clone())
+                .await;
+            match published {
+                Ok(()) => {
+                    pending_events.pop_front();
+                }
+                Err(error) => {
+                    tracing::warn!(error = %Chain(&error), reason, "cannot publish an Event; retrying");
+                    break;
+                }
+            }
+        }
+        if let Some(holders) = &pending_condition {
             let message = if holders.is_empty() {
                 "No active Leases block shutdown.".to_owned()
             } else {
@@ -122,7 +153,7 @@ async fn work(
                 message: &message,
             };
             match upsert_node_condition(&nodes, &node, &condition).await {
-                Ok(_) => pending = None,
+                Ok(_) => pending_condition = None,
                 Err(error) => {
                     tracing::warn!(error = %Chain(&error), "cannot update the ShutdownInhibited condition; retrying");
                 }

@@ -51,3 +51,22 @@ fn logs_in_a_pipe_are_plain_and_each_cause_is_printed_once() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_config_file_is_read_and_a_bad_field_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "shutdownInhibitorAlertTimeout: soon\n").unwrap();
+    let output = Command::new(BINARY)
+        .args(["--node-name=n", "--admin-listen=127.0.0.1:0"])
+        .arg(format!("--config={}", config.display()))
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("shutdownInhibitorAlertTimeout: invalid duration \"soon\""),
+        "{stderr}"
+    );
+}

@@ -34,6 +34,11 @@ impl Drop for Setup {
 }
 
 async fn setup() -> Result<Option<Setup>> {
+    setup_with(&[]).await
+}
+
+/// `flags` are added to the agent's command line.
+async fn setup_with(flags: &[&str]) -> Result<Option<Setup>> {
     let Some(logind) = LogindHarness::start_or_skip(ScenarioOptions::default()).await? else {
         return Ok(None);
     };
@@ -51,13 +56,17 @@ async fn setup() -> Result<Option<Setup>> {
             )
             .await?;
     }
-    let args = Args::try_parse_from([
-        "shutdown-inhibitor-agent".to_owned(),
-        format!("--node-name={NODE}"),
-        format!("--kubeconfig={}", sim.kubeconfig_path().display()),
-        format!("--dbus-address={}", logind.bus_address()),
-        "--admin-listen=127.0.0.1:0".to_owned(),
-    ])?;
+    let args = Args::try_parse_from(
+        [
+            "shutdown-inhibitor-agent".to_owned(),
+            format!("--node-name={NODE}"),
+            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+            format!("--dbus-address={}", logind.bus_address()),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+        ]
+        .into_iter()
+        .chain(flags.iter().map(|flag| (*flag).to_owned())),
+    )?;
     let stop = CancellationToken::new();
     let agent = app::start(args, stop.clone(), None).await?;
     let setup = Setup {
@@ -145,8 +154,18 @@ async fn condition(setup: &Setup) -> Result<Option<(String, String, String, Stri
 }
 
 async fn take_lease(setup: &Setup, namespace: &str, name: &str, holder: &str) -> Result<()> {
+    take_lease_at(setup, namespace, name, holder, jiff::Timestamp::now()).await
+}
+
+async fn take_lease_at(
+    setup: &Setup,
+    namespace: &str,
+    name: &str,
+    holder: &str,
+    acquired: jiff::Timestamp,
+) -> Result<()> {
     let lease: Lease = serde_json::from_value(
-        json!({"metadata": {"name": name}, "spec": {"holderIdentity": holder, "acquireTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}}),
+        json!({"metadata": {"name": name}, "spec": {"holderIdentity": holder, "acquireTime": acquired.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}}),
     )?;
     Api::<Lease>::namespaced(setup.client.clone(), namespace)
         .create(&PostParams::default(), &lease)
@@ -379,5 +398,106 @@ async fn disabled_it_holds_nothing_reports_not_ready_and_says_why() -> Result<()
     .await?;
     ensure!(http(&setup, "/readyz").await?.starts_with("HTTP/1.1 503"));
     ensure!(our_blocks(&setup).await?.is_empty());
+    Ok(())
+}
+
+/// The Events with `reason`, as (kind of the object they regard, note). Each must be an Event
+/// of its own: a series would hide the notes of its repeats.
+async fn events(setup: &Setup, reason: &str) -> Result<Vec<(String, String)>> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(setup.client.clone());
+    let mut found = Vec::new();
+    for event in events.list(&kube::api::ListParams::default()).await?.items {
+        if event.reason.as_deref() == Some(reason) {
+            ensure!(
+                event.series.is_none(),
+                "{reason} folded into a series: {event:?}"
+            );
+            let kind = event.regarding.and_then(|r| r.kind).unwrap_or_default();
+            found.push((kind, event.note.unwrap_or_default()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_time_in_the_future_is_age_zero_and_warned_once() -> Result<()> {
+    let Some(setup) = setup_with(&["--alert-timeout=1s"]).await? else {
+        return Ok(());
+    };
+    let ahead = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    take_lease_at(&setup, "team-a", NODE, "skewed", ahead).await?;
+    wait_for("the block", || async {
+        Ok(our_blocks(&setup).await?.len() == 1)
+    })
+    .await?;
+    wait_for("the clock-skew Warning", || async {
+        Ok(!events(&setup, "LeaseAcquireTimeInFuture").await?.is_empty())
+    })
+    .await?;
+    ensure!(metric(&setup, "oldest_active_lease_age_seconds").await? == 0);
+    ensure!(metric(&setup, "alerts_total").await? == 0);
+    let warned = events(&setup, "LeaseAcquireTimeInFuture").await?;
+    ensure!(warned.len() == 1 && warned[0].0 == "Lease", "{warned:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_shutdown_starts_no_lease_is_reported_as_blocking() -> Result<()> {
+    let Some(setup) = setup_with(&["--alert-timeout=1s"]).await? else {
+        return Ok(());
+    };
+    setup.logind.power_off().await?;
+    wait_for("the agent to see the shutdown", || async {
+        Ok(metric(&setup, "shutdown_in_progress").await? == 1)
+    })
+    .await?;
+    let an_hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+    take_lease_at(&setup, "team-a", NODE, "backup", an_hour_ago).await?;
+    // Two ticks that saw the Lease: the alerts of the first were decided before the second.
+    let first_age = std::sync::atomic::AtomicI64::new(0);
+    wait_for("a tick that saw the Lease", || async {
+        let age = metric(&setup, "oldest_active_lease_age_seconds").await?;
+        first_age.store(age, std::sync::atomic::Ordering::Relaxed);
+        Ok(age >= 3000)
+    })
+    .await?;
+    let first_age = first_age.into_inner();
+    wait_for("the next tick", || async {
+        Ok(metric(&setup, "oldest_active_lease_age_seconds").await? > first_age)
+    })
+    .await?;
+    ensure!(metric(&setup, "alerts_total").await? == 0);
+    ensure!(events(&setup, "ShutdownInhibitedTooLong").await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_due_during_an_api_outage_is_published_once_after_it() -> Result<()> {
+    let Some(setup) = setup_with(&["--alert-timeout=5s"]).await? else {
+        return Ok(());
+    };
+    take_lease(&setup, "team-a", NODE, "backup").await?;
+    wait_for("the block", || async {
+        Ok(our_blocks(&setup).await?.len() == 1)
+    })
+    .await?;
+    setup.sim.faults().outage(Duration::from_secs(120));
+    wait_for("the alert to fall due", || async {
+        Ok(metric(&setup, "alerts_total").await? == 1)
+    })
+    .await?;
+    ensure!(
+        setup.sim.faults().in_outage(),
+        "the alert fell due after the outage"
+    );
+    setup.sim.faults().end_outage();
+    wait_for("the alert Events", || async {
+        Ok(events(&setup, "ShutdownInhibitedTooLong").await?.len() >= 2)
+    })
+    .await?;
+    let alerts = events(&setup, "ShutdownInhibitedTooLong").await?;
+    let kinds: Vec<&str> = alerts.iter().map(|(kind, _)| kind.as_str()).collect();
+    ensure!(kinds == ["Lease", "Node"], "{alerts:?}");
     Ok(())
 }

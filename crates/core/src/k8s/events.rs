@@ -94,6 +94,23 @@ impl EventPublisher {
         action: &str,
         note: String,
     ) {
+        if let Err(error) = self
+            .try_publish_distinct(regarding, type_, reason, action, note)
+            .await
+        {
+            tracing::warn!(error = %Chain(&error), reason, "cannot publish an Event");
+        }
+    }
+
+    /// [`publish_distinct`](Self::publish_distinct) for a caller that retries.
+    pub async fn try_publish_distinct(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) -> Result<(), kube::Error> {
         let now = jiff::Timestamp::now();
         let name = regarding
             .name
@@ -124,9 +141,7 @@ impl EventPublisher {
         // Cluster-scoped objects' Events live in `default`, as the kubelet's Node Events do.
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
         let api: Api<events::v1::Event> = Api::namespaced(self.client.clone(), namespace);
-        if let Err(error) = api.create(&PostParams::default(), &event).await {
-            tracing::warn!(error = %Chain(&error), reason, "cannot publish an Event");
-        }
+        api.create(&PostParams::default(), &event).await.map(drop)
     }
 }
 

@@ -1,0 +1,121 @@
+//! The agent's config file: KubeletConfiguration's field name for the one setting the KEP gives
+//! it, so the line can be copied from a kubelet config. The flag overrides the file.
+
+use std::path::Path;
+use std::time::Duration;
+
+use nodegrace_core::duration::parse_go_duration;
+use serde::Deserialize;
+
+/// The file as written; `apiVersion` and `kind` are accepted and ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct InhibitorConfig {
+    shutdown_inhibitor_alert_timeout: Option<String>,
+    #[serde(default, rename = "apiVersion")]
+    _api_version: Option<String>,
+    #[serde(default, rename = "kind")]
+    _kind: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {source}")]
+    Parse {
+        path: String,
+        #[source]
+        source: serde_yaml_ng::Error,
+    },
+    #[error("config file {path}: shutdownInhibitorAlertTimeout: {problem}")]
+    Invalid { path: String, problem: String },
+}
+
+/// The alert timeout in force: the flag if given, else the file's field, else 0 (off).
+pub fn alert_timeout(file: Option<&Path>, flag: Option<Duration>) -> Result<Duration, ConfigError> {
+    if let Some(timeout) = flag {
+        return Ok(timeout);
+    }
+    let Some(path) = file else {
+        return Ok(Duration::ZERO);
+    };
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    let config: InhibitorConfig = if text.trim().is_empty() {
+        InhibitorConfig::default()
+    } else {
+        serde_yaml_ng::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: shown.clone(),
+            source,
+        })?
+    };
+    config
+        .shutdown_inhibitor_alert_timeout
+        .map_or(Ok(Duration::ZERO), |text| {
+            parse_go_duration(&text).map_err(|error| ConfigError::Invalid {
+                path: shown,
+                problem: error.to_string(),
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(contents: &str) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), contents).unwrap();
+        file
+    }
+
+    #[test]
+    fn the_file_sets_the_timeout_and_the_flag_wins() {
+        let config = file(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownInhibitorAlertTimeout: 90s\n",
+        );
+        assert_eq!(
+            alert_timeout(Some(config.path()), None).unwrap(),
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            alert_timeout(Some(config.path()), Some(Duration::from_secs(5))).unwrap(),
+            Duration::from_secs(5)
+        );
+        assert_eq!(alert_timeout(None, None).unwrap(), Duration::ZERO);
+        assert_eq!(
+            alert_timeout(Some(file("").path()), None).unwrap(),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn bad_files_name_the_field() {
+        let error = alert_timeout(
+            Some(file("shutdownInhibitorAlertTimeout: soon\n").path()),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("shutdownInhibitorAlertTimeout: "), "{error}");
+        let error = alert_timeout(
+            Some(file("shutdownInhibitorAlertTimout: 1m\n").path()),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("shutdownInhibitorAlertTimout"), "{error}");
+        let error = alert_timeout(Some(Path::new("/nonexistent/config.yaml")), None)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("/nonexistent/config.yaml"), "{error}");
+    }
+}
