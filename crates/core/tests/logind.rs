@@ -168,21 +168,42 @@ async fn block_lock_is_listed_and_goes_away_on_drop() -> Result<()> {
 }
 
 #[tokio::test]
-async fn event_stream_and_locks_survive_a_logind_restart() -> Result<()> {
+async fn the_event_stream_and_open_locks_survive_a_logind_restart() -> Result<()> {
     let Some((mut harness, logind)) = scenario(30).await? else {
         return Ok(());
     };
     let mut events = logind.shutdown_events().await?;
     let before = harness.elogind_pid().await?;
-    let _lost_with_logind = logind
+    let kept_open = logind
         .inhibit("shutdown", WHO, "before the restart", InhibitMode::Delay)
         .await?;
+    let closed_while_down = logind
+        .inhibit(
+            "shutdown",
+            WHO,
+            "closed while logind is down",
+            InhibitMode::Block,
+        )
+        .await?;
 
+    harness.stop_elogind().await?;
+    drop(closed_while_down);
     harness.restart().await?;
     assert_eq!(next_event(&mut events).await?, ShutdownEvent::LogindStopped);
     assert_eq!(next_event(&mut events).await?, ShutdownEvent::LogindStarted);
     assert_ne!(harness.elogind_pid().await?, before);
     assert!(logind.is_running().await?);
+    // elogind restores the inhibitors in /run/systemd/inhibit whose fd is still open: a lock
+    // survives a logind restart, and goes when its holder closes it.
+    let listed = harness.list_inhibitors().await?;
+    let ours: Vec<&str> = listed
+        .iter()
+        .filter(|row| row.1 == WHO)
+        .map(|row| row.2.as_str())
+        .collect();
+    assert_eq!(ours, ["before the restart"], "{listed:?}");
+    drop(kept_open);
+    wait_for_inhibitors(&harness, |rows| !rows.iter().any(|row| row.1 == WHO)).await?;
 
     let lock = logind
         .inhibit("shutdown", WHO, "after the restart", InhibitMode::Delay)

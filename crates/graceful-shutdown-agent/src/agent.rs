@@ -98,16 +98,26 @@ impl Agent {
             None
         };
         let mut logind_up = true;
+        // The lock held when logind left. A restarted logind restores it (from
+        // /run/systemd/inhibit) while its fd is open, so it is closed only once a fresh lock is
+        // held: no gap, and never two locks for long.
+        let mut from_before_restart: Option<InhibitorLock> = None;
         let mut retry = tokio::time::interval(Duration::from_secs(1));
         loop {
             let shutting_down = procedure.is_some();
             let retrying = want_lock && logind_up && lock.is_none();
             tokio::select! {
-                _ = retry.tick(), if retrying => lock = agent.take_lock().await,
+                _ = retry.tick(), if retrying => {
+                    lock = agent.take_lock().await;
+                    if lock.is_some() {
+                        drop(from_before_restart.take());
+                    }
+                }
                 summary = async { procedure.as_mut().expect("guarded by shutting_down").await }, if shutting_down => {
                     procedure = None;
                     want_lock = false;
                     drop(lock.take());
+                    drop(from_before_restart.take());
                     agent.metrics.inhibitor_held.set(0);
                     agent.finish(&mut record, summary);
                     if stop.is_cancelled() {
@@ -135,7 +145,7 @@ impl Agent {
                         }
                     }
                     Some(ShutdownEvent::LogindStopped) => {
-                        drop(lock.take());
+                        from_before_restart = lock.take().or(from_before_restart);
                         logind_up = false;
                         agent.metrics.inhibitor_held.set(0);
                         agent.ready.set(false);
@@ -146,6 +156,9 @@ impl Agent {
                         if want_lock {
                             tracing::info!("logind is back; taking the inhibitor again");
                             lock = agent.take_lock().await;
+                            if lock.is_some() {
+                                drop(from_before_restart.take());
+                            }
                         }
                     }
                     None => anyhow::bail!("lost the system bus connection"),

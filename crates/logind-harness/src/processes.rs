@@ -68,11 +68,12 @@ impl BusDaemon {
 #[derive(Debug)]
 pub struct ElogindProcess(Child);
 
-/// Inside the namespace: give elogind the scenario's config as /etc/elogind and a private
-/// /run/systemd, then become elogind.
+/// Inside the namespace: give elogind the scenario's config as /etc/elogind and the scenario's
+/// runtime directory as /run/systemd (kept across restarts, like the host's /run), then become
+/// elogind.
 const NAMESPACE_SETUP: &str = "mkdir -p /etc/elogind /run/systemd \
     && mount --bind \"$1\" /etc/elogind \
-    && mount -t tmpfs tmpfs /run/systemd \
+    && mount --bind \"$3\" /run/systemd \
     && exec \"$2\"";
 
 impl ElogindProcess {
@@ -99,6 +100,7 @@ impl ElogindProcess {
             ])
             .arg(scenario.etc())
             .arg(elogind.daemon())
+            .arg(scenario.run_systemd())
             .env("DBUS_SYSTEM_BUS_ADDRESS", bus_address)
             .env("LD_LIBRARY_PATH", elogind.library_path())
             .stdin(Stdio::null())

@@ -35,6 +35,7 @@ impl ScenarioDir {
     fn write_files(&self, inhibit_delay_max: Duration) -> Result<(), HarnessError> {
         let io = HarnessError::io;
         fs::create_dir_all(self.drop_in_dir()).map_err(io("create the scenario directory"))?;
+        fs::create_dir_all(self.run_systemd()).map_err(io("create the runtime directory"))?;
         fs::create_dir_all(self.etc().join("system-shutdown"))
             .map_err(io("create the hook directory"))?;
         fs::write(self.dbus_config(), dbus_config(&self.bus_socket()))
@@ -57,6 +58,12 @@ impl ScenarioDir {
 
     pub fn etc(&self) -> PathBuf {
         self.root.join("etc")
+    }
+
+    /// Mounted as `/run/systemd` inside elogind's namespace. It outlives a restart, as the
+    /// host's `/run` does, so elogind restores its inhibitors from `/run/systemd/inhibit`.
+    pub fn run_systemd(&self) -> PathBuf {
+        self.root.join("run-systemd")
     }
 
     /// `/etc/elogind/logind.conf.d` as elogind sees it.

@@ -49,6 +49,10 @@ impl std::fmt::Debug for Agent {
 
 struct State {
     lock: Option<InhibitorLock>,
+    /// The lock held when logind left. A restarted logind restores it (from
+    /// /run/systemd/inhibit) while its fd is open, so it keeps blocking until a fresh lock is
+    /// held, then is closed: no gap, and never two locks for long.
+    from_before_restart: Option<InhibitorLock>,
     why: String,
     shutting_down: bool,
     warned_incomplete: HashSet<(String, String)>,
@@ -134,6 +138,7 @@ impl Agent {
         }
         let mut state = State {
             lock: None,
+            from_before_restart: None,
             why: String::new(),
             shutting_down: self.logind.preparing_for_shutdown().await.unwrap_or(false),
             warned_incomplete: HashSet::new(),
@@ -172,12 +177,11 @@ impl Agent {
                     }
                     Some(ShutdownEvent::PrepareForShutdown(false)) => tracing::info!("shutdown cancelled; Lease changes stay ignored until the agent restarts"),
                     Some(ShutdownEvent::LogindStopped) => {
-                        drop(state.lock.take());
+                        state.from_before_restart = state.lock.take().or(state.from_before_restart.take());
                         self.metrics.block_inhibitor_held.set(0);
-                        tracing::warn!("logind left the bus; its inhibitors are gone");
+                        tracing::warn!("logind left the bus; the block is taken again when it is back");
                     }
                     Some(ShutdownEvent::LogindStarted) => {
-                        state.lock = None;
                         let shutting_down = std::mem::replace(&mut state.shutting_down, false);
                         self.reconcile(&leases, &mut state).await;
                         state.shutting_down = shutting_down;
@@ -205,6 +209,7 @@ impl Agent {
         let was_blocked = state.lock.is_some();
         if holders.is_empty() {
             drop(state.lock.take());
+            drop(state.from_before_restart.take());
             state.why.clear();
         } else {
             let why = format!("Active Leases: {}", describe(&holders));
@@ -217,6 +222,7 @@ impl Agent {
                     // The new lock is held before the old one goes, so the block never lapses.
                     Ok(lock) => {
                         state.lock = Some(lock);
+                        drop(state.from_before_restart.take());
                         state.why = why;
                     }
                     Err(error) => {

@@ -24,7 +24,8 @@ pub enum ShutdownEvent {
     /// `PrepareForShutdown(true)`: shutdown has begun; delay locks hold it up until released.
     /// `PrepareForShutdown(false)`: a shutdown was cancelled.
     PrepareForShutdown(bool),
-    /// logind left the bus; every inhibitor it granted is gone with it.
+    /// logind left the bus. A logind that comes back restores the inhibitors recorded in
+    /// `/run/systemd/inhibit` whose fd is still open; one closed meanwhile is gone.
     LogindStopped,
     /// logind (re)appeared on the bus; inhibitors must be taken again.
     LogindStarted,
