@@ -226,6 +226,12 @@ impl Agent {
             if pods.is_empty() {
                 continue;
             }
+            // A group's end is told when the next one starts; the last group's after the
+            // inhibitor is released (in `finish`), so no API write competes with the release.
+            if let Some(&finished) = summary.groups.last() {
+                let marks = self.marks.clone();
+                tokio::spawn(async move { marks.group_finished(&finished).await });
+            }
             let now = Instant::now();
             let end = if now >= deadline {
                 self.count_pods(group, "not_started", pods.len());
@@ -263,14 +269,11 @@ impl Agent {
                     }
                 }
             };
-            let result = GroupResult {
+            summary.groups.push(GroupResult {
                 priority: group.priority,
                 period: group.period,
                 end,
-            };
-            let marks = self.marks.clone();
-            tokio::spawn(async move { marks.group_finished(&result).await });
-            summary.groups.push(result);
+            });
         }
         if summary.budget_ran_out() {
             tracing::warn!(
@@ -313,7 +316,12 @@ impl Agent {
             tracing::info!(seconds = took, "graceful shutdown done; inhibitor released");
         }
         let marks = self.marks.clone();
-        tokio::spawn(async move { marks.shutdown_finished(&summary).await });
+        tokio::spawn(async move {
+            if let Some(last) = summary.groups.last() {
+                marks.group_finished(last).await;
+            }
+            marks.shutdown_finished(&summary).await;
+        });
     }
 
     fn store(&self, record: &ShutdownRecord) {
