@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod config_file;
 pub mod duration;
 pub mod error_chain;
 pub mod k8s;

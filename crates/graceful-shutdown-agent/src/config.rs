@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
+use nodegrace_core::config_file::{ConfigFileError, parse_yaml, read_yaml};
 use nodegrace_core::duration::parse_go_duration;
 use serde::Deserialize;
 
@@ -34,18 +35,8 @@ pub struct ShutdownSettings {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read the config file {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config file {path}: {source}")]
-    Parse {
-        path: String,
-        #[source]
-        source: serde_yaml_ng::Error,
-    },
+    #[error(transparent)]
+    File(#[from] ConfigFileError),
     #[error("{field}: {problem}")]
     Invalid { field: String, problem: String },
 }
@@ -59,22 +50,11 @@ fn invalid(field: impl Into<String>, problem: impl Into<String>) -> ConfigError 
 
 impl ShutdownSettings {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: shown.clone(),
-            source,
-        })?;
-        Self::from_yaml(&text).map_err(|source| ConfigError::Parse {
-            path: shown,
-            source,
-        })
+        Ok(read_yaml(path)?)
     }
 
     pub fn from_yaml(text: &str) -> Result<Self, serde_yaml_ng::Error> {
-        if text.trim().is_empty() {
-            return Ok(Self::default());
-        }
-        serde_yaml_ng::from_str(text)
+        parse_yaml(text)
     }
 
     /// Values set in `overrides` (flags) win over the file's, one field at a time.

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use nodegrace_core::config_file::{ConfigFileError, read_yaml};
 use nodegrace_core::duration::parse_go_duration;
 use serde::Deserialize;
 
@@ -20,18 +21,8 @@ struct InhibitorConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read the config file {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config file {path}: {source}")]
-    Parse {
-        path: String,
-        #[source]
-        source: serde_yaml_ng::Error,
-    },
+    #[error(transparent)]
+    File(#[from] ConfigFileError),
     #[error("config file {path}: shutdownInhibitorAlertTimeout: {problem}")]
     Invalid { path: String, problem: String },
 }
@@ -44,24 +35,12 @@ pub fn alert_timeout(file: Option<&Path>, flag: Option<Duration>) -> Result<Dura
     let Some(path) = file else {
         return Ok(Duration::ZERO);
     };
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: shown.clone(),
-        source,
-    })?;
-    let config: InhibitorConfig = if text.trim().is_empty() {
-        InhibitorConfig::default()
-    } else {
-        serde_yaml_ng::from_str(&text).map_err(|source| ConfigError::Parse {
-            path: shown.clone(),
-            source,
-        })?
-    };
+    let config: InhibitorConfig = read_yaml(path)?;
     config
         .shutdown_inhibitor_alert_timeout
         .map_or(Ok(Duration::ZERO), |text| {
             parse_go_duration(&text).map_err(|error| ConfigError::Invalid {
-                path: shown,
+                path: path.display().to_string(),
                 problem: error.to_string(),
             })
         })
