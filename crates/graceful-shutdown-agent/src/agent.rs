@@ -108,10 +108,7 @@ impl Agent {
             let retrying = want_lock && logind_up && lock.is_none();
             tokio::select! {
                 _ = retry.tick(), if retrying => {
-                    lock = agent.take_lock().await;
-                    if lock.is_some() {
-                        drop(from_before_restart.take());
-                    }
+                    lock = agent.take_fresh_lock(&mut from_before_restart).await;
                 }
                 summary = async { procedure.as_mut().expect("guarded by shutting_down").await }, if shutting_down => {
                     procedure = None;
@@ -155,10 +152,7 @@ impl Agent {
                         logind_up = true;
                         if want_lock {
                             tracing::info!("logind is back; taking the inhibitor again");
-                            lock = agent.take_lock().await;
-                            if lock.is_some() {
-                                drop(from_before_restart.take());
-                            }
+                            lock = agent.take_fresh_lock(&mut from_before_restart).await;
                         }
                     }
                     None => anyhow::bail!("lost the system bus connection"),
@@ -182,6 +176,18 @@ impl Agent {
         self.ready.set(true);
         let marks = self.marks.clone();
         tokio::spawn(async move { marks.resumed_without_inhibitor().await });
+    }
+
+    /// Takes a lock; once it is held, the one from before a logind restart is closed.
+    async fn take_fresh_lock(
+        &self,
+        from_before_restart: &mut Option<InhibitorLock>,
+    ) -> Option<InhibitorLock> {
+        let lock = self.take_lock().await;
+        if lock.is_some() {
+            drop(from_before_restart.take());
+        }
+        lock
     }
 
     async fn take_lock(&self) -> Option<InhibitorLock> {

@@ -114,10 +114,9 @@ async fn run_agent(
     // The lock is taken with what logind allows now; the budget rises when logind applies the
     // drop-in, which may take the whole reload timeout (or never happen).
     let allowed = logind.inhibit_delay_max().await?;
-    let (budget_sender, budget) = watch::channel(wanted.min(allowed));
-    metrics
-        .budget_seconds
-        .set(wanted.min(allowed).as_secs_f64());
+    let initial = wanted.min(allowed);
+    let (budget_sender, budget) = watch::channel(initial);
+    metrics.budget_seconds.set(initial.as_secs_f64());
     if allowed < wanted {
         tokio::spawn(raise_budget(
             logind.clone(),

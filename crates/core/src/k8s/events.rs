@@ -44,8 +44,10 @@ impl EventPublisher {
         }
     }
 
-    /// Publishes an Event about `regarding`. Failures are logged, never returned: an Event is
-    /// a courtesy to people, and losing one must not stop the work it describes.
+    /// Publishes an Event about `regarding`; a repeat of one published earlier (same object,
+    /// type, reason and action) is counted in that Event's series, and its note is not kept.
+    /// Failures are logged, never returned: an Event is a courtesy to people, and losing one
+    /// must not stop the work it describes.
     pub async fn publish(
         &self,
         regarding: &ObjectReference,
@@ -54,25 +56,6 @@ impl EventPublisher {
         action: &str,
         note: Option<String>,
     ) {
-        if let Err(error) = self
-            .try_publish(regarding, type_, reason, action, note)
-            .await
-        {
-            tracing::warn!(error = %Chain(&error), reason, "cannot publish an Event");
-        }
-    }
-
-    /// Like [`publish`](Self::publish), for a caller that retries: a repeat of an Event
-    /// published earlier (same object, type, reason and action) is counted in that Event's
-    /// series, and its note is not kept.
-    pub async fn try_publish(
-        &self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: Option<String>,
-    ) -> Result<(), kube::Error> {
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -80,7 +63,7 @@ impl EventPublisher {
             action: action.to_owned(),
             secondary: None,
         };
-        self.recorder.publish(&event, regarding).await
+        log_failure(self.recorder.publish(&event, regarding).await, reason);
     }
 
     /// Publishes an Event that is never folded into the series of an earlier one with the same
@@ -94,12 +77,10 @@ impl EventPublisher {
         action: &str,
         note: String,
     ) {
-        if let Err(error) = self
+        let published = self
             .try_publish_distinct(regarding, type_, reason, action, note)
-            .await
-        {
-            tracing::warn!(error = %Chain(&error), reason, "cannot publish an Event");
-        }
+            .await;
+        log_failure(published, reason);
     }
 
     /// [`publish_distinct`](Self::publish_distinct) for a caller that retries.
@@ -142,6 +123,12 @@ impl EventPublisher {
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
         let api: Api<events::v1::Event> = Api::namespaced(self.client.clone(), namespace);
         api.create(&PostParams::default(), &event).await.map(drop)
+    }
+}
+
+fn log_failure(published: Result<(), kube::Error>, reason: &str) {
+    if let Err(error) = published {
+        tracing::warn!(error = %Chain(&error), reason, "cannot publish an Event");
     }
 }
 
