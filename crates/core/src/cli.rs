@@ -1,10 +1,20 @@
-//! Options every nodegrace program shares, as flattened clap structs. Every flag also reads an
-//! environment variable, so a chart can set it either way.
+//! Options every nodegrace program shares, as flattened clap structs.
+//!
+//! Every flag also reads one environment variable, named by one rule for all programs:
+//! `NODEGRACE_` and the flag's name in upper snake case (`--api-qps` ← `NODEGRACE_API_QPS`).
+//! No other variable sets a flag; standard ones keep their usual meaning where a library reads
+//! them (`KUBECONFIG` without `--kubeconfig`, `DBUS_SYSTEM_BUS_ADDRESS` without
+//! `--dbus-address`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use std::time::Duration;
+
 use clap::{Args, ValueEnum};
+
+use crate::duration::parse_go_duration;
+use crate::leader::LeaderConfig;
 
 /// How to reach the API server, and how hard to use it.
 #[derive(Debug, Clone, Args)]
@@ -15,11 +25,11 @@ pub struct KubeArgs {
     /// Kubeconfig context (default: the file's current context).
     #[arg(long, env = "NODEGRACE_CONTEXT")]
     pub context: Option<String>,
-    /// Sustained API requests per second.
-    #[arg(long, env = "API_QPS", default_value_t = 20.0)]
+    /// Sustained API requests per second (client-side limit).
+    #[arg(long, env = "NODEGRACE_API_QPS", default_value_t = 20.0)]
     pub api_qps: f64,
-    /// Requests allowed at once above the sustained rate.
-    #[arg(long, env = "API_BURST", default_value_t = 40)]
+    /// Requests allowed at once above the sustained rate (a count of requests).
+    #[arg(long, env = "NODEGRACE_API_BURST", default_value_t = 40)]
     pub api_burst: u32,
 }
 
@@ -31,10 +41,10 @@ pub enum LogFormat {
 
 #[derive(Debug, Clone, Args)]
 pub struct LogArgs {
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, env = "NODEGRACE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Level or filter, in tracing's EnvFilter syntax (e.g. `info`, `debug,kube=info`).
-    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    #[arg(long, env = "NODEGRACE_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 }
 
@@ -43,7 +53,7 @@ pub struct LogArgs {
 #[derive(Debug, Clone, Args)]
 pub struct AdminArgs<const PORT: u16> {
     /// Address of the admin server (/metrics, /livez, /readyz).
-    #[arg(long, env = "ADMIN_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], PORT)))]
+    #[arg(long, env = "NODEGRACE_ADMIN_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], PORT)))]
     pub admin_listen: SocketAddr,
 }
 
@@ -58,8 +68,9 @@ pub mod ports {
 /// For the node agents: which node they act for.
 #[derive(Debug, Clone, Args)]
 pub struct NodeArgs {
-    /// This node's name; in a DaemonSet, set NODE_NAME from the downward API (spec.nodeName).
-    #[arg(long, env = "NODE_NAME", value_parser = non_empty)]
+    /// This node's name; in a DaemonSet, set NODEGRACE_NODE_NAME from the downward API
+    /// (spec.nodeName).
+    #[arg(long, env = "NODEGRACE_NODE_NAME", value_parser = non_empty)]
     pub node_name: String,
 }
 
@@ -72,6 +83,67 @@ pub struct CommonArgs<const ADMIN_PORT: u16> {
     pub log: LogArgs,
     #[command(flatten)]
     pub admin: AdminArgs<ADMIN_PORT>,
+}
+
+/// For the cluster-wide controllers: leader election on a Lease, so one replica acts at a time.
+#[derive(Debug, Clone, Args)]
+pub struct LeaderArgs {
+    /// Elect a leader among the replicas; only the leader acts. Off: this replica always acts
+    /// (run one replica only).
+    #[arg(long, env = "NODEGRACE_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Namespace of the election Lease; in a pod, set it to the pod's namespace.
+    #[arg(
+        long,
+        env = "NODEGRACE_LEADER_ELECTION_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub leader_election_namespace: String,
+    /// Name of the election Lease (default: the program's name).
+    #[arg(long, env = "NODEGRACE_LEADER_ELECTION_LEASE_NAME")]
+    pub leader_election_lease_name: Option<String>,
+    /// This replica's name in the Lease (default: the host name, which in a pod is its name).
+    #[arg(long, env = "NODEGRACE_LEADER_ELECTION_IDENTITY")]
+    pub leader_election_identity: Option<String>,
+    /// How long a leader's claim lasts without renewal (a duration, whole seconds: 15s).
+    #[arg(long, env = "NODEGRACE_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = duration_flag)]
+    pub leader_election_lease_duration: Duration,
+    /// How long before its claim expires the leader renews it (a duration, whole seconds: 5s).
+    #[arg(long, env = "NODEGRACE_LEADER_ELECTION_RENEW_MARGIN", default_value = "5s", value_parser = duration_flag)]
+    pub leader_election_renew_margin: Duration,
+}
+
+impl LeaderArgs {
+    /// The election to join, or `None` when leader election is off.
+    pub fn config(&self, program: &str) -> Option<LeaderConfig> {
+        let Self {
+            leader_elect,
+            leader_election_namespace,
+            leader_election_lease_name,
+            leader_election_identity,
+            leader_election_lease_duration,
+            leader_election_renew_margin,
+        } = self;
+        leader_elect.then(|| LeaderConfig {
+            namespace: leader_election_namespace.clone(),
+            lease_name: leader_election_lease_name
+                .clone()
+                .unwrap_or_else(|| program.to_owned()),
+            identity: leader_election_identity.clone().unwrap_or_else(host_name),
+            lease_duration_seconds: leader_election_lease_duration.as_secs(),
+            renew_margin_seconds: leader_election_renew_margin.as_secs(),
+        })
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "unknown".to_owned(), |name| name.trim().to_owned())
+}
+
+/// A clap value parser for duration flags in Go's syntax (`30s`, `2m`, `1h30m`).
+pub fn duration_flag(text: &str) -> Result<Duration, String> {
+    parse_go_duration(text).map_err(|error| error.to_string())
 }
 
 fn non_empty(value: &str) -> Result<String, String> {
@@ -107,8 +179,8 @@ mod tests {
 
     #[test]
     fn missing_node_name_is_a_clear_error() {
-        // NODE_NAME may be set in the test environment; only parse when it is not.
-        if std::env::var_os("NODE_NAME").is_some() {
+        // The variable may be set in the test environment; only parse when it is not.
+        if std::env::var_os("NODEGRACE_NODE_NAME").is_some() {
             return;
         }
         let error = Agent::try_parse_from(["agent"]).unwrap_err().to_string();
@@ -117,6 +189,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(empty.contains("spec.nodeName"), "{empty}");
+    }
+
+    #[derive(Debug, Parser)]
+    struct Controller {
+        #[command(flatten)]
+        leader: LeaderArgs,
+    }
+
+    #[test]
+    fn leader_election_defaults_to_on_with_the_program_as_lease() {
+        let on = Controller::try_parse_from(["c", "--leader-election-identity=pod-1"]).unwrap();
+        let config = on.leader.config("termination-controller").unwrap();
+        assert_eq!(config.lease_name, "termination-controller");
+        assert_eq!(config.identity, "pod-1");
+        assert_eq!(
+            (config.lease_duration_seconds, config.renew_margin_seconds),
+            (15, 5)
+        );
+        let off = Controller::try_parse_from(["c", "--leader-elect=false"]).unwrap();
+        assert!(off.leader.config("x").is_none());
+        let error = Controller::try_parse_from(["c", "--leader-election-lease-duration=soon"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--leader-election-lease-duration"),
+            "{error}"
+        );
     }
 
     #[test]

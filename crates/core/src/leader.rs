@@ -33,6 +33,15 @@ pub enum LeaderError {
          ({margin}s), and both greater than zero"
     )]
     Timing { duration: u64, margin: u64 },
+    #[error(
+        "leader election: the lease task ended, so this replica can no longer tell whether it \
+         leads; stopping rather than risk two replicas acting"
+    )]
+    LeaseTaskEnded,
+    #[error(
+        "the leader's work ended while it still led; stopping so another replica can take over"
+    )]
+    WorkEnded,
     #[error("leader election on lease {namespace}/{name}: {source}")]
     Lease {
         namespace: String,
@@ -80,39 +89,57 @@ impl Leadership {
 
     /// Runs `work` each time this candidate becomes leader, until `stop`. The token passed to
     /// `work` is cancelled as soon as leadership is lost (or `stop` fires); `work` should
-    /// return promptly then. Returns when `stop` is cancelled.
-    pub async fn run_while_leader<F, Fut>(&mut self, stop: &CancellationToken, mut work: F)
+    /// return promptly then. Returns `Ok` when `stop` is cancelled, and fails fast (like
+    /// linkerd's runtime) when the lease task dies — a replica that cannot renew must not keep
+    /// acting — or when `work` returns on its own while still leading.
+    pub async fn run_while_leader<F, Fut>(
+        &mut self,
+        stop: &CancellationToken,
+        mut work: F,
+    ) -> Result<(), LeaderError>
     where
         F: FnMut(CancellationToken) -> Fut,
         Fut: Future<Output = ()>,
     {
         loop {
-            // Wait to become leader.
             while !self.is_leader() {
                 tokio::select! {
-                    () = stop.cancelled() => return,
-                    changed = self.leader.changed() => if changed.is_err() { return },
+                    () = stop.cancelled() => return Ok(()),
+                    changed = self.leader.changed() => if changed.is_err() {
+                        return Err(LeaderError::LeaseTaskEnded);
+                    },
                 }
             }
             tracing::info!("became leader");
             let acting = stop.child_token();
             let run = work(acting.clone());
             tokio::pin!(run);
-            loop {
+            let lost = loop {
                 tokio::select! {
-                    () = &mut run => break,
+                    () = &mut run => {
+                        if stop.is_cancelled() {
+                            return Ok(());
+                        }
+                        return Err(LeaderError::WorkEnded);
+                    }
                     changed = self.leader.changed() => {
-                        if changed.is_err() || !*self.leader.borrow() {
-                            tracing::warn!("lost leadership; stopping at once");
-                            acting.cancel();
-                            run.as_mut().await;
-                            break;
+                        if changed.is_err() {
+                            break Some(LeaderError::LeaseTaskEnded);
+                        }
+                        if !*self.leader.borrow() {
+                            break None;
                         }
                     }
                 }
+            };
+            tracing::warn!("lost leadership; stopping at once");
+            acting.cancel();
+            run.as_mut().await;
+            if let Some(error) = lost {
+                return Err(error);
             }
             if stop.is_cancelled() {
-                return;
+                return Ok(());
             }
         }
     }
@@ -133,35 +160,42 @@ impl Leadership {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+    use tokio::sync::mpsc;
 
-    #[tokio::test]
-    async fn work_is_cancelled_the_moment_leadership_is_lost() {
-        let (sender, leader) = watch::channel(false);
-        let mut leadership = Leadership {
+    fn candidacy(leader: watch::Receiver<bool>) -> Leadership {
+        Leadership {
             leader,
             manager: tokio::spawn(async {
                 Err(kube_lease_manager::LeaseManagerError::NonexistentLease(
                     "x".to_owned(),
                 ))
             }),
-        };
+        }
+    }
+
+    /// Work that reports its start and stop, and runs until its token is cancelled.
+    fn reporting_work(
+        report: &mpsc::UnboundedSender<&'static str>,
+    ) -> impl FnMut(CancellationToken) -> futures::future::BoxFuture<'static, ()> {
+        let report = report.clone();
+        move |acting| {
+            let report = report.clone();
+            Box::pin(async move {
+                report.send("started").unwrap();
+                acting.cancelled().await;
+                report.send("stopped").unwrap();
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn work_is_cancelled_the_moment_leadership_is_lost() {
+        let (sender, leader) = watch::channel(false);
+        let mut leadership = candidacy(leader);
         let stop = CancellationToken::new();
-        let (report, mut reports) = tokio::sync::mpsc::unbounded_channel();
-        let runner = {
-            let stop = stop.clone();
-            async move {
-                leadership
-                    .run_while_leader(&stop, |acting| {
-                        let report = report.clone();
-                        async move {
-                            report.send("started").unwrap();
-                            acting.cancelled().await;
-                            report.send("stopped").unwrap();
-                        }
-                    })
-                    .await;
-            }
-        };
+        let (report, mut reports) = mpsc::unbounded_channel();
+        let runner = leadership.run_while_leader(&stop, reporting_work(&report));
         let control = async {
             sender.send(true).unwrap();
             assert_eq!(reports.recv().await, Some("started"));
@@ -173,19 +207,89 @@ mod tests {
             stop.cancel();
             assert_eq!(reports.recv().await, Some("stopped"));
         };
-        tokio::time::timeout(std::time::Duration::from_secs(5), async {
-            tokio::join!(runner, control);
+        let (result, ()) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(runner, control)
         })
         .await
         .expect("the work stops on leadership loss and on stop");
+        assert!(result.is_ok(), "{result:?}");
     }
 
-    #[test]
-    fn bad_timings_are_rejected_before_the_crate_panics() {
-        let error = LeaderError::Timing {
-            duration: 5,
-            margin: 5,
+    #[tokio::test]
+    async fn a_dead_lease_task_stops_the_work_and_fails() {
+        let (sender, leader) = watch::channel(true);
+        let mut leadership = candidacy(leader);
+        let stop = CancellationToken::new();
+        let (report, mut reports) = mpsc::unbounded_channel();
+        let runner = leadership.run_while_leader(&stop, reporting_work(&report));
+        let control = async {
+            assert_eq!(reports.recv().await, Some("started"));
+            drop(sender);
+            assert_eq!(reports.recv().await, Some("stopped"));
         };
-        assert!(error.to_string().contains("greater than the renew margin"));
+        let (result, ()) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(runner, control)
+        })
+        .await
+        .expect("a dead lease task ends the candidacy");
+        assert!(
+            matches!(result, Err(LeaderError::LeaseTaskEnded)),
+            "{result:?}"
+        );
+
+        // Not yet leading when the task dies: fails too, instead of returning as if stopped.
+        let (sender, leader) = watch::channel(false);
+        let mut waiting = candidacy(leader);
+        drop(sender);
+        let result = waiting.run_while_leader(&stop, |_| async {}).await;
+        assert!(
+            matches!(result, Err(LeaderError::LeaseTaskEnded)),
+            "{result:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn work_that_returns_while_leading_is_not_rerun() {
+        let (_sender, leader) = watch::channel(true);
+        let mut leadership = candidacy(leader);
+        let stop = CancellationToken::new();
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let result = tokio::time::timeout(
+            Duration::from_secs(5),
+            leadership.run_while_leader(&stop, |_| {
+                runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async {}
+            }),
+        )
+        .await
+        .expect("returns at once");
+        assert!(matches!(result, Err(LeaderError::WorkEnded)), "{result:?}");
+        assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn bad_timings_are_rejected_before_the_crate_panics() {
+        // kube-lease-manager panics on a zero or inverted margin; the check runs before any
+        // API call, so a client that can reach nothing is enough.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        for (duration, margin) in [(5, 5), (0, 0), (5, 0), (3, 10)] {
+            let error = Leadership::start(
+                client.clone(),
+                &LeaderConfig {
+                    namespace: "default".into(),
+                    lease_name: "l".into(),
+                    identity: "a".into(),
+                    lease_duration_seconds: duration,
+                    renew_margin_seconds: margin,
+                },
+            )
+            .await
+            .unwrap_err();
+            assert!(
+                matches!(error, LeaderError::Timing { .. }),
+                "{duration}/{margin}: {error}"
+            );
+        }
     }
 }

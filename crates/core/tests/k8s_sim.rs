@@ -3,12 +3,14 @@
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Taint};
+use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
 use nodegrace_core::k8s::conditions::{ConditionChange, ConditionSpec, upsert_node_condition};
-use nodegrace_core::k8s::events::{EventPublisher, EventType};
+use nodegrace_core::k8s::events::{EventPublisher, EventReport};
+use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
+use nodegrace_core::k8s::reporter::{ApiSink, ConditionGuard, Reporter};
 use nodegrace_core::k8s::taints::{add_taint, remove_taint};
 use nodegrace_core::leader::{LeaderConfig, Leadership};
 use tokio_util::sync::CancellationToken;
@@ -44,12 +46,7 @@ fn transition_time(node: &Node, type_: &str) -> Option<String> {
 #[tokio::test]
 async fn conditions_keep_their_transition_time_unless_the_status_changes() -> Result<()> {
     let (_sim, nodes) = sim_with_node().await?;
-    let spec = |status, message| ConditionSpec {
-        type_: "Example",
-        status,
-        reason: "Because",
-        message,
-    };
+    let spec = |status, message| ConditionSpec::new("Example", status, "Because", message);
     ensure!(
         upsert_node_condition(&nodes, "n1", &spec("True", "one")).await?
             == ConditionChange::Transitioned
@@ -100,30 +97,44 @@ async fn taints_are_added_and_removed_once() -> Result<()> {
 }
 
 #[tokio::test]
-async fn events_carry_the_programs_reporting_controller() -> Result<()> {
-    let (sim, _nodes) = sim_with_node().await?;
-    let publisher = EventPublisher::new(sim.client(), "graceful-shutdown-agent", "n1");
-    let node = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some("n1".into()),
-        uid: Some("n1".into()),
-        ..ObjectReference::default()
+async fn the_reporter_writes_events_conditions_and_taints_through_the_api() -> Result<()> {
+    let (sim, nodes) = sim_with_node().await?;
+    let (reporter, writer) = Reporter::start(ApiSink {
+        nodes: nodes.clone(),
+        events: EventPublisher::new(sim.client(), "graceful-shutdown-agent", "n1"),
+    });
+    // A guarded clear where there is no condition writes nothing.
+    reporter.condition(
+        "n1",
+        ConditionSpec::new("Example", "False", "Cleared", "x"),
+        ConditionGuard::OnlyReplacing("True"),
+    );
+    reporter.event(EventReport::normal(
+        node_reference("n1"),
+        "Tested",
+        "Test",
+        "it works",
+    ));
+    let taint = Taint {
+        key: "example.com/t".into(),
+        effect: "NoSchedule".into(),
+        ..Taint::default()
     };
-    publisher
-        .publish(
-            &node,
-            EventType::Normal,
-            "Tested",
-            "Test",
-            Some("it works".into()),
-        )
-        .await;
+    reporter.taint("n1", taint, true).wait().await;
+    drop(reporter);
+    writer.await?;
+    let node = nodes.get("n1").await?;
+    ensure!(taint_with_key(&node, "example.com/t").is_some(), "{node:?}");
+    ensure!(
+        nodegrace_core::k8s::conditions::node_condition(&node, "Example").is_none(),
+        "{node:?}"
+    );
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(sim.client());
     let listed = events.list(&ListParams::default()).await?.items;
     ensure!(
         listed.iter().any(|e| e.reason.as_deref() == Some("Tested")
-            && e.reporting_controller.as_deref() == Some("nodegrace-graceful-shutdown-agent")),
+            && e.reporting_controller.as_deref() == Some("nodegrace-graceful-shutdown-agent")
+            && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some("n1")),
         "{listed:?}"
     );
     Ok(())
@@ -149,9 +160,11 @@ async fn one_leader_at_a_time_and_resigning_hands_over() -> Result<()> {
     ensure!(!b.is_leader(), "two leaders at once");
     a.resign().await;
     let stop = CancellationToken::new();
+    let acted = std::sync::atomic::AtomicBool::new(false);
     let led = tokio::time::timeout(
         Duration::from_secs(15),
         b.run_while_leader(&stop, |acting| {
+            acted.store(true, std::sync::atomic::Ordering::SeqCst);
             let stop = stop.clone();
             async move {
                 stop.cancel();
@@ -160,6 +173,96 @@ async fn one_leader_at_a_time_and_resigning_hands_over() -> Result<()> {
         }),
     )
     .await;
-    ensure!(led.is_ok(), "b never took over");
+    // Only work that ran proves b led: a dead lease task also ends `run_while_leader`.
+    ensure!(
+        matches!(led, Ok(Ok(()))),
+        "b's candidacy ended badly: {led:?}"
+    );
+    ensure!(
+        acted.load(std::sync::atomic::Ordering::SeqCst),
+        "b never acted"
+    );
+    let lease =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(sim.client(), "default")
+            .get("nodegrace-test")
+            .await?;
+    let holder = lease.spec.and_then(|spec| spec.holder_identity);
+    ensure!(holder.as_deref() == Some("b"), "the Lease names {holder:?}");
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("not yet")]
+struct NotYet;
+
+impl nodegrace_core::controller::ReconcileError for NotYet {
+    fn kind(&self) -> &'static str {
+        "not-yet"
+    }
+}
+
+#[tokio::test]
+async fn the_controller_skeleton_retries_with_backoff_and_counts_errors_by_kind() -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::controller::Action;
+    use nodegrace_core::controller::{self, Backoff, Context, ControllerMetrics};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let (sim, _nodes) = sim_with_node().await?;
+    let configs: Api<ConfigMap> = Api::namespaced(sim.client(), "default");
+    configs
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "c1"}}))?,
+        )
+        .await?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let backoff = Backoff {
+        first: Duration::from_millis(20),
+        longest: Duration::from_millis(100),
+    };
+    let context = Context::new(
+        AtomicU32::new(0),
+        ControllerMetrics::register(&mut registry),
+        backoff,
+    );
+    let stop = CancellationToken::new();
+    // Fails twice, then succeeds: the error policy's requeues bring it back.
+    let run = controller::run(
+        configs,
+        kube::runtime::watcher::Config::default(),
+        std::sync::Arc::clone(&context),
+        |_config: std::sync::Arc<ConfigMap>, context: std::sync::Arc<Context<AtomicU32>>| async move {
+            if context.state.fetch_add(1, Ordering::SeqCst) < 2 {
+                Err(NotYet)
+            } else {
+                Ok(Action::await_change())
+            }
+        },
+        stop.clone(),
+    );
+    let watch = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while context.state.load(Ordering::SeqCst) < 3 {
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "never reconciled three times"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.cancel();
+        Ok(())
+    };
+    let ((), watched) = tokio::join!(run, watch);
+    watched?;
+    let errors = context
+        .metrics
+        .errors
+        .get_or_create(&nodegrace_core::controller::ErrorLabels {
+            kind: "not-yet".into(),
+        })
+        .get();
+    ensure!(errors == 2, "{errors} errors counted");
+    ensure!(context.metrics.reconciliations.get() >= 3);
     Ok(())
 }

@@ -9,11 +9,13 @@ use futures::{Future, StreamExt};
 use jiff::Timestamp;
 use nodegrace_core::admin::ReadinessGate;
 use nodegrace_core::error_chain::Chain;
-use nodegrace_core::logind::{InhibitMode, InhibitorLock, Logind, ShutdownEvent};
+use nodegrace_core::logind::{InhibitMode, InhibitorLock, SharedLogind, ShutdownEvent};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::remaining;
+use crate::lifecycle::{Input, Lifecycle, Step};
 use crate::metrics::{Metrics, PodLabels};
 use crate::node_marks::NodeMarks;
 use crate::node_pods::NodePods;
@@ -25,14 +27,14 @@ use crate::terminate::{Terminator, group_pods};
 pub const INHIBITOR_WHO: &str = "nodegrace graceful-shutdown-agent";
 const INHIBITOR_WHY: &str =
     "Terminating the node's pods gracefully, in priority order, before shutdown";
-/// How long node markings may take before the pods' termination starts regardless: an
+/// How long the taint may take before the pods' termination starts regardless: an
 /// unreachable API server must not eat the pods' time.
 const MARK_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Everything the agent works with, assembled by `main` (or a test).
+/// Everything the agent works with, assembled by `app` (or a test).
 #[derive(Debug)]
 pub struct Agent {
-    pub logind: Logind,
+    pub logind: SharedLogind,
     pub plan: ShutdownPlan,
     /// What logind grants: the deadline of a shutdown is its start plus this. It starts at
     /// what logind allows now and rises once logind applies the agent's drop-in.
@@ -44,127 +46,145 @@ pub struct Agent {
     pub boot_id: String,
     pub own_pod: Option<(String, String)>,
     pub metrics: Metrics,
-    /// Set while the inhibitor is held (the agent is useful only then), and while a resumed
+    /// Ready while the inhibitor is held (the agent is useful only then), and while a resumed
     /// shutdown runs without one because logind grants none during a shutdown.
     pub ready: ReadinessGate,
 }
 
 type Procedure = Pin<Box<dyn Future<Output = ShutdownSummary> + Send>>;
 
+/// The locks the agent holds.
+#[derive(Debug, Default)]
+struct Locks {
+    held: Option<InhibitorLock>,
+    /// The lock held when logind left. A restarted logind restores it (from
+    /// /run/systemd/inhibit) while its fd is open, so it is closed only once a fresh lock is
+    /// held: no gap, and never two locks for long.
+    parked: Option<InhibitorLock>,
+}
+
+/// What one run of the event loop carries between steps.
+struct Run {
+    locks: Locks,
+    record: ShutdownRecord,
+    procedure: Option<Procedure>,
+    summary: Option<ShutdownSummary>,
+}
+
+impl From<ShutdownEvent> for Input {
+    fn from(event: ShutdownEvent) -> Self {
+        match event {
+            ShutdownEvent::PrepareForShutdown(active) => Input::PrepareForShutdown(active),
+            ShutdownEvent::LogindStopped => Input::LogindStopped,
+            ShutdownEvent::LogindStarted => Input::LogindStarted,
+        }
+    }
+}
+
 impl Agent {
     /// Runs until `stop` is cancelled. A shutdown in progress is finished (within its budget)
-    /// before returning, since the node is going down anyway.
-    pub async fn run(
-        self,
-        stop: CancellationToken,
-        extra_events: Option<crate::app::ExtraEvents>,
-    ) -> anyhow::Result<()> {
+    /// before returning, since the node is going down anyway. The decisions are
+    /// [`Lifecycle`]'s; this loop only waits for inputs and carries out the steps.
+    pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
         let agent = Arc::new(self);
-        let logind_events = agent.logind.shutdown_events().await?;
-        let mut events: futures::stream::BoxStream<'static, ShutdownEvent> = match extra_events {
-            Some(extra) => Box::pin(futures::stream::select(logind_events, extra)),
-            None => Box::pin(logind_events),
-        };
+        let mut events = agent.logind.shutdown_events().await?;
         agent.pods.synced().await;
         agent.publish_last_shutdown();
-
-        let mut record = agent.state.load();
-        let mut procedure: Option<Procedure> = None;
-        // logind refuses new delay locks while it shuts down (OperationInProgress): asking
-        // again every second would only keep the agent not ready.
-        let logind_shutting_down = agent.logind.preparing_for_shutdown().await?;
-        if record.in_progress_in(&agent.boot_id) || logind_shutting_down {
-            // We crashed (or restarted) mid-shutdown: carry on, never undo it.
-            let started = record
-                .started_at
-                .filter(|_| record.in_progress_in(&agent.boot_id));
-            let started = started.unwrap_or_else(Timestamp::now);
-            tracing::warn!(%started, "a shutdown is in progress; resuming it");
-            record = agent.begin_record(started);
-            let deadline = agent.deadline_from(started);
-            procedure = Some(Box::pin(Arc::clone(&agent).shutdown(deadline, false)));
-        } else {
-            agent.marks.clear_stale().await;
-        }
-
-        // The lock is wanted until a shutdown completes (then the machine is going down), and
-        // retried every second while wanted and missing: a failed Inhibit must not leave the
-        // node unprotected for good.
-        let mut want_lock = !logind_shutting_down;
-        let mut lock = if want_lock {
-            agent.take_lock().await
-        } else {
-            agent.resume_without_lock();
-            None
+        let mut run = Run {
+            locks: Locks::default(),
+            record: agent.state.load(),
+            procedure: None,
+            summary: None,
         };
-        let mut logind_up = true;
-        // The lock held when logind left. A restarted logind restores it (from
-        // /run/systemd/inhibit) while its fd is open, so it is closed only once a fresh lock is
-        // held: no gap, and never two locks for long.
-        let mut from_before_restart: Option<InhibitorLock> = None;
+        let logind_preparing = agent.logind.preparing_for_shutdown().await?;
+        let (mut lifecycle, steps) =
+            Lifecycle::start(run.record.in_progress_in(&agent.boot_id), logind_preparing);
+        if agent.carry_out(steps, &mut run).await {
+            return Ok(());
+        }
+        // A failed Inhibit must not leave the node unprotected for good: retried every second
+        // while the lock is wanted and missing.
         let mut retry = tokio::time::interval(Duration::from_secs(1));
         loop {
-            let shutting_down = procedure.is_some();
-            let retrying = want_lock && logind_up && lock.is_none();
-            tokio::select! {
+            let retrying = lifecycle.lock_wanted() && run.locks.held.is_none();
+            let shutting_down = run.procedure.is_some();
+            let input = tokio::select! {
                 _ = retry.tick(), if retrying => {
-                    lock = agent.take_fresh_lock(&mut from_before_restart).await;
+                    agent.take_lock(&mut run.locks).await;
+                    continue;
                 }
-                summary = async { procedure.as_mut().expect("guarded by shutting_down").await }, if shutting_down => {
-                    procedure = None;
-                    want_lock = false;
-                    drop(lock.take());
-                    drop(from_before_restart.take());
-                    agent.metrics.inhibitor_held.set(0);
-                    agent.finish(&mut record, summary);
-                    if stop.is_cancelled() {
-                        return Ok(());
-                    }
+                summary = async { run.procedure.as_mut().expect("guarded").await }, if shutting_down => {
+                    run.procedure = None;
+                    run.summary = Some(summary);
+                    Input::ShutdownFinished
                 }
-                () = stop.cancelled(), if !shutting_down => return Ok(()),
+                () = stop.cancelled(), if !lifecycle.stop_requested => Input::Stop,
                 event = events.next() => match event {
-                    Some(ShutdownEvent::PrepareForShutdown(true)) => {
-                        if procedure.is_none() {
-                            let started = Timestamp::now();
-                            record = agent.begin_record(started);
-                            let deadline = Instant::now() + *agent.budget.borrow();
-                            procedure = Some(Box::pin(Arc::clone(&agent).shutdown(deadline, true)));
-                        }
-                    }
-                    Some(ShutdownEvent::PrepareForShutdown(false)) => {
-                        procedure = None;
-                        record.cancelled_at = Some(Timestamp::now());
-                        agent.store(&record);
-                        agent.marks.shutdown_cancelled().await;
-                        want_lock = true;
-                        if lock.is_none() {
-                            lock = agent.take_lock().await;
-                        }
-                    }
-                    Some(ShutdownEvent::LogindStopped) => {
-                        from_before_restart = lock.take().or(from_before_restart);
-                        logind_up = false;
-                        agent.metrics.inhibitor_held.set(0);
-                        agent.ready.set(false);
-                        tracing::warn!("logind left the bus; waiting for it to come back");
-                    }
-                    Some(ShutdownEvent::LogindStarted) => {
-                        logind_up = true;
-                        if want_lock {
-                            tracing::info!("logind is back; taking the inhibitor again");
-                            lock = agent.take_fresh_lock(&mut from_before_restart).await;
-                        }
-                    }
+                    Some(event) => Input::from(event),
                     None => anyhow::bail!("lost the system bus connection"),
                 },
+            };
+            let steps = lifecycle.on(input);
+            if agent.carry_out(steps, &mut run).await {
+                return Ok(());
             }
         }
     }
 
-    /// The deadline of a shutdown that started at `started` (wall clock), on the monotonic clock.
-    fn deadline_from(&self, started: Timestamp) -> Instant {
-        let elapsed = Timestamp::now().duration_since(started).unsigned_abs();
-        Instant::now() + self.budget.borrow().saturating_sub(elapsed)
+    /// Carries out `steps` in order; true when the agent must exit.
+    async fn carry_out(self: &Arc<Self>, steps: Vec<Step>, run: &mut Run) -> bool {
+        for step in steps {
+            match step {
+                Step::StartShutdown => {
+                    let started = Timestamp::now();
+                    run.record = self.begin_record(started);
+                    let deadline = Instant::now() + *self.budget.borrow();
+                    run.procedure = Some(Box::pin(Arc::clone(self).shutdown(deadline, true)));
+                }
+                Step::ResumeShutdown => {
+                    let recorded = run
+                        .record
+                        .started_at
+                        .filter(|_| run.record.in_progress_in(&self.boot_id));
+                    let started = recorded.unwrap_or_else(Timestamp::now);
+                    tracing::warn!(%started, "a shutdown is in progress; resuming it");
+                    run.record = self.begin_record(started);
+                    let elapsed = Timestamp::now().duration_since(started).unsigned_abs();
+                    let deadline = Instant::now() + remaining(*self.budget.borrow(), elapsed);
+                    run.procedure = Some(Box::pin(Arc::clone(self).shutdown(deadline, false)));
+                }
+                Step::CancelShutdown => {
+                    run.procedure = None;
+                    run.record.cancelled_at = Some(Timestamp::now());
+                    self.store(&run.record);
+                    self.marks.shutdown_cancelled();
+                }
+                Step::TakeLock => {
+                    if run.locks.held.is_none() {
+                        self.take_lock(&mut run.locks).await;
+                    }
+                }
+                Step::ParkLock => {
+                    run.locks.parked = run.locks.held.take().or(run.locks.parked.take());
+                    self.metrics.inhibitor_held.set(0);
+                    self.ready.set(false);
+                    tracing::warn!("logind left the bus; waiting for it to come back");
+                }
+                Step::ReleaseLock => {
+                    drop(run.locks.held.take());
+                    drop(run.locks.parked.take());
+                    self.metrics.inhibitor_held.set(0);
+                }
+                Step::RecordFinish => {
+                    let summary = run.summary.take().unwrap_or_default();
+                    self.finish(&mut run.record, &summary);
+                }
+                Step::ClearStaleMarks => self.marks.clear_stale(),
+                Step::ResumeWithoutLock => self.resume_without_lock(),
+                Step::Exit => return true,
+            }
+        }
+        false
     }
 
     fn resume_without_lock(&self) {
@@ -174,39 +194,27 @@ impl Agent {
         );
         self.metrics.resumed_without_inhibitor.set(1);
         self.ready.set(true);
-        let marks = self.marks.clone();
-        tokio::spawn(async move { marks.resumed_without_inhibitor().await });
+        self.marks.resumed_without_inhibitor();
     }
 
-    /// Takes a lock; once it is held, the one from before a logind restart is closed.
-    async fn take_fresh_lock(
-        &self,
-        from_before_restart: &mut Option<InhibitorLock>,
-    ) -> Option<InhibitorLock> {
-        let lock = self.take_lock().await;
-        if lock.is_some() {
-            drop(from_before_restart.take());
-        }
-        lock
-    }
-
-    async fn take_lock(&self) -> Option<InhibitorLock> {
+    /// Takes a lock; once it is held, the one parked across a logind restart is closed.
+    async fn take_lock(&self, locks: &mut Locks) {
         match self
             .logind
             .inhibit("shutdown", INHIBITOR_WHO, INHIBITOR_WHY, InhibitMode::Delay)
             .await
         {
             Ok(lock) => {
+                locks.held = Some(lock);
+                drop(locks.parked.take());
                 self.metrics.inhibitor_held.set(1);
                 self.ready.set(true);
-                Some(lock)
             }
             Err(error) => {
                 tracing::error!(error = %Chain(&error), "cannot take the logind delay inhibitor");
                 self.metrics.inhibit_failures.inc();
                 self.metrics.inhibitor_held.set(0);
                 self.ready.set(false);
-                None
             }
         }
     }
@@ -216,9 +224,10 @@ impl Agent {
     async fn shutdown(self: Arc<Self>, deadline: Instant, mark: bool) -> ShutdownSummary {
         if mark {
             let mark_deadline = deadline.min(Instant::now() + MARK_TIMEOUT);
-            let marked = tokio::time::timeout_at(mark_deadline, self.marks.shutting_down()).await;
-            if marked.is_err() {
-                tracing::warn!("marking the node took too long; terminating pods regardless");
+            let tainted =
+                tokio::time::timeout_at(mark_deadline, self.marks.shutting_down().wait()).await;
+            if tainted.is_err() {
+                tracing::warn!("tainting the node takes too long; terminating pods regardless");
             }
         }
         let snapshot = self.pods.snapshot();
@@ -234,9 +243,8 @@ impl Agent {
             }
             // A group's end is told when the next one starts; the last group's after the
             // inhibitor is released (in `finish`), so no API write competes with the release.
-            if let Some(&finished) = summary.groups.last() {
-                let marks = self.marks.clone();
-                tokio::spawn(async move { marks.group_finished(&finished).await });
+            if let Some(finished) = summary.groups.last() {
+                self.marks.group_finished(finished);
             }
             let now = Instant::now();
             let end = if now >= deadline {
@@ -245,9 +253,7 @@ impl Agent {
             } else {
                 let cut = now + group.period > deadline;
                 let group_deadline = deadline.min(now + group.period);
-                // Events must not hold up the pods' time (the API may be slow or rate-limited).
-                let (marks, announced, count) = (self.marks.clone(), *group, pods.len());
-                tokio::spawn(async move { marks.group_started(&announced, count).await });
+                self.marks.group_started(group, pods.len());
                 let report = self
                     .terminator
                     .run_group(*group, &pods, group_deadline)
@@ -262,18 +268,7 @@ impl Agent {
                     self.count_pods(group, outcome.as_str(), 1);
                 }
                 let still_running = report.still_running();
-                let stopped = report.pods.len() - still_running;
-                if cut && still_running > 0 {
-                    GroupEnd::CutShort {
-                        stopped,
-                        still_running,
-                    }
-                } else {
-                    GroupEnd::Finished {
-                        stopped,
-                        still_running,
-                    }
-                }
+                GroupEnd::of(cut, report.pods.len() - still_running, still_running)
             };
             summary.groups.push(GroupResult {
                 priority: group.priority,
@@ -311,7 +306,7 @@ impl Agent {
         record
     }
 
-    fn finish(&self, record: &mut ShutdownRecord, summary: ShutdownSummary) {
+    fn finish(&self, record: &mut ShutdownRecord, summary: &ShutdownSummary) {
         let ended = Timestamp::now();
         record.ended_at = Some(ended);
         self.store(record);
@@ -321,13 +316,10 @@ impl Agent {
             self.metrics.duration_seconds.observe(took);
             tracing::info!(seconds = took, "graceful shutdown done; inhibitor released");
         }
-        let marks = self.marks.clone();
-        tokio::spawn(async move {
-            if let Some(last) = summary.groups.last() {
-                marks.group_finished(last).await;
-            }
-            marks.shutdown_finished(&summary).await;
-        });
+        if let Some(last) = summary.groups.last() {
+            self.marks.group_finished(last);
+        }
+        self.marks.shutdown_finished(summary);
     }
 
     fn store(&self, record: &ShutdownRecord) {

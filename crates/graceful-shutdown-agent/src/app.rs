@@ -3,22 +3,26 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use nodegrace_core::admin::{self, Readiness};
+use nodegrace_core::admin::{Readiness, ReadinessGate};
+use nodegrace_core::cli::{CommonArgs, NodeArgs};
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::events::EventPublisher;
-use nodegrace_core::logind::{DelayConfig, Logind, ensure_inhibit_delay};
+use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
+use nodegrace_core::logind::{DelayConfig, LogindSource, SharedLogind};
+use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::program_registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Agent;
+use crate::budget::effective;
 use crate::cli::Args;
 use crate::metrics::Metrics;
 use crate::node_marks::NodeMarks;
 use crate::node_pods::NodePods;
+use crate::plan::ShutdownPlan;
 use crate::state::{StateFile, read_boot_id};
 use crate::terminate::Terminator;
 
@@ -26,95 +30,92 @@ pub const PROGRAM: &str = "graceful-shutdown-agent";
 
 /// Runs the agent until `stop` is cancelled.
 pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
-    start(args, stop, None).await?.finished.await?
+    let logind = LogindSource::Bus(args.dbus_address.clone());
+    start(args, stop, logind).await?.finished.await?
 }
-
-/// A started agent: where its admin server listens, and its completion.
-#[derive(Debug)]
-pub struct Started {
-    pub admin_address: std::net::SocketAddr,
-    pub finished: tokio::task::JoinHandle<Result<()>>,
-}
-
-/// Extra shutdown events merged into logind's (tests use it for PrepareForShutdown(false),
-/// which elogind cannot be made to send).
-pub type ExtraEvents = futures::stream::BoxStream<'static, nodegrace_core::logind::ShutdownEvent>;
 
 /// Starts the admin server and the agent; the agent keeps running in a task.
 pub async fn start(
     args: Args,
     stop: CancellationToken,
-    extra_events: Option<ExtraEvents>,
-) -> Result<Started> {
+    logind: LogindSource,
+) -> Result<Started<anyhow::Error>> {
     let plan = args
         .settings()
         .and_then(|settings| settings.plan())
         .context("invalid shutdown configuration")?;
-    let node = args.node.node_name.clone();
     let mut registry = program_registry(PROGRAM);
     let metrics = Metrics::register(&mut registry);
     let readiness = Readiness::new();
     let inhibitor_gate = readiness.gate("logind-inhibitor");
-    // The admin server outlives SIGTERM while a shutdown is being finished: probes and metrics
-    // matter most then. It stops when the agent does.
-    let admin_stop = CancellationToken::new();
-    let admin = admin::serve(
-        args.common.admin.admin_listen,
-        registry,
-        readiness.clone(),
-        admin_stop.clone(),
-    )
-    .await
-    .context("start the admin server")?;
-    let admin_address = admin.local_addr();
-    tracing::info!(address = %admin_address, node, "admin server listening");
-    let finished = tokio::spawn(async move {
-        let _stop_admin = admin_stop.drop_guard();
+    let listen = args.common.admin.admin_listen;
+    let work = async move {
         if plan.is_disabled() {
             tracing::info!(
-                "graceful shutdown is disabled: no shutdownGracePeriod or shutdownGracePeriodByPodPriority is set; \
-                 holding no inhibitor"
+                "graceful shutdown is disabled: no shutdownGracePeriod or \
+                 shutdownGracePeriodByPodPriority is set; holding no inhibitor"
             );
             inhibitor_gate.set(true);
             stop.cancelled().await;
             return Ok(());
         }
-        run_agent(args, plan, metrics, inhibitor_gate, stop, extra_events).await
-    });
-    Ok(Started {
-        admin_address,
-        finished,
-    })
+        run_agent(args, plan, metrics, inhibitor_gate, stop, logind).await
+    };
+    program::start(listen, registry, readiness, work)
+        .await
+        .context("start the admin server")
 }
 
 async fn run_agent(
     args: Args,
-    plan: crate::plan::ShutdownPlan,
+    plan: ShutdownPlan,
     metrics: Metrics,
-    inhibitor_gate: nodegrace_core::admin::ReadinessGate,
+    ready: ReadinessGate,
     stop: CancellationToken,
-    extra_events: Option<ExtraEvents>,
+    logind: LogindSource,
 ) -> Result<()> {
-    let node = args.node.node_name.clone();
-
-    let client = client(&args.common.kube, PROGRAM)
+    // Every option is used here or in `start`: a new flag that nothing reads does not compile.
+    let Args {
+        common: CommonArgs {
+            kube,
+            log: _,
+            admin: _,
+        },
+        node: NodeArgs { node_name: node },
+        config: _,
+        shutdown_grace_period: _,
+        shutdown_grace_period_critical_pods: _,
+        shutdown_grace_period_by_pod_priority: _,
+        state_dir,
+        logind_drop_in_dir,
+        logind_drop_in_file,
+        logind_reload_timeout,
+        boot_id_file,
+        dbus_address: _,
+        pod_name,
+        pod_namespace,
+    } = args;
+    let client = client(&kube, PROGRAM)
         .await
         .context("build the Kubernetes client")?;
-    let logind = connect_logind(args.dbus_address.as_deref(), &stop).await?;
-    let Some(logind) = logind else { return Ok(()) };
-
-    let events = EventPublisher::new(client.clone(), PROGRAM, &node);
-    let marks = NodeMarks::new(Api::<Node>::all(client.clone()), node.clone(), events);
+    let Some(logind) = logind.connect(&stop, |_| {}).await else {
+        return Ok(());
+    };
+    let (reporter, _writer) = Reporter::start(ApiSink {
+        nodes: Api::all(client.clone()),
+        events: EventPublisher::new(client.clone(), PROGRAM, &node),
+    });
+    let marks = NodeMarks::new(reporter, node.clone());
     let delay = DelayConfig {
-        drop_in_dir: args.logind_drop_in_dir.clone(),
-        file_name: args.logind_drop_in_file.clone(),
-        reload_timeout: args.logind_reload_timeout,
+        drop_in_dir: logind_drop_in_dir,
+        file_name: logind_drop_in_file,
+        reload_timeout: logind_reload_timeout,
     };
     let wanted = plan.total();
     // The lock is taken with what logind allows now; the budget rises when logind applies the
     // drop-in, which may take the whole reload timeout (or never happen).
     let allowed = logind.inhibit_delay_max().await?;
-    let initial = wanted.min(allowed);
+    let initial = effective(wanted, allowed);
     let (budget_sender, budget) = watch::channel(initial);
     metrics.budget_seconds.set(initial.as_secs_f64());
     if allowed < wanted {
@@ -136,25 +137,25 @@ async fn run_agent(
         terminator: Terminator::new(client, pods.clone(), node.clone()),
         pods,
         marks,
-        state: StateFile::new(&args.state_dir),
-        boot_id: read_boot_id(&args.boot_id_file),
-        own_pod: args.pod_namespace.clone().zip(args.pod_name.clone()),
+        state: StateFile::new(&state_dir),
+        boot_id: read_boot_id(&boot_id_file),
+        own_pod: pod_namespace.zip(pod_name),
         metrics,
-        ready: inhibitor_gate,
+        ready,
     };
-    agent.run(stop, extra_events).await
+    agent.run(stop).await
 }
 
 /// Raises logind's InhibitDelayMaxSec through the drop-in and publishes the budget in effect.
 async fn raise_budget(
-    logind: Logind,
+    logind: SharedLogind,
     wanted: Duration,
     delay: DelayConfig,
     budget: watch::Sender<Duration>,
     metrics: Metrics,
     marks: NodeMarks,
 ) {
-    let effective = match ensure_inhibit_delay(&logind, wanted, &delay).await {
+    let granted = match logind.ensure_inhibit_delay(wanted, &delay).await {
         Ok(outcome) => outcome.effective,
         Err(error) => {
             // Running with what logind grants beats crash-looping on a read-only host path.
@@ -162,45 +163,23 @@ async fn raise_budget(
             logind
                 .inhibit_delay_max()
                 .await
-                .map_or(*budget.borrow(), |allowed| allowed.min(wanted))
+                .map_or(*budget.borrow(), |allowed| effective(wanted, allowed))
         }
     };
-    budget.send_replace(effective);
-    metrics.budget_seconds.set(effective.as_secs_f64());
-    if effective < wanted {
+    budget.send_replace(granted);
+    metrics.budget_seconds.set(granted.as_secs_f64());
+    if granted < wanted {
         metrics.budget_reduced.set(1);
         tracing::warn!(
             wanted = wanted.as_secs(),
-            effective = effective.as_secs(),
+            effective = granted.as_secs(),
             "shutdown budget reduced by logind"
         );
-        marks
-            .budget_reduced(wanted.as_secs(), effective.as_secs())
-            .await;
+        marks.budget_reduced(wanted.as_secs(), granted.as_secs());
     } else {
         tracing::info!(
-            budget = effective.as_secs(),
+            budget = granted.as_secs(),
             "logind applied the shutdown budget"
         );
-    }
-}
-
-/// Connects to logind, retrying while it is not there yet (the agent stays not-ready).
-async fn connect_logind(address: Option<&str>, stop: &CancellationToken) -> Result<Option<Logind>> {
-    let mut pause = Duration::from_millis(200);
-    loop {
-        let connected = match address {
-            Some(address) => Logind::connect_to(address).await,
-            None => Logind::connect().await,
-        };
-        match connected {
-            Ok(logind) => return Ok(Some(logind)),
-            Err(error) => tracing::error!(error = %Chain(&error), "cannot reach logind; retrying"),
-        }
-        tokio::select! {
-            () = stop.cancelled() => return Ok(None),
-            () = tokio::time::sleep(pause) => {}
-        }
-        pause = (pause * 2).min(Duration::from_secs(10));
     }
 }

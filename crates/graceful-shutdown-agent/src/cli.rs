@@ -1,10 +1,9 @@
-//! Command-line options. Every flag can also come from the environment, so the DaemonSet can
-//! set them either way.
+//! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see `nodegrace_core::cli`).
 
 use std::path::PathBuf;
 
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, NodeArgs, ports};
+use nodegrace_core::cli::{CommonArgs, NodeArgs, duration_flag, ports};
 
 use crate::config::{PriorityPeriod, ShutdownSettings, parse_priority_flag};
 
@@ -22,58 +21,67 @@ pub struct Args {
 
     /// YAML file with KubeletConfiguration's shutdown fields (shutdownGracePeriod,
     /// shutdownGracePeriodCriticalPods, shutdownGracePeriodByPodPriority).
-    #[arg(long, env = "GSA_CONFIG")]
+    #[arg(long, env = "NODEGRACE_CONFIG")]
     pub config: Option<PathBuf>,
     /// Overrides shutdownGracePeriod (a duration such as 30s or 2m).
-    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD")]
+    #[arg(long, env = "NODEGRACE_SHUTDOWN_GRACE_PERIOD")]
     pub shutdown_grace_period: Option<String>,
-    /// Overrides shutdownGracePeriodCriticalPods.
-    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS")]
+    /// Overrides shutdownGracePeriodCriticalPods (a duration such as 10s).
+    #[arg(long, env = "NODEGRACE_SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS")]
     pub shutdown_grace_period_critical_pods: Option<String>,
-    /// Overrides shutdownGracePeriodByPodPriority, as PRIORITY=SECONDS,… (e.g. 0=20,2000000000=10).
-    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD_BY_POD_PRIORITY", value_parser = parse_priorities)]
+    /// Overrides shutdownGracePeriodByPodPriority, as PRIORITY=SECONDS,… (periods in seconds,
+    /// e.g. 0=20,2000000000=10).
+    #[arg(long, env = "NODEGRACE_SHUTDOWN_GRACE_PERIOD_BY_POD_PRIORITY", value_parser = parse_priorities)]
     pub shutdown_grace_period_by_pod_priority: Option<Priorities>,
 
     /// Directory of the durable shutdown record.
-    #[arg(long, env = "GSA_STATE_DIR", default_value = "/var/lib/nodegrace")]
+    #[arg(
+        long,
+        env = "NODEGRACE_STATE_DIR",
+        default_value = "/var/lib/nodegrace"
+    )]
     pub state_dir: PathBuf,
     /// Where logind reads drop-ins (/etc/systemd/logind.conf.d for systemd-logind).
     #[arg(
         long,
-        env = "LOGIND_DROP_IN_DIR",
+        env = "NODEGRACE_LOGIND_DROP_IN_DIR",
         default_value = "/etc/systemd/logind.conf.d"
     )]
     pub logind_drop_in_dir: PathBuf,
     /// File name of the drop-in the agent writes.
-    #[arg(long, env = "LOGIND_DROP_IN_FILE", default_value = "99-nodegrace.conf")]
+    #[arg(
+        long,
+        env = "NODEGRACE_LOGIND_DROP_IN_FILE",
+        default_value = "99-nodegrace.conf"
+    )]
     pub logind_drop_in_file: String,
-    /// How long to wait for logind to apply a raised InhibitDelayMaxSec after the reload.
-    #[arg(long, env = "LOGIND_RELOAD_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    /// How long to wait for logind to apply a raised InhibitDelayMaxSec after the reload (a
+    /// duration).
+    #[arg(long, env = "NODEGRACE_LOGIND_RELOAD_TIMEOUT", default_value = "10s", value_parser = duration_flag)]
     pub logind_reload_timeout: std::time::Duration,
     /// Identifies the current boot, to tell a crash mid-shutdown from a reboot.
     #[arg(
         long,
-        env = "BOOT_ID_FILE",
+        env = "NODEGRACE_BOOT_ID_FILE",
         default_value = "/proc/sys/kernel/random/boot_id"
     )]
     pub boot_id_file: PathBuf,
-    /// The system bus (default: the standard system bus socket).
-    #[arg(long, env = "DBUS_SYSTEM_BUS_ADDRESS")]
+    /// The system bus, as a D-Bus address (default: $DBUS_SYSTEM_BUS_ADDRESS, else the
+    /// standard system bus socket).
+    #[arg(long, env = "NODEGRACE_DBUS_ADDRESS")]
     pub dbus_address: Option<String>,
-    /// The agent's own pod, which it never deletes (from the downward API).
-    #[arg(long, env = "POD_NAME")]
+    /// The agent's own pod, which it never deletes (downward API metadata.name); needs
+    /// --pod-namespace.
+    #[arg(long, env = "NODEGRACE_POD_NAME", requires = "pod_namespace")]
     pub pod_name: Option<String>,
-    #[arg(long, env = "POD_NAMESPACE")]
+    /// The agent's own pod's namespace (downward API metadata.namespace); needs --pod-name.
+    #[arg(long, env = "NODEGRACE_POD_NAMESPACE", requires = "pod_name")]
     pub pod_namespace: Option<String>,
 }
 
 /// The flag form of shutdownGracePeriodByPodPriority (one value holding the whole list).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Priorities(pub Vec<PriorityPeriod>);
-
-fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    nodegrace_core::duration::parse_go_duration(text).map_err(|error| error.to_string())
-}
 
 fn parse_priorities(text: &str) -> Result<Priorities, String> {
     parse_priority_flag(text).map(Priorities)
@@ -93,5 +101,30 @@ impl Args {
                 .clone()
                 .map(|p| p.0),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_own_pod_is_given_whole_or_not_at_all() {
+        let parse = |extra: &[&str]| {
+            Args::try_parse_from(
+                ["graceful-shutdown-agent", "--node-name=n"]
+                    .iter()
+                    .chain(extra),
+            )
+        };
+        let error = parse(&["--pod-name=agent-x"]).unwrap_err().to_string();
+        assert!(error.contains("--pod-namespace"), "{error}");
+        let error = parse(&["--pod-namespace=kube-system"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--pod-name"), "{error}");
+        let both = parse(&["--pod-name=agent-x", "--pod-namespace=kube-system"]).unwrap();
+        assert_eq!(both.pod_name.as_deref(), Some("agent-x"));
+        assert!(parse(&[]).is_ok());
     }
 }

@@ -3,8 +3,10 @@
 
 pub mod agent;
 pub mod app;
+pub mod budget;
 pub mod cli;
 pub mod config;
+pub mod lifecycle;
 pub mod metrics;
 pub mod node_marks;
 pub mod node_pods;

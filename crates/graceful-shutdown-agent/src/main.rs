@@ -1,16 +1,7 @@
 use std::process::ExitCode;
 
-use clap::Parser;
 use graceful_shutdown_agent::{app, cli::Args};
-use nodegrace_core::error_chain::exit_code;
-use nodegrace_core::{signals, telemetry};
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let args = Args::parse();
-    if let Err(error) = telemetry::init_tracing(&args.common.log) {
-        return exit_code::<anyhow::Error>(Err(error.into()));
-    }
-    let stop = signals::shutdown_token();
-    exit_code(app::run(args, stop).await)
+fn main() -> ExitCode {
+    nodegrace_core::program::main(|args: &Args| &args.common.log, app::run)
 }

@@ -20,6 +20,24 @@ pub enum GroupEnd {
     NotStarted { pods: usize },
 }
 
+impl GroupEnd {
+    /// How a group that ran ended: cut short only when the budget, not the group's own
+    /// period, set its deadline (`cut`) and pods were left running.
+    pub fn of(cut: bool, stopped: usize, still_running: usize) -> Self {
+        if cut && still_running > 0 {
+            Self::CutShort {
+                stopped,
+                still_running,
+            }
+        } else {
+            Self::Finished {
+                stopped,
+                still_running,
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupResult {
     pub priority: i32,
@@ -114,6 +132,51 @@ impl ShutdownSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_is_cut_short_only_by_the_budget_with_pods_left() {
+        let cases = [
+            (
+                false,
+                3,
+                0,
+                GroupEnd::Finished {
+                    stopped: 3,
+                    still_running: 0,
+                },
+            ),
+            (
+                false,
+                1,
+                2,
+                GroupEnd::Finished {
+                    stopped: 1,
+                    still_running: 2,
+                },
+            ),
+            (
+                true,
+                3,
+                0,
+                GroupEnd::Finished {
+                    stopped: 3,
+                    still_running: 0,
+                },
+            ),
+            (
+                true,
+                1,
+                2,
+                GroupEnd::CutShort {
+                    stopped: 1,
+                    still_running: 2,
+                },
+            ),
+        ];
+        for (cut, stopped, still_running, end) in cases {
+            assert_eq!(GroupEnd::of(cut, stopped, still_running), end);
+        }
+    }
 
     fn group(priority: i32, end: GroupEnd) -> GroupResult {
         GroupResult {

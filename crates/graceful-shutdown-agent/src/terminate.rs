@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 use nodegrace_core::error_chain::Chain;
+use nodegrace_core::k8s::api_errors::{ApiErrorClass, classify_delete};
 use nodegrace_core::k8s::conditions::{ConditionSpec, set_pod_condition};
 use nodegrace_core::k8s::pods::{effective_priority, is_mirror_pod, is_terminal};
 use tokio::time::Instant;
@@ -28,6 +29,16 @@ pub enum PodOutcome {
 }
 
 impl PodOutcome {
+    /// A pod the watch saw go is stopped, whatever its deletion call answered; one still
+    /// there failed if its deletion could not be made, else it outlived the period.
+    pub fn of(gone: bool, delete_failed: bool) -> Self {
+        match (gone, delete_failed) {
+            (true, _) => Self::Stopped,
+            (false, true) => Self::Failed,
+            (false, false) => Self::TimedOut,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Stopped => "stopped",
@@ -123,13 +134,7 @@ impl Terminator {
             .iter()
             .map(|pod| {
                 let uid = pod.uid().unwrap_or_default();
-                let outcome = if !remaining.contains(&uid) {
-                    PodOutcome::Stopped
-                } else if failed.contains(&uid) {
-                    PodOutcome::Failed
-                } else {
-                    PodOutcome::TimedOut
-                };
+                let outcome = PodOutcome::of(!remaining.contains(&uid), failed.contains(&uid));
                 (
                     format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()),
                     outcome,
@@ -155,12 +160,12 @@ impl Terminator {
             "Node {} is shutting down; the pod is being terminated.",
             self.node
         );
-        let condition = ConditionSpec {
-            type_: "DisruptionTarget",
-            status: "True",
-            reason: "TerminationByNodeShutdown",
-            message: &message,
-        };
+        let condition = ConditionSpec::new(
+            "DisruptionTarget",
+            "True",
+            "TerminationByNodeShutdown",
+            message,
+        );
         if let Err(error) = set_pod_condition(&api, &name, &condition).await {
             // The condition explains the deletion; the deletion itself matters more.
             tracing::warn!(pod = %format!("{namespace}/{name}"), error = %Chain(&error), "cannot set DisruptionTarget");
@@ -182,13 +187,21 @@ impl Terminator {
             ..DeleteParams::default()
         };
         let deleted = retry_until(deadline, || async {
-            match api.delete(&name, &params).await {
+            let Err(error) = api.delete(&name, &params).await else {
+                return Ok(());
+            };
+            let pod = format!("{namespace}/{name}");
+            match classify_delete(&error) {
                 // Gone already, or replaced by a pod of the same name: ours is not there.
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
-                Err(error) => {
-                    tracing::warn!(pod = %format!("{namespace}/{name}"), error = %Chain(&error), "cannot delete pod; retrying");
-                    Err(error)
+                ApiErrorClass::Gone => Ok(()),
+                ApiErrorClass::Retry => {
+                    tracing::warn!(pod, error = %Chain(&error), "cannot delete pod; retrying");
+                    Err(Attempt::Retry(error))
+                }
+                // Forbidden or invalid: retrying to the deadline would change nothing.
+                ApiErrorClass::Final => {
+                    tracing::error!(pod, error = %Chain(&error), "the API server refuses to delete the pod");
+                    Err(Attempt::GiveUp(error))
                 }
             }
         })
@@ -201,20 +214,28 @@ impl Terminator {
 const MIN_RETRY_PAUSE: Duration = Duration::from_millis(10);
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
 
-/// Calls `attempt` until it succeeds or `deadline` passes, with exponential backoff. A pause
-/// never takes more than half of the time left, so the last attempts come shortly before the
-/// deadline rather than one full pause early: a pod deleted late still stops before the
-/// machine does.
+/// A failed attempt: worth another try, or not.
+#[derive(Debug, PartialEq, Eq)]
+enum Attempt<E> {
+    Retry(E),
+    GiveUp(E),
+}
+
+/// Calls `attempt` until it succeeds, gives up, or `deadline` passes, with exponential
+/// backoff. A pause never takes more than half of the time left, so the last attempts come
+/// shortly before the deadline rather than one full pause early: a pod deleted late still
+/// stops before the machine does.
 async fn retry_until<T, E, F, Fut>(deadline: Instant, mut attempt: F) -> Result<T, E>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
+    Fut: std::future::Future<Output = Result<T, Attempt<E>>>,
 {
     let mut pause = Duration::from_millis(100);
     loop {
         let error = match attempt().await {
             Ok(value) => return Ok(value),
-            Err(error) => error,
+            Err(Attempt::GiveUp(error)) => return Err(error),
+            Err(Attempt::Retry(error)) => error,
         };
         let left = deadline.saturating_duration_since(Instant::now());
         let wait = pause.min(left / 2).max(MIN_RETRY_PAUSE);
@@ -244,7 +265,7 @@ mod tests {
                 if Instant::now() >= healed {
                     Ok(())
                 } else {
-                    Err("503")
+                    Err(Attempt::Retry("503"))
                 }
             }
         })
@@ -260,7 +281,7 @@ mod tests {
         let mut attempts = 0;
         let result: Result<(), &str> = retry_until(deadline, || {
             attempts += 1;
-            async { Err("503") }
+            async { Err(Attempt::Retry("503")) }
         })
         .await;
         assert_eq!(result, Err("503"));
@@ -271,6 +292,32 @@ mod tests {
             "gave up early, at {late:?}"
         );
         assert!(attempts < 20, "{attempts} attempts");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_not_retried() {
+        let start = Instant::now();
+        let mut attempts = 0;
+        let result: Result<(), &str> = retry_until(start + Duration::from_secs(4), || {
+            attempts += 1;
+            async { Err(Attempt::GiveUp("403")) }
+        })
+        .await;
+        assert_eq!((result, attempts), (Err("403"), 1));
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_pods_outcome_comes_from_the_watch_first() {
+        let cases = [
+            (true, false, PodOutcome::Stopped),
+            (true, true, PodOutcome::Stopped),
+            (false, true, PodOutcome::Failed),
+            (false, false, PodOutcome::TimedOut),
+        ];
+        for (gone, delete_failed, outcome) in cases {
+            assert_eq!(PodOutcome::of(gone, delete_failed), outcome);
+        }
     }
 
     fn pod(name: &str, priority: i32, annotations: &serde_json::Value) -> Arc<Pod> {

@@ -1,54 +1,29 @@
-//! The binary as an operator runs it: its help, its logs in a pipe, its errors.
+//! The binary as an operator runs it: its help, its environment variables, its logs in a
+//! pipe, its errors.
 
-use std::process::Command;
+use std::path::Path;
+
+use clap::CommandFactory;
+use graceful_shutdown_agent::cli::Args;
+use nodegrace_core::testing::{
+    check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
+};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_graceful-shutdown-agent");
 
 #[test]
-fn help_shows_the_programs_own_admin_port_and_the_chart_uses_it() {
-    let help = Command::new(BINARY).arg("--help").output().unwrap();
-    let help = String::from_utf8(help.stdout).unwrap();
-    assert!(help.contains("[default: 0.0.0.0:9451]"), "{help}");
-    let values = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../charts/graceful-shutdown-agent/values.yaml"
-    );
-    let values = std::fs::read_to_string(values).unwrap();
-    assert!(values.contains("\nadminPort: 9451\n"), "{values}");
+fn help_shows_the_programs_own_admin_port_and_the_chart_uses_it() -> anyhow::Result<()> {
+    let values = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../charts/graceful-shutdown-agent/values.yaml");
+    check_help_and_chart_port(BINARY, 9451, &values)
 }
 
 #[test]
-fn logs_in_a_pipe_are_plain_and_each_cause_is_printed_once() {
-    let output = Command::new(BINARY)
-        .args([
-            "--node-name=n",
-            "--shutdown-grace-period=10s",
-            "--admin-listen=127.0.0.1:0",
-            "--kubeconfig=/nonexistent/kubeconfig",
-        ])
-        .env_remove("NODE_NAME")
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8(output.stdout).unwrap(),
-        String::from_utf8(output.stderr).unwrap(),
-    );
-    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
-    assert!(stdout.contains("admin server listening"), "{stdout}");
-    assert!(
-        !stdout.contains('\u{1b}'),
-        "colour codes in a pipe: {stdout:?}"
-    );
-    let error: Vec<&str> = stderr.lines().collect();
-    assert_eq!(error.len(), 1, "one line, no backtrace: {stderr}");
-    assert!(
-        error[0].starts_with("Error: build the Kubernetes client: "),
-        "{stderr}"
-    );
-    assert_eq!(
-        error[0].matches("No such file or directory").count(),
-        1,
-        "{stderr}"
-    );
+fn every_flag_reads_its_nodegrace_variable() -> anyhow::Result<()> {
+    check_env_follows_flags(&Args::command())
+}
+
+#[test]
+fn logs_in_a_pipe_are_plain_and_each_cause_is_printed_once() -> anyhow::Result<()> {
+    check_plain_one_line_error(BINARY, &["--node-name=n", "--shutdown-grace-period=10s"])
 }

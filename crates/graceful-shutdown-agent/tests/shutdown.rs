@@ -5,11 +5,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use clap::Parser;
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use graceful_shutdown_agent::agent::INHIBITOR_WHO;
-use graceful_shutdown_agent::app::{self, Started};
+use graceful_shutdown_agent::app;
 use graceful_shutdown_agent::cli::Args;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::PostParams;
@@ -17,9 +18,10 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions};
 use logind_harness::{LogindHarness, ScenarioOptions};
-use nodegrace_core::logind::ShutdownEvent;
+use nodegrace_core::logind::{Logind, LogindSource, ShutdownEvent};
+use nodegrace_core::program::Started;
+use nodegrace_core::testing::{Admin, WithExtraEvents, wait_for};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "node-a";
@@ -127,8 +129,17 @@ fn record_fates(client: &Client) -> Fates {
 
 struct Agent {
     stop: CancellationToken,
-    started: Started,
+    started: Started<anyhow::Error>,
     _state: tempfile::TempDir,
+}
+
+impl Agent {
+    fn admin(&self) -> Admin {
+        Admin {
+            address: self.started.admin_address,
+            prefix: "nodegrace_graceful_shutdown_agent",
+        }
+    }
 }
 
 impl Drop for Agent {
@@ -142,13 +153,13 @@ async fn start_agent(
     logind: &LogindHarness,
     priorities: &str,
     drop_in_dir: Option<&std::path::Path>,
-    extra: Option<app::ExtraEvents>,
+    extra: Option<BoxStream<'static, ShutdownEvent>>,
 ) -> Result<Agent> {
     let agent =
         start_agent_with_state(cluster, logind, priorities, drop_in_dir, extra, None, &[]).await?;
     wait_for(
-        Duration::from_secs(20),
         "the agent's delay inhibitor",
+        Duration::from_secs(20),
         || async {
             Ok(logind
                 .list_inhibitors()
@@ -167,7 +178,7 @@ async fn start_agent_with_state(
     logind: &LogindHarness,
     priorities: &str,
     drop_in_dir: Option<&std::path::Path>,
-    extra: Option<app::ExtraEvents>,
+    extra: Option<BoxStream<'static, ShutdownEvent>>,
     record: Option<serde_json::Value>,
     flags: &[&str],
 ) -> Result<Agent> {
@@ -202,8 +213,16 @@ async fn start_agent_with_state(
             .then(|| "--logind-reload-timeout=1s".to_owned()),
         ),
     )?;
+    let source = match extra {
+        // elogind cannot be made to send some events; they are merged into the real ones.
+        Some(extra) => LogindSource::Given(WithExtraEvents::wrap(
+            Arc::new(Logind::connect_to(logind.bus_address()).await?),
+            extra,
+        )),
+        None => LogindSource::Bus(Some(logind.bus_address().to_owned())),
+    };
     let stop = CancellationToken::new();
-    let started = app::start(args, stop.clone(), extra).await?;
+    let started = app::start(args, stop.clone(), source).await?;
     let agent = Agent {
         stop,
         started,
@@ -212,31 +231,8 @@ async fn start_agent_with_state(
     Ok(agent)
 }
 
-async fn wait_for<F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await? {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 async fn metrics(agent: &Agent) -> Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(agent.started.admin_address).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    Ok(response)
+    agent.admin().get("/metrics").await
 }
 
 async fn node(cluster: &Cluster) -> Result<Node> {
@@ -292,13 +288,7 @@ async fn notes(cluster: &Cluster, reason: &str) -> Result<Vec<String>> {
 }
 
 async fn readyz(agent: &Agent) -> Result<bool> {
-    let mut stream = tokio::net::TcpStream::connect(agent.started.admin_address).await?;
-    stream
-        .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    Ok(response.starts_with("HTTP/1.1 200"))
+    agent.admin().is_ready().await
 }
 
 async fn logind(max_delay_seconds: u64) -> Result<Option<LogindHarness>> {
@@ -331,7 +321,7 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
     let fates = record_fates(&cluster.client);
     let agent = start_agent(&cluster, &logind, "0=3,1000=3,100000=3", None, None).await?;
     // The lock comes first, with logind's 1 s; the budget rises once logind applies the drop-in.
-    wait_for(Duration::from_secs(20), "the 9 s budget", || async {
+    wait_for("the 9 s budget", Duration::from_secs(20), || async {
         Ok(metrics(&agent)
             .await?
             .contains("graceful_shutdown_budget_seconds 9.0"))
@@ -411,7 +401,7 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
     );
     ensure!(tainted(&node));
     // Every group's start and end is an Event of its own, and the completion says all is done.
-    wait_for(Duration::from_secs(10), "the shutdown Events", || async {
+    wait_for("the shutdown Events", Duration::from_secs(10), || async {
         Ok(notes(&cluster, "NodeShutdownCompleted").await?.len() == 1)
     })
     .await?;
@@ -521,8 +511,8 @@ async fn logind_restart_gets_the_inhibitor_back() -> Result<()> {
     // agent takes a fresh one and closes the old.
     logind.restart().await?;
     wait_for(
-        Duration::from_secs(10),
         "the inhibitor taken again after the restart",
+        Duration::from_secs(10),
         || async {
             Ok(metrics(&agent)
                 .await?
@@ -570,8 +560,8 @@ async fn a_budget_logind_will_not_grant_is_reported_not_fatal() -> Result<()> {
         "{text}"
     );
     wait_for(
-        Duration::from_secs(10),
         "the ShutdownBudgetReduced event",
+        Duration::from_secs(10),
         || async {
             Ok(event_reasons(&cluster)
                 .await?
@@ -594,14 +584,14 @@ async fn a_cancelled_shutdown_unmarks_the_node_and_retakes_the_inhibitor() -> Re
     let (cancel, cancellations) = futures::channel::mpsc::unbounded::<ShutdownEvent>();
     let _agent = start_agent(&cluster, &logind, "0=20", None, Some(cancellations.boxed())).await?;
     logind.power_off().await?;
-    wait_for(Duration::from_secs(10), "the node to be marked", || async {
+    wait_for("the node to be marked", Duration::from_secs(10), || async {
         Ok(tainted(&node(&cluster).await?))
     })
     .await?;
     cancel.unbounded_send(ShutdownEvent::PrepareForShutdown(false))?;
     wait_for(
-        Duration::from_secs(10),
         "the node to be unmarked",
+        Duration::from_secs(10),
         || async {
             let node = node(&cluster).await?;
             Ok(!tainted(&node)
@@ -657,8 +647,8 @@ async fn after_a_reboot_stale_markings_go_and_the_last_shutdown_is_published() -
     let agent =
         start_agent_with_state(&cluster, &logind, "0=5", None, None, Some(record), &[]).await?;
     wait_for(
-        Duration::from_secs(10),
         "the stale markings to go",
+        Duration::from_secs(10),
         || async {
             let node = node(&cluster).await?;
             Ok(!tainted(&node)
@@ -680,6 +670,50 @@ async fn after_a_reboot_stale_markings_go_and_the_last_shutdown_is_published() -
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_markings_go_even_when_the_first_reads_of_the_node_fail() -> Result<()> {
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    mark_node_as_shutting_down(&cluster).await?;
+    // Every read of the node fails while the agent starts: before, one failed GET counted as
+    // "not marked" and the taint stayed for good.
+    cluster.sim.faults().add_rule(kube_sim::faults::ErrorRule {
+        verb: "get".into(),
+        resource: "nodes".into(),
+        rate: 1.0,
+        failure: kube_sim::faults::FailureKind::InternalError,
+    });
+    let agent = start_agent(&cluster, &logind, "0=5", None, None).await?;
+    wait_for(
+        "a failed write of the markings",
+        Duration::from_secs(10),
+        || readyz(&agent),
+    )
+    .await?;
+    // The test reads by listing: its own GETs fail too.
+    let listed = Api::<Node>::all(cluster.client.clone())
+        .list(&kube::api::ListParams::default())
+        .await?;
+    ensure!(
+        listed.items.iter().any(tainted),
+        "nothing can be written yet"
+    );
+    cluster.sim.faults().clear();
+    wait_for(
+        "the stale markings to go",
+        Duration::from_secs(10),
+        || async {
+            let node = node(&cluster).await?;
+            Ok(!tainted(&node)
+                && condition(&node, "GracefulShutdown")
+                    .is_some_and(|(status, _)| status == "False"))
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_mid_shutdown_resumes_it_and_never_undoes_it() -> Result<()> {
     let Some(logind) = logind(30).await? else {
         return Ok(());
@@ -694,8 +728,8 @@ async fn a_restart_mid_shutdown_resumes_it_and_never_undoes_it() -> Result<()> {
     let _agent =
         start_agent_with_state(&cluster, &logind, "0=5", None, None, Some(record), &[]).await?;
     wait_for(
-        Duration::from_secs(10),
         "the pod to be terminated",
+        Duration::from_secs(10),
         || async {
             Ok(fates
                 .lock()
@@ -727,13 +761,14 @@ async fn with_nothing_configured_the_agent_is_ready_and_holds_nothing() -> Resul
         "--admin-listen=127.0.0.1:0".to_owned(),
     ])?;
     let stop = CancellationToken::new();
-    let started = app::start(args, stop.clone(), None).await?;
+    let source = LogindSource::Bus(Some(logind.bus_address().to_owned()));
+    let started = app::start(args, stop.clone(), source).await?;
     let agent = Agent {
         stop,
         started,
         _state: state,
     };
-    wait_for(Duration::from_secs(10), "readiness", || readyz(&agent)).await?;
+    wait_for("readiness", Duration::from_secs(10), || readyz(&agent)).await?;
     ensure!(
         !logind
             .list_inhibitors()
@@ -757,8 +792,8 @@ async fn sigterm_mid_shutdown_finishes_the_termination_before_letting_go() -> Re
     let powered_off = (Instant::now(), SystemTime::now());
     logind.power_off().await?;
     wait_for(
-        Duration::from_secs(10),
         "the first group to start",
+        Duration::from_secs(10),
         || async {
             Ok(fates
                 .lock()
@@ -810,14 +845,14 @@ async fn a_restart_while_logind_shuts_down_is_ready_without_retrying_the_lock() 
         )
         .await?;
     logind.power_off().await?;
-    wait_for(Duration::from_secs(10), "logind to shut down", || async {
+    wait_for("logind to shut down", Duration::from_secs(10), || async {
         Ok(other.preparing_for_shutdown().await?)
     })
     .await?;
     let fates = record_fates(&cluster.client);
     let agent = start_agent_with_state(&cluster, &logind, "0=5", None, None, None, &[]).await?;
-    wait_for(Duration::from_secs(10), "readiness", || readyz(&agent)).await?;
-    wait_for(Duration::from_secs(10), "the pod's termination", || async {
+    wait_for("readiness", Duration::from_secs(10), || readyz(&agent)).await?;
+    wait_for("the pod's termination", Duration::from_secs(10), || async {
         Ok(fates
             .lock()
             .unwrap()
@@ -831,7 +866,7 @@ async fn a_restart_while_logind_shuts_down_is_ready_without_retrying_the_lock() 
         "{text}"
     );
     ensure!(text.contains("inhibit_failures_total 0"), "{text}");
-    wait_for(Duration::from_secs(10), "the Warning Event", || async {
+    wait_for("the Warning Event", Duration::from_secs(10), || async {
         Ok(!notes(&cluster, "ShutdownResumedWithoutInhibitor")
             .await?
             .is_empty())
@@ -903,7 +938,7 @@ async fn the_lock_is_held_while_logind_applies_the_budget_and_a_cut_is_reported(
         &["--logind-reload-timeout=5m"],
     )
     .await?;
-    wait_for(Duration::from_secs(20), "the inhibitor", || async {
+    wait_for("the inhibitor", Duration::from_secs(20), || async {
         Ok(logind
             .list_inhibitors()
             .await?
@@ -921,7 +956,7 @@ async fn the_lock_is_held_while_logind_applies_the_budget_and_a_cut_is_reported(
     logind
         .wait_for_shutdown_hook(Duration::from_secs(30))
         .await?;
-    wait_for(Duration::from_secs(10), "the completion Event", || async {
+    wait_for("the completion Event", Duration::from_secs(10), || async {
         Ok(notes(&cluster, "NodeShutdownCompleted").await?.len() == 1)
     })
     .await?;

@@ -43,6 +43,8 @@ pub enum HarnessError {
     Timeout(String),
     #[error("D-Bus call failed: {0}")]
     Bus(#[from] zbus::Error),
+    #[error("the real-logind tests cannot run here, and CI is set so they may not be skipped: {0}")]
+    SkipInCi(String),
 }
 
 impl HarnessError {
@@ -67,6 +69,29 @@ pub fn skip_reason() -> Option<String> {
         return Some("the real-logind tests need `unshare` (util-linux)".to_owned());
     }
     None
+}
+
+/// What a real-logind test does here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SkipDecision {
+    Run,
+    /// A developer's machine without root: say so loudly and pass.
+    Skip(String),
+    /// In CI a skipped test would count as passed, so it fails instead.
+    Fail(String),
+}
+
+pub fn skip_decision(reason: Option<String>, ci: bool) -> SkipDecision {
+    match reason {
+        None => SkipDecision::Run,
+        Some(reason) if ci => SkipDecision::Fail(reason),
+        Some(reason) => SkipDecision::Skip(reason),
+    }
+}
+
+/// `CI` set to anything but empty, `0` or `false`, as CI services (and `.ci/run`) set it.
+fn ci_is_set() -> bool {
+    std::env::var("CI").is_ok_and(|value| !matches!(value.as_str(), "" | "0" | "false"))
 }
 
 /// How to set up one scenario.
@@ -103,11 +128,14 @@ pub struct LogindHarness {
 impl LogindHarness {
     /// Starts a scenario, or returns `Ok(None)` after printing why logind tests cannot run here.
     pub async fn start_or_skip(options: ScenarioOptions) -> Result<Option<Self>, HarnessError> {
-        if let Some(reason) = skip_reason() {
-            eprintln!("SKIPPED (real logind unavailable): {reason}");
-            return Ok(None);
+        match skip_decision(skip_reason(), ci_is_set()) {
+            SkipDecision::Run => Self::start(options).await.map(Some),
+            SkipDecision::Skip(reason) => {
+                eprintln!("SKIPPED (real logind unavailable): {reason}");
+                Ok(None)
+            }
+            SkipDecision::Fail(reason) => Err(HarnessError::SkipInCi(reason)),
         }
-        Self::start(options).await.map(Some)
     }
 
     pub async fn start(options: ScenarioOptions) -> Result<Self, HarnessError> {
@@ -335,5 +363,25 @@ where
             return false;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_skip_passes_on_a_laptop_and_fails_in_ci() {
+        let reason = || Some("needs root".to_owned());
+        assert_eq!(skip_decision(None, true), SkipDecision::Run);
+        assert_eq!(skip_decision(None, false), SkipDecision::Run);
+        assert_eq!(
+            skip_decision(reason(), false),
+            SkipDecision::Skip("needs root".into())
+        );
+        assert_eq!(
+            skip_decision(reason(), true),
+            SkipDecision::Fail("needs root".into())
+        );
     }
 }

@@ -1,11 +1,17 @@
-//! `out-of-service-gc`: Force-deletes pods and detaches volumes of out-of-service nodes (KEP-2268)
+//! `out-of-service-gc`: Force-deletes pods and detaches volumes of out-of-service nodes (KEP-2268).
 //!
-//! The behaviour lands with its component issue (the out-of-service-gc issue); until then the binary accepts the
-//! common options, so charts and scripts can be written against them, and says it is not ready.
+//! The behaviour lands with its component issue; until then the binary accepts its options
+//! (the common ones and leader election), so charts and scripts can be written against them,
+//! and stops with a clear message.
+
+use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, ports};
+use nodegrace_core::cli::{CommonArgs, LeaderArgs, ports};
+use tokio_util::sync::CancellationToken;
+
+const PROGRAM: &str = "out-of-service-gc";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -16,10 +22,16 @@ use nodegrace_core::cli::{CommonArgs, ports};
 struct Args {
     #[command(flatten)]
     common: CommonArgs<{ ports::OUT_OF_SERVICE_GC }>,
+    #[command(flatten)]
+    leader: LeaderArgs,
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    tracing::debug!(?args, "parsed options");
-    bail!("out-of-service-gc is not implemented in this build yet (the out-of-service-gc issue)")
+async fn run(args: Args, _stop: CancellationToken) -> anyhow::Result<()> {
+    let election = args.leader.config(PROGRAM);
+    tracing::debug!(?args, ?election, "parsed options");
+    bail!("{PROGRAM} is not implemented in this build yet (its component issue)")
+}
+
+fn main() -> ExitCode {
+    nodegrace_core::program::main(|args: &Args| &args.common.log, run)
 }

@@ -8,33 +8,36 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use nodegrace_core::admin::ReadinessGate;
 use nodegrace_core::error_chain::Chain;
-use nodegrace_core::logind::{InhibitMode, InhibitorLock, Logind, ShutdownEvent};
-use tokio::sync::watch;
+use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::nodes::node_reference;
+use nodegrace_core::k8s::reporter::{ConditionGuard, Reporter};
+use nodegrace_core::k8s::watched::{WatchCounters, Watched};
+use nodegrace_core::logind::{InhibitMode, InhibitorLock, SharedLogind, ShutdownEvent};
 use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{Alerts, oldest_age};
-use crate::leases::{Activity, Holder, active_holders, activity, describe, field_selector};
+use crate::decide::{LockAction, condition, lock_action, transition};
+use crate::leases::{Activity, Holder, active_holders, activity, field_selector};
 use crate::metrics::Metrics;
 
+pub use crate::decide::CONDITION_TYPE;
 pub const INHIBITOR_WHO: &str = "nodegrace shutdown-inhibitor-agent";
-pub use crate::reporter::CONDITION_TYPE;
-
-/// Extra shutdown events merged into logind's (tests inject what elogind cannot send).
-pub type ExtraEvents = futures::stream::BoxStream<'static, ShutdownEvent>;
+const ACTION: &str = "Inhibit";
 
 pub struct Agent {
-    pub logind: Logind,
+    pub logind: SharedLogind,
     pub client: Client,
     pub node: String,
     pub what: String,
     pub metrics: Metrics,
-    pub reporter: crate::reporter::Reporter,
+    pub reporter: Reporter,
     pub alerts: Alerts,
+    /// Ready while the agent can do its job: the Leases are watched, logind is on the bus, and
+    /// the block is held whenever an active Lease asks for it.
     pub ready: ReadinessGate,
 }
 
@@ -55,17 +58,8 @@ struct State {
     from_before_restart: Option<InhibitorLock>,
     why: String,
     shutting_down: bool,
+    logind_up: bool,
     warned_incomplete: HashSet<(String, String)>,
-}
-
-fn node_reference(node: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some(node.into()),
-        uid: Some(node.into()),
-        ..ObjectReference::default()
-    }
 }
 
 fn lease_reference(lease: &Lease) -> ObjectReference {
@@ -79,68 +73,29 @@ fn lease_reference(lease: &Lease) -> ObjectReference {
     }
 }
 
-impl Agent {
-    /// Starts the Lease watch; the returned receiver ticks on every change to the cache.
-    fn watch_leases(&self, stop: &CancellationToken) -> (Store<Lease>, watch::Receiver<u64>) {
-        let (store, writer) = reflector::store();
-        let (notify, changes) = watch::channel(0u64);
-        let config = watcher::Config::default().fields(&field_selector(&self.node));
-        let stream = reflector::reflector(
-            writer,
-            watcher(Api::<Lease>::all(self.client.clone()), config),
-        )
-        .default_backoff();
-        let metrics = self.metrics.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                let event = tokio::select! {
-                    () = stop.cancelled() => return,
-                    event = stream.next() => event,
-                };
-                match event {
-                    Some(Ok(
-                        watcher::Event::Apply(_)
-                        | watcher::Event::Delete(_)
-                        | watcher::Event::InitApply(_),
-                    )) => {
-                        metrics.lease_watch_events.inc();
-                        notify.send_modify(|generation| *generation += 1);
-                    }
-                    Some(Ok(_)) => notify.send_modify(|generation| *generation += 1),
-                    Some(Err(error)) => {
-                        // The cache keeps the last known Leases: a failed watch must not unblock.
-                        metrics.watch_restarts.inc();
-                        tracing::warn!(error = %Chain(&error), "lease watch failed; keeping the last known state and retrying");
-                    }
-                    None => return,
-                }
-            }
-        });
-        (store, changes)
-    }
+type Leases = Watched<Lease>;
 
-    pub async fn run(
-        mut self,
-        stop: CancellationToken,
-        extra_events: Option<ExtraEvents>,
-    ) -> anyhow::Result<()> {
-        let logind_events = self.logind.shutdown_events().await?;
-        let mut events: futures::stream::BoxStream<'static, ShutdownEvent> = match extra_events {
-            Some(extra) => Box::pin(futures::stream::select(logind_events, extra)),
-            None => Box::pin(logind_events),
-        };
-        let (leases, mut changes) = self.watch_leases(&stop);
+impl Agent {
+    pub async fn run(mut self, stop: CancellationToken) -> anyhow::Result<()> {
+        let mut events = self.logind.shutdown_events().await?;
+        let mut leases = Watched::start(
+            Api::<Lease>::all(self.client.clone()),
+            watcher::Config::default().fields(&field_selector(&self.node)),
+            WatchCounters {
+                events: Some(self.metrics.lease_watch_events.clone()),
+                restarts: Some(self.metrics.watch_restarts.clone()),
+            },
+        );
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            _ = leases.wait_until_ready() => {}
+            synced = leases.synced() => synced?,
         }
         let mut state = State {
             lock: None,
             from_before_restart: None,
             why: String::new(),
             shutting_down: self.logind.preparing_for_shutdown().await.unwrap_or(false),
+            logind_up: true,
             warned_incomplete: HashSet::new(),
         };
         if state.shutting_down {
@@ -150,21 +105,18 @@ impl Agent {
             );
         }
         self.reconcile(&leases, &mut state).await;
-        self.ready.set(true);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        anyhow::bail!("the lease watch ended");
-                    }
+                changed = leases.changed() => {
+                    changed?;
                     self.reconcile(&leases, &mut state).await;
                 }
                 _ = tick.tick() => {
                     self.tick(&leases, state.shutting_down);
                     // A failed Inhibit is retried here, not only on the next Lease change.
-                    if state.lock.is_none() && !state.shutting_down && !self.holders(&leases).is_empty() {
+                    if state.lock.is_none() && state.logind_up && !state.shutting_down && !self.holders(&leases).is_empty() {
                         self.reconcile(&leases, &mut state).await;
                     }
                 }
@@ -178,10 +130,14 @@ impl Agent {
                     Some(ShutdownEvent::PrepareForShutdown(false)) => tracing::info!("shutdown cancelled; Lease changes stay ignored until the agent restarts"),
                     Some(ShutdownEvent::LogindStopped) => {
                         state.from_before_restart = state.lock.take().or(state.from_before_restart.take());
+                        state.logind_up = false;
                         self.metrics.block_inhibitor_held.set(0);
+                        self.ready.set(false);
                         tracing::warn!("logind left the bus; the block is taken again when it is back");
                     }
                     Some(ShutdownEvent::LogindStarted) => {
+                        state.logind_up = true;
+                        // A restarted logind needs the block again even during a shutdown.
                         let shutting_down = std::mem::replace(&mut state.shutting_down, false);
                         self.reconcile(&leases, &mut state).await;
                         state.shutting_down = shutting_down;
@@ -192,12 +148,12 @@ impl Agent {
         }
     }
 
-    fn holders(&self, leases: &Store<Lease>) -> Vec<Holder> {
+    fn holders(&self, leases: &Leases) -> Vec<Holder> {
         let all = leases.state();
         active_holders(&self.node, all.iter().map(|lease| &**lease))
     }
 
-    async fn reconcile(&mut self, leases: &Store<Lease>, state: &mut State) {
+    async fn reconcile(&mut self, leases: &Leases, state: &mut State) {
         if state.shutting_down {
             return;
         }
@@ -207,52 +163,49 @@ impl Agent {
             .active_leases
             .set(i64::try_from(holders.len()).unwrap_or(i64::MAX));
         let was_blocked = state.lock.is_some();
-        if holders.is_empty() {
-            drop(state.lock.take());
-            drop(state.from_before_restart.take());
-            state.why.clear();
-        } else {
-            let why = format!("Active Leases: {}", describe(&holders));
-            if state.lock.is_none() || why != state.why {
-                match self
-                    .logind
-                    .inhibit(&self.what, INHIBITOR_WHO, &why, InhibitMode::Block)
-                    .await
-                {
-                    // The new lock is held before the old one goes, so the block never lapses.
-                    Ok(lock) => {
-                        state.lock = Some(lock);
-                        drop(state.from_before_restart.take());
-                        state.why = why;
-                    }
-                    Err(error) => {
-                        tracing::error!(error = %Chain(&error), "cannot take the logind block inhibitor");
-                    }
-                }
+        let held_why = state.lock.is_some().then_some(state.why.as_str());
+        let mut inhibit_failed = false;
+        match lock_action(&holders, held_why, state.shutting_down) {
+            LockAction::Keep | LockAction::Frozen => {}
+            LockAction::Release => {
+                drop(state.lock.take());
+                drop(state.from_before_restart.take());
+                state.why.clear();
             }
+            LockAction::Take { why } => match self
+                .logind
+                .inhibit(&self.what, INHIBITOR_WHO, &why, InhibitMode::Block)
+                .await
+            {
+                Ok(lock) => {
+                    state.lock = Some(lock);
+                    drop(state.from_before_restart.take());
+                    state.why = why;
+                }
+                Err(error) => {
+                    inhibit_failed = true;
+                    tracing::error!(error = %Chain(&error), "cannot take the logind block inhibitor");
+                }
+            },
         }
+        // Not ready while a Lease asks for a block the agent cannot hold.
+        self.ready.set(state.logind_up && !inhibit_failed);
         let blocked = state.lock.is_some();
         self.metrics.block_inhibitor_held.set(i64::from(blocked));
-        if was_blocked != blocked {
+        if let Some((reason, note)) = transition(was_blocked, blocked, &holders) {
             self.metrics.transitions.inc();
-            let (reason, note) = if blocked {
-                (
-                    "ShutdownBlocked",
-                    format!("Shutdown blocked by Leases: {}", describe(&holders)),
-                )
-            } else {
-                (
-                    "ShutdownUnblocked",
-                    "No active Lease blocks shutdown any more".to_owned(),
-                )
-            };
-            self.reporter
-                .event(node_reference(&self.node), false, reason, note);
+            self.reporter.event(EventReport::normal(
+                node_reference(&self.node),
+                reason,
+                ACTION,
+                note,
+            ));
         }
-        self.reporter.condition(holders);
+        self.reporter
+            .condition(&self.node, condition(&holders), ConditionGuard::Always);
     }
 
-    fn warn_incomplete(&self, leases: &Store<Lease>, state: &mut State) {
+    fn warn_incomplete(&self, leases: &Leases, state: &mut State) {
         for lease in leases.state() {
             if let Activity::Incomplete { holder } = activity(&lease) {
                 let key = (lease.namespace().unwrap_or_default(), holder.clone());
@@ -260,14 +213,18 @@ impl Agent {
                     let note = format!(
                         "Lease has holder {holder:?} but no acquireTime; it does not block shutdown until acquireTime is set"
                     );
-                    self.reporter
-                        .event(lease_reference(&lease), true, "IncompleteLease", note);
+                    self.reporter.event(EventReport::warning(
+                        lease_reference(&lease),
+                        "IncompleteLease",
+                        ACTION,
+                        note,
+                    ));
                 }
             }
         }
     }
 
-    fn tick(&mut self, leases: &Store<Lease>, shutting_down: bool) {
+    fn tick(&mut self, leases: &Leases, shutting_down: bool) {
         let holders = self.holders(leases);
         let now = Timestamp::now();
         self.metrics
@@ -287,12 +244,12 @@ impl Agent {
                 holder.namespace, self.node, holder.holder, holder.acquired
             );
             if let Some(lease) = lease_of(&holder) {
-                self.reporter.event(
+                self.reporter.event(EventReport::warning(
                     lease_reference(&lease),
-                    true,
                     "LeaseAcquireTimeInFuture",
+                    ACTION,
                     note,
-                );
+                ));
             }
         }
         for holder in due.held_too_long {
@@ -302,19 +259,19 @@ impl Agent {
                 holder.namespace, self.node, holder.holder, holder.acquired
             );
             if let Some(lease) = lease_of(&holder) {
-                self.reporter.event(
+                self.reporter.event(EventReport::warning(
                     lease_reference(&lease),
-                    true,
                     "ShutdownInhibitedTooLong",
+                    ACTION,
                     note.clone(),
-                );
+                ));
             }
-            self.reporter.event(
+            self.reporter.event(EventReport::warning(
                 node_reference(&self.node),
-                true,
                 "ShutdownInhibitedTooLong",
+                ACTION,
                 note,
-            );
+            ));
         }
     }
 }

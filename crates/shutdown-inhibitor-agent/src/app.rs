@@ -1,137 +1,99 @@
 //! Assembling the agent and running it until SIGTERM.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::ObjectReference;
-use nodegrace_core::admin::{self, Readiness};
-use nodegrace_core::error_chain::Chain;
+use kube::Api;
+use nodegrace_core::admin::Readiness;
+use nodegrace_core::cli::{CommonArgs, NodeArgs};
 use nodegrace_core::k8s::client::client;
-use nodegrace_core::k8s::events::{EventPublisher, EventType};
-use nodegrace_core::logind::Logind;
+use nodegrace_core::k8s::events::{EventPublisher, EventReport};
+use nodegrace_core::k8s::nodes::node_reference;
+use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
+use nodegrace_core::logind::LogindSource;
+use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::program_registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Agent, ExtraEvents};
+use crate::agent::Agent;
 use crate::alerts::Alerts;
 use crate::cli::Args;
 use crate::config::alert_timeout;
 use crate::metrics::Metrics;
 
 pub const PROGRAM: &str = "shutdown-inhibitor-agent";
-
-#[derive(Debug)]
-pub struct Started {
-    pub admin_address: std::net::SocketAddr,
-    pub finished: tokio::task::JoinHandle<Result<()>>,
-}
+const ACTION: &str = "Inhibit";
 
 pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
-    start(args, stop, None).await?.finished.await?
+    let logind = LogindSource::Bus(args.dbus_address.clone());
+    start(args, stop, logind).await?.finished.await?
 }
 
 pub async fn start(
     args: Args,
     stop: CancellationToken,
-    extra_events: Option<ExtraEvents>,
-) -> Result<Started> {
-    let alert_timeout = alert_timeout(args.config.as_deref(), args.alert_timeout)
-        .context("invalid configuration")?;
+    logind: LogindSource,
+) -> Result<Started<anyhow::Error>> {
+    // Every option is used here: a new flag that nothing reads does not compile.
+    let Args {
+        common: CommonArgs {
+            kube,
+            log: _,
+            admin,
+        },
+        node: NodeArgs { node_name: node },
+        enabled,
+        inhibit_what,
+        config,
+        alert_timeout: alert_timeout_flag,
+        dbus_address: _,
+    } = args;
+    let alert_timeout =
+        alert_timeout(config.as_deref(), alert_timeout_flag).context("invalid configuration")?;
     let mut registry = program_registry(PROGRAM);
     let metrics = Metrics::register(&mut registry);
     let readiness = Readiness::new();
     let ready = readiness.gate("leases-and-logind");
-    let admin = admin::serve(
-        args.common.admin.admin_listen,
-        registry,
-        readiness,
-        stop.clone(),
-    )
-    .await
-    .context("start the admin server")?;
-    let admin_address = admin.local_addr();
-    tracing::info!(address = %admin_address, node = args.node.node_name, "admin server listening");
-    let client = client(&args.common.kube, PROGRAM)
-        .await
-        .context("build the Kubernetes client")?;
-    let node = args.node.node_name.clone();
-    let events = EventPublisher::new(client.clone(), PROGRAM, &node);
-    let finished = tokio::spawn(async move {
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.clone()),
-            uid: Some(node.clone()),
-            ..ObjectReference::default()
-        };
-        if !args.enabled {
+    let started = program::start(admin.admin_listen, registry, readiness, async move {
+        let client = client(&kube, PROGRAM)
+            .await
+            .context("build the Kubernetes client")?;
+        let (reporter, _writer) = Reporter::start(ApiSink {
+            nodes: Api::all(client.clone()),
+            events: EventPublisher::new(client.clone(), PROGRAM, &node),
+        });
+        if !enabled {
             // Not ready, on purpose and visibly; no crash loop.
             tracing::warn!("the shutdown inhibitor is disabled (--enabled=false)");
-            events.publish(&reference, EventType::Warning, "ShutdownInhibitorDisabled", "Inhibit", Some("The shutdown inhibitor agent is disabled; Leases do not block shutdown on this node".into())).await;
+            reporter.event(EventReport::warning(
+                node_reference(&node),
+                "ShutdownInhibitorDisabled",
+                ACTION,
+                "The shutdown inhibitor agent is disabled; Leases do not block shutdown on this node",
+            ));
             stop.cancelled().await;
             return Ok(());
         }
-        let Some(logind) =
-            connect_logind(args.dbus_address.as_deref(), &stop, &events, &reference).await
-        else {
+        let unavailable = |error: &nodegrace_core::logind::LogindError| {
+            reporter.event(EventReport::warning(
+                node_reference(&node),
+                "LogindUnavailable",
+                ACTION,
+                format!("Cannot reach logind: {error}"),
+            ));
+        };
+        let Some(logind) = logind.connect(&stop, unavailable).await else {
             return Ok(());
         };
-        let reporter =
-            crate::reporter::Reporter::start(client.clone(), node.clone(), events, stop.clone());
         let agent = Agent {
             logind,
             client,
             node,
-            what: args.inhibit_what,
+            what: inhibit_what,
             metrics,
             reporter,
             alerts: Alerts::new(alert_timeout),
             ready,
         };
-        agent.run(stop, extra_events).await
+        agent.run(stop).await
     });
-    Ok(Started {
-        admin_address,
-        finished,
-    })
-}
-
-/// Connects to logind, retrying while it is not there (the agent stays not ready and says why).
-async fn connect_logind(
-    address: Option<&str>,
-    stop: &CancellationToken,
-    events: &EventPublisher,
-    node: &ObjectReference,
-) -> Option<Logind> {
-    let mut pause = Duration::from_millis(200);
-    let mut reported = false;
-    loop {
-        let connected = match address {
-            Some(address) => Logind::connect_to(address).await,
-            None => Logind::connect().await,
-        };
-        match connected {
-            Ok(logind) => return Some(logind),
-            Err(error) => {
-                tracing::error!(error = %Chain(&error), "cannot reach logind; retrying");
-                if !reported {
-                    reported = true;
-                    events
-                        .publish(
-                            node,
-                            EventType::Warning,
-                            "LogindUnavailable",
-                            "Inhibit",
-                            Some(format!("Cannot reach logind: {error}")),
-                        )
-                        .await;
-                }
-            }
-        }
-        tokio::select! {
-            () = stop.cancelled() => return None,
-            () = tokio::time::sleep(pause) => {}
-        }
-        pause = (pause * 2).min(Duration::from_secs(10));
-    }
+    started.await.context("start the admin server")
 }

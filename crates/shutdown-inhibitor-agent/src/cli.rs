@@ -1,10 +1,10 @@
-//! Command-line options; every flag also reads an environment variable.
+//! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see `nodegrace_core::cli`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, NodeArgs, ports};
+use nodegrace_core::cli::{CommonArgs, NodeArgs, duration_flag, ports};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -18,23 +18,21 @@ pub struct Args {
     #[command(flatten)]
     pub node: NodeArgs,
     /// Off: hold nothing, report not ready (the chart can be installed disabled).
-    #[arg(long, env = "INHIBITOR_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "NODEGRACE_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
     pub enabled: bool,
     /// What the block inhibitor covers, in logind's syntax (`shutdown`, `shutdown:sleep`).
-    #[arg(long, env = "INHIBIT_WHAT", default_value = "shutdown")]
+    #[arg(long, env = "NODEGRACE_INHIBIT_WHAT", default_value = "shutdown")]
     pub inhibit_what: String,
     /// YAML file with KubeletConfiguration's shutdownInhibitorAlertTimeout (a duration).
-    #[arg(long, env = "SIA_CONFIG")]
+    #[arg(long, env = "NODEGRACE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Warn about Leases held longer than this since their acquireTime, e.g. 30m (0s = never).
+    /// Warn about Leases held longer than this since their acquireTime (a duration, e.g. 30m;
+    /// 0s = never).
     /// Overrides the config file's shutdownInhibitorAlertTimeout; default 0s.
-    #[arg(long, env = "SHUTDOWN_INHIBITOR_ALERT_TIMEOUT", value_parser = parse_duration)]
+    #[arg(long, env = "NODEGRACE_ALERT_TIMEOUT", value_parser = duration_flag)]
     pub alert_timeout: Option<Duration>,
-    /// The system bus (default: the standard system bus socket).
-    #[arg(long, env = "DBUS_SYSTEM_BUS_ADDRESS")]
+    /// The system bus, as a D-Bus address (default: $DBUS_SYSTEM_BUS_ADDRESS, else the
+    /// standard system bus socket).
+    #[arg(long, env = "NODEGRACE_DBUS_ADDRESS")]
     pub dbus_address: Option<String>,
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    nodegrace_core::duration::parse_go_duration(text).map_err(|error| error.to_string())
 }

@@ -6,6 +6,6 @@ pub mod alerts;
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod decide;
 pub mod leases;
 pub mod metrics;
-pub mod reporter;

@@ -1,8 +1,8 @@
 //! The agent end to end: kube-sim for the Leases and the node, a real elogind for the block.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, ensure};
 use clap::Parser;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node};
@@ -10,11 +10,13 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions};
 use logind_harness::{LogindHarness, ScenarioOptions};
+use nodegrace_core::logind::LogindSource;
+use nodegrace_core::program::Started;
+use nodegrace_core::testing::{self, Admin};
 use serde_json::json;
 use shutdown_inhibitor_agent::agent::INHIBITOR_WHO;
-use shutdown_inhibitor_agent::app::{self, Started};
+use shutdown_inhibitor_agent::app;
 use shutdown_inhibitor_agent::cli::Args;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "node-0";
@@ -23,7 +25,7 @@ struct Setup {
     sim: KubeSim,
     client: Client,
     logind: LogindHarness,
-    agent: Started,
+    agent: Started<anyhow::Error>,
     stop: CancellationToken,
 }
 
@@ -68,7 +70,12 @@ async fn setup_with(flags: &[&str]) -> Result<Option<Setup>> {
         .chain(flags.iter().map(|flag| (*flag).to_owned())),
     )?;
     let stop = CancellationToken::new();
-    let agent = app::start(args, stop.clone(), None).await?;
+    let agent = app::start(
+        args,
+        stop.clone(),
+        LogindSource::Bus(Some(logind.bus_address().to_owned())),
+    )
+    .await?;
     let setup = Setup {
         sim,
         client,
@@ -83,45 +90,31 @@ async fn setup_with(flags: &[&str]) -> Result<Option<Setup>> {
     Ok(Some(setup))
 }
 
-async fn wait_for<F, Fut>(what: &str, mut check: F) -> Result<()>
+async fn wait_for<F, Fut>(what: &str, check: F) -> Result<()>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<bool>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if check().await? {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    testing::wait_for(what, Duration::from_secs(20), check).await
+}
+
+fn admin(setup: &Setup) -> Admin {
+    Admin {
+        address: setup.agent.admin_address,
+        prefix: "nodegrace_shutdown_inhibitor_agent",
     }
 }
 
 async fn http(setup: &Setup, path: &str) -> Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(setup.agent.admin_address).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    Ok(response)
+    admin(setup).get(path).await
 }
 
-/// A counter or gauge value (they are whole numbers here).
+/// A counter or gauge value (they are whole numbers here); -1 when not exported.
 async fn metric(setup: &Setup, name: &str) -> Result<i64> {
-    let text = http(setup, "/metrics").await?;
-    let wanted = format!("nodegrace_shutdown_inhibitor_agent_{name} ");
-    let value: f64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix(&wanted))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(-1.0);
-    Ok(value.round() as i64)
+    Ok(admin(setup)
+        .metric(name)
+        .await?
+        .map_or(-1, |value| value.round() as i64))
 }
 
 async fn our_blocks(setup: &Setup) -> Result<Vec<String>> {
@@ -384,7 +377,12 @@ async fn disabled_it_holds_nothing_reports_not_ready_and_says_why() -> Result<()
         "--enabled=false".to_owned(),
     ])?;
     let stop = CancellationToken::new();
-    let agent = app::start(args, stop.clone(), None).await?;
+    let agent = app::start(
+        args,
+        stop.clone(),
+        LogindSource::Bus(Some(logind.bus_address().to_owned())),
+    )
+    .await?;
     let client = sim.client();
     let setup = Setup {
         sim,
@@ -507,5 +505,64 @@ async fn an_alert_due_during_an_api_outage_is_published_once_after_it() -> Resul
     let alerts = events(&setup, "ShutdownInhibitedTooLong").await?;
     let kinds: Vec<&str> = alerts.iter().map(|(kind, _)| kind.as_str()).collect();
     ensure!(kinds == ["Lease", "Node"], "{alerts:?}");
+    Ok(())
+}
+
+/// Readiness has one meaning: the agent can do its job now. Driven through a logind stand-in,
+/// so it runs without root; the real-elogind tests above prove the locks themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_while_logind_is_gone_or_refuses_a_needed_block() -> Result<()> {
+    use nodegrace_core::logind::ShutdownEvent;
+    use nodegrace_core::testing::FakeLogind;
+
+    let sim = KubeSim::start(SimOptions {
+        nodes: 1,
+        ..SimOptions::default()
+    })
+    .await?;
+    let client = sim.client();
+    let args = Args::try_parse_from([
+        "shutdown-inhibitor-agent".to_owned(),
+        format!("--node-name={NODE}"),
+        format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+    ])?;
+    let logind = FakeLogind::new(Duration::from_secs(5));
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let agent = app::start(args, stop, LogindSource::Given(logind.shared())).await?;
+    let admin = Admin {
+        address: agent.admin_address,
+        prefix: "nodegrace_shutdown_inhibitor_agent",
+    };
+    let wait = |what: &'static str, ready: bool| {
+        testing::wait_for(what, Duration::from_secs(20), move || async move {
+            Ok(admin.is_ready().await? == ready)
+        })
+    };
+    wait("ready with no Lease and no lock", true).await?;
+
+    logind.refuse_inhibit(true);
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": NODE, "namespace": "default"},
+        "spec": {"holderIdentity": "backup", "acquireTime": "2026-01-01T00:00:00.000000Z"},
+    }))?;
+    Api::<Lease>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &lease)
+        .await?;
+    wait("not ready: a Lease asks for a block logind refuses", false).await?;
+    logind.refuse_inhibit(false);
+    wait("ready once the retried block is held", true).await?;
+    ensure!(logind.held().len() == 1, "{:?}", logind.held());
+
+    logind.send(ShutdownEvent::LogindStopped);
+    wait("not ready while logind is gone", false).await?;
+    logind.send(ShutdownEvent::LogindStarted);
+    wait("ready when logind is back and the block taken again", true).await?;
+    ensure!(
+        logind.held().len() == 1,
+        "one block after the restart: {:?}",
+        logind.held()
+    );
     Ok(())
 }

@@ -1,11 +1,17 @@
-//! `termination-controller`: Drains and terminates nodes through a finalizer, honouring PodDisruptionBudgets
+//! `termination-controller`: Drains and terminates nodes through a finalizer, honouring PodDisruptionBudgets.
 //!
-//! The behaviour lands with its component issue (the termination-controller issue); until then the binary accepts the
-//! common options, so charts and scripts can be written against them, and says it is not ready.
+//! The behaviour lands with its component issue; until then the binary accepts its options
+//! (the common ones and leader election), so charts and scripts can be written against them,
+//! and stops with a clear message.
+
+use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, ports};
+use nodegrace_core::cli::{CommonArgs, LeaderArgs, ports};
+use tokio_util::sync::CancellationToken;
+
+const PROGRAM: &str = "termination-controller";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -16,12 +22,16 @@ use nodegrace_core::cli::{CommonArgs, ports};
 struct Args {
     #[command(flatten)]
     common: CommonArgs<{ ports::TERMINATION_CONTROLLER }>,
+    #[command(flatten)]
+    leader: LeaderArgs,
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    tracing::debug!(?args, "parsed options");
-    bail!(
-        "termination-controller is not implemented in this build yet (the termination-controller issue)"
-    )
+async fn run(args: Args, _stop: CancellationToken) -> anyhow::Result<()> {
+    let election = args.leader.config(PROGRAM);
+    tracing::debug!(?args, ?election, "parsed options");
+    bail!("{PROGRAM} is not implemented in this build yet (its component issue)")
+}
+
+fn main() -> ExitCode {
+    nodegrace_core::program::main(|args: &Args| &args.common.log, run)
 }

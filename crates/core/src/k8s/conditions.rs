@@ -3,35 +3,67 @@
 //! other writers put in the status.
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 /// The condition to write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConditionSpec<'a> {
-    pub type_: &'a str,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConditionSpec {
+    pub type_: String,
     /// `True`, `False` or `Unknown`.
-    pub status: &'a str,
+    pub status: String,
     /// CamelCase, by API convention.
-    pub reason: &'a str,
-    pub message: &'a str,
+    pub reason: String,
+    pub message: String,
 }
 
-/// What an upsert did.
+impl ConditionSpec {
+    pub fn new(type_: &str, status: &str, reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// What writing a condition did (or would do) to the node's current one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConditionChange {
-    /// Same status, reason and message already there: nothing was written.
+    /// Status, reason and message were already as wanted: nothing written.
     Unchanged,
-    /// Reason or message changed; `lastTransitionTime` kept.
+    /// Same status, new reason or message: `lastTransitionTime` is kept.
     Updated,
-    /// The status changed (or the condition is new): `lastTransitionTime` is now.
+    /// New condition or new status: `lastTransitionTime` is now.
     Transitioned,
 }
 
-/// A strategic merge patch of the status with this one condition (conditions merge by `type`).
-fn status_patch(condition: &ConditionSpec<'_>, transition: Timestamp) -> serde_json::Value {
+/// How `wanted` changes `existing`, by the API conventions on `lastTransitionTime`.
+pub fn classify_change(
+    existing: Option<&NodeCondition>,
+    wanted: &ConditionSpec,
+) -> ConditionChange {
+    match existing {
+        Some(current)
+            if current.status == wanted.status
+                && current.reason.as_deref() == Some(wanted.reason.as_str())
+                && current.message.as_deref() == Some(wanted.message.as_str()) =>
+        {
+            ConditionChange::Unchanged
+        }
+        Some(current)
+            if current.status == wanted.status && current.last_transition_time.is_some() =>
+        {
+            ConditionChange::Updated
+        }
+        _ => ConditionChange::Transitioned,
+    }
+}
+
+fn status_patch(condition: &ConditionSpec, transition: Timestamp) -> serde_json::Value {
     json!({
         "status": {
             "conditions": [{
@@ -45,43 +77,48 @@ fn status_patch(condition: &ConditionSpec<'_>, transition: Timestamp) -> serde_j
     })
 }
 
-/// Sets a node condition. `lastTransitionTime` changes only when the status does; the patch is
-/// skipped entirely when nothing would change.
+/// The node's condition of `type_`.
+pub fn node_condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
+    node.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .and_then(|conditions| conditions.iter().find(|c| c.type_ == type_))
+}
+
+/// Sets a node condition, keeping `lastTransitionTime` when the status does not change, and
+/// writing nothing when nothing changes (a heartbeat per reconcile would only churn watches).
 pub async fn upsert_node_condition(
     nodes: &Api<Node>,
     node: &str,
-    condition: &ConditionSpec<'_>,
+    condition: &ConditionSpec,
+) -> Result<ConditionChange, kube::Error> {
+    upsert_node_condition_if(nodes, node, condition, |_| true).await
+}
+
+/// [`upsert_node_condition`] only when `guard` accepts the current condition (e.g. clear a
+/// condition only if it is `True`); `Unchanged` when it does not.
+pub async fn upsert_node_condition_if(
+    nodes: &Api<Node>,
+    node: &str,
+    condition: &ConditionSpec,
+    guard: impl FnOnce(Option<&NodeCondition>) -> bool,
 ) -> Result<ConditionChange, kube::Error> {
     let current = nodes.get_status(node).await?;
-    let existing = current
-        .status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .and_then(|conditions| conditions.iter().find(|c| c.type_ == condition.type_))
-        .map(|c| {
-            (
-                c.status.clone(),
-                c.reason.clone().unwrap_or_default(),
-                c.message.clone().unwrap_or_default(),
-                c.last_transition_time.clone(),
-            )
-        });
+    let existing = node_condition(&current, &condition.type_);
+    if !guard(existing) {
+        return Ok(ConditionChange::Unchanged);
+    }
+    let change = classify_change(existing, condition);
     let now = Timestamp::now();
-    let (change, transition) = match existing {
-        Some((status, reason, message, _))
-            if status == condition.status
-                && reason == condition.reason
-                && message == condition.message =>
-        {
-            return Ok(ConditionChange::Unchanged);
-        }
-        Some((status, _, _, Some(since))) if status == condition.status => {
-            (ConditionChange::Updated, since.0)
-        }
-        _ => (ConditionChange::Transitioned, now),
+    let transition = match (
+        change,
+        existing.and_then(|c| c.last_transition_time.as_ref()),
+    ) {
+        (ConditionChange::Unchanged, _) => return Ok(change),
+        (ConditionChange::Updated, Some(since)) => since.0,
+        _ => now,
     };
     let mut patch = status_patch(condition, transition);
-    // Nodes report when the condition was last confirmed; pods have no such field.
     patch["status"]["conditions"][0]["lastHeartbeatTime"] = json!(now.to_string());
     nodes
         .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
@@ -89,14 +126,62 @@ pub async fn upsert_node_condition(
     Ok(change)
 }
 
-/// Sets a pod condition such as `DisruptionTarget` (pods/status, merged by `type`).
+/// Sets a pod condition (e.g. `DisruptionTarget` before a deletion).
 pub async fn set_pod_condition(
     pods: &Api<Pod>,
     pod: &str,
-    condition: &ConditionSpec<'_>,
+    condition: &ConditionSpec,
 ) -> Result<(), kube::Error> {
     let patch = status_patch(condition, Timestamp::now());
     pods.patch_status(pod, &PatchParams::default(), &Patch::Strategic(patch))
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_change_keeps_the_transition_time_only_when_the_status_stays() {
+        let existing =
+            |value: serde_json::Value| -> NodeCondition { serde_json::from_value(value).unwrap() };
+        let wanted = ConditionSpec::new("ShutdownInhibited", "True", "ActiveLeases", "a");
+        let since = "2026-01-01T00:00:00Z";
+        let cases = [
+            (None, ConditionChange::Transitioned),
+            (
+                Some(existing(
+                    json!({"type": "ShutdownInhibited", "status": "True", "reason": "ActiveLeases", "message": "a", "lastTransitionTime": since}),
+                )),
+                ConditionChange::Unchanged,
+            ),
+            (
+                Some(existing(
+                    json!({"type": "ShutdownInhibited", "status": "True", "reason": "ActiveLeases", "message": "b", "lastTransitionTime": since}),
+                )),
+                ConditionChange::Updated,
+            ),
+            (
+                Some(existing(
+                    json!({"type": "ShutdownInhibited", "status": "True", "reason": "Other", "message": "a"}),
+                )),
+                ConditionChange::Transitioned,
+            ),
+            (
+                Some(existing(
+                    json!({"type": "ShutdownInhibited", "status": "False", "reason": "ActiveLeases", "message": "a", "lastTransitionTime": since}),
+                )),
+                ConditionChange::Transitioned,
+            ),
+        ];
+        for (current, expected) in cases {
+            assert_eq!(
+                classify_change(current.as_ref(), &wanted),
+                expected,
+                "{current:?}"
+            );
+        }
+    }
 }

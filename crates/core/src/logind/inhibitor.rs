@@ -37,21 +37,12 @@ pub struct InhibitorLock {
 }
 
 impl InhibitorLock {
-    pub(crate) fn new(fd: OwnedFd, what: &str, mode: InhibitMode) -> Self {
+    pub fn new(fd: OwnedFd, what: &str, mode: InhibitMode) -> Self {
         Self {
             fd,
             what: what.to_owned(),
             mode,
         }
-    }
-
-    /// The operations this lock inhibits, e.g. `shutdown` or `shutdown:sleep`.
-    pub fn what(&self) -> &str {
-        &self.what
-    }
-
-    pub fn mode(&self) -> InhibitMode {
-        self.mode
     }
 
     /// Releases the lock now. Same as dropping it, but reads as intent at the call site.

@@ -1,6 +1,7 @@
 //! A client for systemd-logind (or elogind) on the system bus: inhibitor locks, the shutdown
 //! signal, and the inhibit-delay setting the node agents depend on.
 
+mod api;
 mod delay;
 mod events;
 mod inhibitor;
@@ -12,6 +13,7 @@ use zbus::fdo::DBusProxy;
 use zbus::names::BusName;
 use zbus::proxy::CacheProperties;
 
+pub use api::{LogindApi, LogindSource, SharedLogind};
 pub use delay::{DelayConfig, DelayError, DelayOutcome, ensure_inhibit_delay};
 pub use events::{ShutdownEvent, ShutdownEvents};
 pub use inhibitor::{InhibitMode, Inhibitor, InhibitorLock};

@@ -1,0 +1,501 @@
+//! Telling the cluster off the critical path: node conditions, node taints and Events are
+//! queued and written by a worker of their own, so a slow or rate-limited API server never
+//! delays what the program is doing (holding or releasing an inhibitor, terminating pods).
+//!
+//! Writes that fail for a transient reason (no answer, 409, 429, 5xx) are retried every second
+//! until they land; ones the server will never accept (403, 422, …) are logged and dropped.
+//! Events are written in order, one object each. For a condition (per node and type) and a
+//! taint (per node and key) only the latest wish counts: a newer one replaces a pending older
+//! one. When every [`Reporter`] is dropped, what is still pending gets [`FLUSH_WINDOW`] to land.
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use kube::Api;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::api_errors::{ApiErrorClass, classify_write};
+use super::conditions::{ConditionSpec, upsert_node_condition_if};
+use super::events::{EventPublisher, EventReport};
+use super::taints::{add_taint, remove_taint};
+use crate::error_chain::Chain;
+
+/// How long a failed write waits before it is tried again.
+pub const RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// How long pending writes keep being retried after the program dropped its reporters.
+pub const FLUSH_WINDOW: Duration = Duration::from_secs(5);
+
+/// When a condition is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConditionGuard {
+    Always,
+    /// Only over a current condition with this status: clearing a stale `True` must not add a
+    /// condition where there was none.
+    OnlyReplacing(&'static str),
+}
+
+impl ConditionGuard {
+    pub fn admits(self, existing: Option<&NodeCondition>) -> bool {
+        match self {
+            Self::Always => true,
+            Self::OnlyReplacing(status) => existing.is_some_and(|c| c.status == status),
+        }
+    }
+}
+
+/// Where the writes go: the API server, or a recorder in tests.
+pub trait ReportSink: Send + Sync + 'static {
+    fn event<'a>(&'a self, event: &'a EventReport) -> BoxFuture<'a, Result<(), kube::Error>>;
+    fn condition<'a>(
+        &'a self,
+        node: &'a str,
+        condition: &'a ConditionSpec,
+        guard: ConditionGuard,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+    fn taint<'a>(
+        &'a self,
+        node: &'a str,
+        taint: &'a Taint,
+        present: bool,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+}
+
+/// The API server as a [`ReportSink`].
+#[derive(Debug, Clone)]
+pub struct ApiSink {
+    pub nodes: Api<Node>,
+    pub events: EventPublisher,
+}
+
+impl ReportSink for ApiSink {
+    fn event<'a>(&'a self, event: &'a EventReport) -> BoxFuture<'a, Result<(), kube::Error>> {
+        self.events.publish(event).boxed()
+    }
+
+    fn condition<'a>(
+        &'a self,
+        node: &'a str,
+        condition: &'a ConditionSpec,
+        guard: ConditionGuard,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        upsert_node_condition_if(&self.nodes, node, condition, move |c| guard.admits(c))
+            .map(|written| written.map(drop))
+            .boxed()
+    }
+
+    fn taint<'a>(
+        &'a self,
+        node: &'a str,
+        taint: &'a Taint,
+        present: bool,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        async move {
+            if present {
+                add_taint(&self.nodes, node, taint).await.map(drop)
+            } else {
+                remove_taint(&self.nodes, node, taint).await.map(drop)
+            }
+        }
+        .boxed()
+    }
+}
+
+/// Resolves when a queued write has landed, was given up, or was replaced by a newer one.
+#[derive(Debug)]
+pub struct Landed(oneshot::Receiver<()>);
+
+impl Landed {
+    pub async fn wait(self) {
+        // A dropped sender means given up or superseded: either way there is nothing to wait for.
+        let _ = self.0.await;
+    }
+}
+
+#[derive(Debug)]
+enum Write {
+    Event(EventReport),
+    Condition {
+        node: String,
+        condition: ConditionSpec,
+        guard: ConditionGuard,
+    },
+    Taint {
+        node: String,
+        taint: Taint,
+        present: bool,
+        landed: oneshot::Sender<()>,
+    },
+}
+
+/// Queues writes for the worker. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Reporter {
+    sender: mpsc::UnboundedSender<Write>,
+}
+
+impl Reporter {
+    /// Starts the worker; it ends once every clone is dropped and the pending writes have
+    /// landed or [`FLUSH_WINDOW`] has passed.
+    pub fn start(sink: impl ReportSink) -> (Self, JoinHandle<()>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let worker = tokio::spawn(work(sink, receiver));
+        (Self { sender }, worker)
+    }
+
+    pub fn event(&self, event: EventReport) {
+        self.send(Write::Event(event));
+    }
+
+    pub fn condition(&self, node: &str, condition: ConditionSpec, guard: ConditionGuard) {
+        self.send(Write::Condition {
+            node: node.to_owned(),
+            condition,
+            guard,
+        });
+    }
+
+    /// Adds (`present`) or removes the taint with `taint`'s key and effect.
+    pub fn taint(&self, node: &str, taint: Taint, present: bool) -> Landed {
+        let (landed, receiver) = oneshot::channel();
+        self.send(Write::Taint {
+            node: node.to_owned(),
+            taint,
+            present,
+            landed,
+        });
+        Landed(receiver)
+    }
+
+    fn send(&self, write: Write) {
+        // The worker outlives every sender, so the send cannot fail while `self` exists.
+        let _ = self.sender.send(write);
+    }
+}
+
+#[derive(Default)]
+struct Pending {
+    taints: Vec<Write>,
+    conditions: Vec<Write>,
+    events: std::collections::VecDeque<EventReport>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.taints.is_empty() && self.conditions.is_empty() && self.events.is_empty()
+    }
+
+    fn add(&mut self, write: Write) {
+        match write {
+            Write::Event(event) => self.events.push_back(event),
+            Write::Condition {
+                ref node,
+                ref condition,
+                ..
+            } => {
+                let (node, type_) = (node.clone(), condition.type_.clone());
+                self.conditions.retain(|old| {
+                    !matches!(old, Write::Condition { node: n, condition: c, .. } if *n == node && c.type_ == type_)
+                });
+                self.conditions.push(write);
+            }
+            Write::Taint {
+                ref node,
+                ref taint,
+                ..
+            } => {
+                let (node, key) = (node.clone(), taint.key.clone());
+                self.taints.retain(|old| {
+                    !matches!(old, Write::Taint { node: n, taint: t, .. } if *n == node && t.key == key)
+                });
+                self.taints.push(write);
+            }
+        }
+    }
+
+    /// One attempt at everything pending: taints first (they keep pods away), then
+    /// conditions, then Events in order up to the first that must be retried.
+    async fn attempt(&mut self, sink: &impl ReportSink) {
+        let mut kept = Vec::new();
+        for write in self.taints.drain(..) {
+            let Write::Taint {
+                node,
+                taint,
+                present,
+                landed,
+            } = write
+            else {
+                continue;
+            };
+            let result = sink.taint(&node, &taint, present).await;
+            if keep_after(result, "taint", &taint.key) {
+                kept.push(Write::Taint {
+                    node,
+                    taint,
+                    present,
+                    landed,
+                });
+            } else {
+                let _ = landed.send(());
+            }
+        }
+        self.taints = kept;
+        let mut kept = Vec::new();
+        for write in self.conditions.drain(..) {
+            let Write::Condition {
+                node,
+                condition,
+                guard,
+            } = write
+            else {
+                continue;
+            };
+            let result = sink.condition(&node, &condition, guard).await;
+            if keep_after(result, "condition", &condition.type_) {
+                kept.push(Write::Condition {
+                    node,
+                    condition,
+                    guard,
+                });
+            }
+        }
+        self.conditions = kept;
+        while let Some(event) = self.events.front() {
+            let result = sink.event(event).await;
+            if keep_after(result, "Event", &event.reason) {
+                break;
+            }
+            self.events.pop_front();
+        }
+    }
+
+    fn abandon(&self) {
+        let lost = self.taints.len() + self.conditions.len() + self.events.len();
+        tracing::error!(
+            lost,
+            "the API server did not take the last writes before the program stopped"
+        );
+    }
+}
+
+/// Whether a write must be tried again.
+fn keep_after(result: Result<(), kube::Error>, what: &str, name: &str) -> bool {
+    let Err(error) = result else { return false };
+    match classify_write(&error) {
+        ApiErrorClass::Retry => {
+            tracing::warn!(error = %Chain(&error), what, name, "cannot write; retrying");
+            true
+        }
+        ApiErrorClass::Final | ApiErrorClass::Gone => {
+            tracing::error!(error = %Chain(&error), what, name, "the API server refused a write; giving it up");
+            false
+        }
+    }
+}
+
+async fn work(sink: impl ReportSink, mut writes: mpsc::UnboundedReceiver<Write>) {
+    let mut pending = Pending::default();
+    let mut flush_deadline: Option<Instant> = None;
+    loop {
+        if flush_deadline.is_some() && pending.is_empty() {
+            return;
+        }
+        if flush_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            pending.abandon();
+            return;
+        }
+        let retrying = !pending.is_empty();
+        tokio::select! {
+            write = writes.recv(), if flush_deadline.is_none() => {
+                let Some(write) = write else {
+                    flush_deadline = Some(Instant::now() + FLUSH_WINDOW);
+                    continue;
+                };
+                pending.add(write);
+                while let Ok(write) = writes.try_recv() {
+                    pending.add(write);
+                }
+            }
+            () = tokio::time::sleep(RETRY_PAUSE), if retrying => {}
+        }
+        pending.attempt(&sink).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    use crate::k8s::nodes::node_reference;
+
+    /// Records writes; answers each with the next scripted status (200 once the script ends).
+    #[derive(Clone, Default)]
+    struct Recorder {
+        script: Arc<Mutex<VecDeque<u16>>>,
+        written: Arc<Mutex<Vec<String>>>,
+        attempts: Arc<Mutex<usize>>,
+    }
+
+    impl Recorder {
+        fn scripted(codes: &[u16]) -> Self {
+            let recorder = Self::default();
+            recorder.script.lock().unwrap().extend(codes);
+            recorder
+        }
+
+        fn answer(&self, what: String) -> BoxFuture<'static, Result<(), kube::Error>> {
+            *self.attempts.lock().unwrap() += 1;
+            let code = self.script.lock().unwrap().pop_front().unwrap_or(200);
+            if code == 200 {
+                self.written.lock().unwrap().push(what);
+                async { Ok(()) }.boxed()
+            } else {
+                let error = kube::Error::Api(
+                    kube::core::Status::failure("no", "x")
+                        .with_code(code)
+                        .boxed(),
+                );
+                async move { Err(error) }.boxed()
+            }
+        }
+
+        fn written(&self) -> Vec<String> {
+            self.written.lock().unwrap().clone()
+        }
+    }
+
+    impl ReportSink for Recorder {
+        fn event<'a>(&'a self, event: &'a EventReport) -> BoxFuture<'a, Result<(), kube::Error>> {
+            self.answer(format!("event {}", event.reason))
+        }
+        fn condition<'a>(
+            &'a self,
+            node: &'a str,
+            condition: &'a ConditionSpec,
+            _guard: ConditionGuard,
+        ) -> BoxFuture<'a, Result<(), kube::Error>> {
+            self.answer(format!("condition {node} {}", condition.status))
+        }
+        fn taint<'a>(
+            &'a self,
+            node: &'a str,
+            taint: &'a Taint,
+            present: bool,
+        ) -> BoxFuture<'a, Result<(), kube::Error>> {
+            self.answer(format!("taint {node} {} {present}", taint.key))
+        }
+    }
+
+    fn event(reason: &str) -> EventReport {
+        EventReport::normal(node_reference("n1"), reason, "Test", "note")
+    }
+
+    fn taint(key: &str) -> Taint {
+        Taint {
+            key: key.to_owned(),
+            effect: "NoSchedule".to_owned(),
+            ..Taint::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_stay_in_order_across_a_transient_failure_and_refusals_are_dropped() {
+        let sink = Recorder::scripted(&[503, 503, 200, 200, 403, 200]);
+        let (reporter, worker) = Reporter::start(sink.clone());
+        reporter.event(event("First"));
+        reporter.event(event("Second"));
+        reporter.event(event("Refused"));
+        reporter.event(event("Fourth"));
+        drop(reporter);
+        worker.await.unwrap();
+        assert_eq!(
+            sink.written(),
+            ["event First", "event Second", "event Fourth"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_latest_condition_and_taint_wish_is_written() {
+        let sink = Recorder::scripted(&[503]);
+        let (reporter, worker) = Reporter::start(sink.clone());
+        let add = reporter.taint("n1", taint("k"), true);
+        // The first attempt fails; both wishes are replaced before the retry.
+        add.wait().await;
+        reporter.condition(
+            "n1",
+            ConditionSpec::new("C", "True", "R", "m"),
+            ConditionGuard::Always,
+        );
+        reporter.condition(
+            "n1",
+            ConditionSpec::new("C", "False", "R", "m"),
+            ConditionGuard::Always,
+        );
+        let remove = reporter.taint("n1", taint("k"), false);
+        remove.wait().await;
+        drop(reporter);
+        worker.await.unwrap();
+        let written = sink.written();
+        assert!(
+            written.contains(&"taint n1 k false".to_owned()),
+            "{written:?}"
+        );
+        assert!(
+            written.contains(&"condition n1 False".to_owned()),
+            "{written:?}"
+        );
+        assert!(
+            !written.contains(&"condition n1 True".to_owned()),
+            "{written:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_worker_ends_when_dropped_and_gives_up_after_the_flush_window() {
+        let idle = Recorder::default();
+        let (reporter, worker) = Reporter::start(idle.clone());
+        drop(reporter);
+        worker.await.unwrap();
+        assert_eq!(
+            *idle.attempts.lock().unwrap(),
+            0,
+            "nothing to write, nothing tried"
+        );
+
+        let down = Recorder::scripted(&[503; 1000]);
+        let (reporter, worker) = Reporter::start(down.clone());
+        reporter.event(event("Lost"));
+        let start = Instant::now();
+        drop(reporter);
+        worker.await.unwrap();
+        let attempts = *down.attempts.lock().unwrap();
+        assert!(
+            start.elapsed() <= FLUSH_WINDOW + RETRY_PAUSE,
+            "{:?}",
+            start.elapsed()
+        );
+        // One try per pause, no spinning.
+        assert!(
+            attempts <= 1 + (FLUSH_WINDOW.as_secs() as usize) + 1,
+            "{attempts} attempts"
+        );
+        assert!(down.written().is_empty());
+    }
+
+    #[test]
+    fn a_guarded_condition_replaces_only_the_named_status() {
+        let condition = |status: &str| -> NodeCondition {
+            serde_json::from_value(serde_json::json!({"type": "C", "status": status})).unwrap()
+        };
+        let clear = ConditionGuard::OnlyReplacing("True");
+        assert!(clear.admits(Some(&condition("True"))));
+        assert!(!clear.admits(Some(&condition("False"))));
+        assert!(!clear.admits(None));
+        assert!(ConditionGuard::Always.admits(None));
+    }
+}

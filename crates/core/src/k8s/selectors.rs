@@ -1,0 +1,182 @@
+//! Label selectors as `metav1.LabelSelectorAsSelector` reads them, and which
+//! PodDisruptionBudgets cover a pod (the disruption controller's `getPdbsForPod`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error(
+        "label selector: unknown operator {0:?} in matchExpressions (use In, NotIn, Exists or DoesNotExist)"
+    )]
+    Operator(String),
+    #[error("label selector: operator {operator} on key {key:?} needs {needs}")]
+    Values {
+        key: String,
+        operator: String,
+        needs: &'static str,
+    },
+}
+
+/// Whether `labels` satisfy `selector`. An empty selector (no labels, no expressions) selects
+/// everything; callers decide what a missing (null) selector means.
+pub fn selector_matches(
+    selector: &LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, SelectorError> {
+    let labels_match = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(key, value)| labels.get(key) == Some(value));
+    let mut expressions_match = true;
+    for expression in selector.match_expressions.iter().flatten() {
+        let values = expression.values.as_deref().unwrap_or_default();
+        let needs = |needs| SelectorError::Values {
+            key: expression.key.clone(),
+            operator: expression.operator.clone(),
+            needs,
+        };
+        let present = labels.get(&expression.key);
+        let matched = match expression.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => return Err(needs("at least one value")),
+            "Exists" | "DoesNotExist" if !values.is_empty() => return Err(needs("no values")),
+            "In" => present.is_some_and(|value| values.contains(value)),
+            "NotIn" => present.is_none_or(|value| !values.contains(value)),
+            "Exists" => present.is_some(),
+            "DoesNotExist" => present.is_none(),
+            other => return Err(SelectorError::Operator(other.to_owned())),
+        };
+        expressions_match &= matched;
+    }
+    Ok(labels_match && expressions_match)
+}
+
+/// The budgets of the pod's namespace whose selector matches it. In policy/v1 an empty
+/// selector covers every pod of the namespace and a null one covers none; a budget with an
+/// invalid selector covers none (the disruption controller skips it too).
+pub fn pdbs_for_pod<'a>(
+    pod: &Pod,
+    budgets: impl IntoIterator<Item = &'a PodDisruptionBudget>,
+) -> Vec<&'a PodDisruptionBudget> {
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    budgets
+        .into_iter()
+        .filter(|pdb| pdb.metadata.namespace == pod.metadata.namespace)
+        .filter(|pdb| {
+            pdb.spec
+                .as_ref()
+                .and_then(|spec| spec.selector.as_ref())
+                .is_some_and(|selector| selector_matches(selector, labels).unwrap_or(false))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn selector(value: &serde_json::Value) -> LabelSelector {
+        serde_json::from_value(value.clone()).unwrap()
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn selectors_match_as_the_api_server_reads_them() {
+        let app_web = labels(&[("app", "web"), ("tier", "front")]);
+        let cases = [
+            (json!({}), true),
+            (json!({"matchLabels": {"app": "web"}}), true),
+            (json!({"matchLabels": {"app": "db"}}), false),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["db", "web"]}]}),
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["web"]}]}),
+                false,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}),
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}),
+                true,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}),
+                false,
+            ),
+            (
+                json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["back"]}]}),
+                false,
+            ),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(
+                selector_matches(&selector(&value), &app_web),
+                Ok(expected),
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_expressions_are_errors_that_name_the_fix() {
+        let unknown =
+            json!({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]});
+        let error = selector_matches(&selector(&unknown), &labels(&[])).unwrap_err();
+        assert!(error.to_string().contains("use In, NotIn"), "{error}");
+        let no_values = json!({"matchExpressions": [{"key": "a", "operator": "In"}]});
+        let error = selector_matches(&selector(&no_values), &labels(&[])).unwrap_err();
+        assert!(error.to_string().contains("at least one value"), "{error}");
+    }
+
+    #[test]
+    fn budgets_cover_pods_of_their_namespace_only_and_null_selects_none() {
+        let pdb =
+            |name: &str, namespace: &str, selector: serde_json::Value| -> PodDisruptionBudget {
+                let mut spec = json!({});
+                if !selector.is_null() {
+                    spec["selector"] = selector;
+                }
+                serde_json::from_value(json!({
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": spec,
+                }))
+                .unwrap()
+            };
+        let budgets = [
+            pdb("web", "shop", json!({"matchLabels": {"app": "web"}})),
+            pdb("everything", "shop", json!({})),
+            pdb("nothing", "shop", serde_json::Value::Null),
+            pdb("elsewhere", "other", json!({})),
+            pdb(
+                "broken",
+                "shop",
+                json!({"matchExpressions": [{"key": "a", "operator": "Gt"}]}),
+            ),
+        ];
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "labels": {"app": "web"}},
+        }))
+        .unwrap();
+        let names: Vec<&str> = pdbs_for_pod(&pod, &budgets)
+            .iter()
+            .filter_map(|pdb| pdb.metadata.name.as_deref())
+            .collect();
+        assert_eq!(names, ["web", "everything"]);
+    }
+}

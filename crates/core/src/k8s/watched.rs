@@ -1,0 +1,124 @@
+//! A reflector cache with a change signal: the programs wait on "something changed" instead of
+//! polling the API server, and read the cache when it fires.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource};
+use prometheus_client::metrics::counter::Counter;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use crate::error_chain::Chain;
+
+/// Counters a program may keep about its watch (both optional).
+#[derive(Debug, Clone, Default)]
+pub struct WatchCounters {
+    /// Objects applied or deleted, as the watch delivered them.
+    pub events: Option<Counter>,
+    /// Watch failures; the watch retries with backoff after each.
+    pub restarts: Option<Counter>,
+}
+
+/// The watch ended: every stream of kube's watcher retries forever, so this means the task
+/// that drives it is gone.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the watch ended")]
+pub struct WatchEnded;
+
+/// Objects selected by one watch, and a signal that fires on every change to them. The watch
+/// runs as long as any clone exists, and no longer: a program's stop token does not end it, so
+/// work that still reads the cache while the program stops (a shutdown being finished) keeps
+/// a live view. While the API server is away the cache keeps the last known state.
+pub struct Watched<K: Resource + 'static>
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    store: Store<K>,
+    changes: watch::Receiver<u64>,
+}
+
+impl<K: Resource + 'static> std::fmt::Debug for Watched<K>
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watched")
+            .field("generation", &*self.changes.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Resource + 'static> Clone for Watched<K>
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            changes: self.changes.clone(),
+        }
+    }
+}
+
+impl<K> Watched<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
+{
+    /// Starts the watch in a task of its own.
+    pub fn start(api: Api<K>, config: watcher::Config, counters: WatchCounters) -> Self {
+        let (store, writer) = reflector::store();
+        let (notify, changes) = watch::channel(0u64);
+        let events = reflector::reflector(writer, watcher(api, config)).default_backoff();
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            loop {
+                tokio::select! {
+                    () = notify.closed() => return,
+                    event = events.next() => match event {
+                        Some(Ok(event)) => {
+                            if let (
+                                watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_),
+                                Some(counter),
+                            ) = (&event, &counters.events) {
+                                counter.inc();
+                            }
+                            notify.send_modify(|generation| *generation += 1);
+                        }
+                        Some(Err(error)) => {
+                            if let Some(counter) = &counters.restarts {
+                                counter.inc();
+                            }
+                            tracing::warn!(
+                                kind = %K::kind(&K::DynamicType::default()),
+                                error = %Chain(&error),
+                                "watch failed; keeping the last known state and retrying"
+                            );
+                        }
+                        None => return,
+                    },
+                }
+            }
+        });
+        Self { store, changes }
+    }
+
+    /// Waits for the first complete listing.
+    pub async fn synced(&self) -> Result<(), WatchEnded> {
+        self.store.wait_until_ready().await.map_err(|_| WatchEnded)
+    }
+
+    pub fn state(&self) -> Vec<Arc<K>> {
+        self.store.state()
+    }
+
+    /// Waits for the next change after the last one this clone saw.
+    pub async fn changed(&mut self) -> Result<(), WatchEnded> {
+        self.changes.changed().await.map_err(|_| WatchEnded)
+    }
+}

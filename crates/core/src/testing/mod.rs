@@ -1,0 +1,101 @@
+//! Helpers for the programs' tests (feature `testing`): waiting on a condition with a deadline,
+//! reading a program's admin server, a logind stand-in for tests without root, and checks of a
+//! release binary as an operator runs it.
+
+mod binary;
+mod fake_logind;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+pub use binary::{check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error};
+pub use fake_logind::{FakeLogind, WithExtraEvents};
+
+/// How often a condition is checked again; the wait itself is bounded by its deadline.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Waits until `check` returns true, failing after `timeout` with `what` in the message.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A program's admin server, read as Prometheus and the kubelet read it.
+#[derive(Debug, Clone, Copy)]
+pub struct Admin {
+    pub address: SocketAddr,
+    /// The metrics prefix, e.g. `nodegrace_shutdown_inhibitor_agent`.
+    pub prefix: &'static str,
+}
+
+impl Admin {
+    /// The raw HTTP response to `GET path`, status line first.
+    pub async fn get(&self, path: &str) -> Result<String> {
+        let mut stream = tokio::net::TcpStream::connect(self.address)
+            .await
+            .with_context(|| format!("connect to the admin server at {}", self.address))?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok(response)
+    }
+
+    pub async fn is_ready(&self) -> Result<bool> {
+        Ok(self.get("/readyz").await?.starts_with("HTTP/1.1 200"))
+    }
+
+    /// The value of the unlabelled sample `<prefix>_<name>`, if exported.
+    pub async fn metric(&self, name: &str) -> Result<Option<f64>> {
+        Ok(sample(
+            &self.get("/metrics").await?,
+            &format!("{}_{name}", self.prefix),
+        ))
+    }
+
+    /// Like [`metric`](Self::metric) for counters and gauges that must be there.
+    pub async fn value(&self, name: &str) -> Result<f64> {
+        self.metric(name)
+            .await?
+            .with_context(|| format!("metric {}_{name} is not exported", self.prefix))
+    }
+}
+
+/// The value of the sample named exactly `full_name` (labels included, if any) in an
+/// OpenMetrics text body.
+pub fn sample(body: &str, full_name: &str) -> Option<f64> {
+    body.lines().find_map(|line| {
+        let value = line.strip_prefix(full_name)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_found_by_their_exact_name() {
+        let body = "# TYPE x_a counter\nx_a_total 3\nx_a_total_more 9\nx_b{kind=\"y\"} 2\n";
+        assert_eq!(sample(body, "x_a_total"), Some(3.0));
+        assert_eq!(sample(body, "x_b{kind=\"y\"}"), Some(2.0));
+        assert_eq!(sample(body, "x_a"), None);
+    }
+}

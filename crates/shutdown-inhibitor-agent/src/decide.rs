@@ -1,0 +1,151 @@
+//! The inhibitor agent's decisions, without I/O: whether a block lock is needed and why, the
+//! `ShutdownInhibited` condition for a set of holders, and the Event a change deserves.
+
+use nodegrace_core::k8s::conditions::ConditionSpec;
+
+use crate::leases::{Holder, describe};
+
+pub const CONDITION_TYPE: &str = "ShutdownInhibited";
+
+/// What to do with the block lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockAction {
+    /// Take a lock with this reason (logind shows it in `systemd-inhibit --list`); the new
+    /// one is held before an old one goes, so the block never lapses.
+    Take { why: String },
+    /// The lock held says what it should.
+    Keep,
+    /// No active Lease: release.
+    Release,
+    /// Shutdown has begun: Lease changes no longer matter (KEP), nothing changes.
+    Frozen,
+}
+
+/// `held_why`: the reason of the lock held now, if any.
+pub fn lock_action(holders: &[Holder], held_why: Option<&str>, shutting_down: bool) -> LockAction {
+    if shutting_down {
+        return LockAction::Frozen;
+    }
+    if holders.is_empty() {
+        return match held_why {
+            Some(_) => LockAction::Release,
+            None => LockAction::Keep,
+        };
+    }
+    let why = format!("Active Leases: {}", describe(holders));
+    if held_why == Some(why.as_str()) {
+        LockAction::Keep
+    } else {
+        LockAction::Take { why }
+    }
+}
+
+/// The node condition for the active holders.
+pub fn condition(holders: &[Holder]) -> ConditionSpec {
+    if holders.is_empty() {
+        ConditionSpec::new(
+            CONDITION_TYPE,
+            "False",
+            "NoActiveLeases",
+            "No active Leases block shutdown.",
+        )
+    } else {
+        ConditionSpec::new(CONDITION_TYPE, "True", "ActiveLeases", describe(holders))
+    }
+}
+
+/// The Event for a change of the block, as `(reason, note)`; none when it did not change.
+pub fn transition(
+    was_blocked: bool,
+    blocked: bool,
+    holders: &[Holder],
+) -> Option<(&'static str, String)> {
+    match (was_blocked, blocked) {
+        (false, true) => Some((
+            "ShutdownBlocked",
+            format!("Shutdown blocked by Leases: {}", describe(holders)),
+        )),
+        (true, false) => Some((
+            "ShutdownUnblocked",
+            "No active Lease blocks shutdown any more".to_owned(),
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(namespace: &str, name: &str) -> Holder {
+        Holder {
+            namespace: namespace.to_owned(),
+            holder: name.to_owned(),
+            acquired: "2026-01-01T00:00:00Z".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_lock_follows_the_holders_unless_shutdown_began() {
+        let backup = [holder("team-a", "backup")];
+        let both = [holder("team-b", "etl"), holder("team-a", "backup")];
+        let why_backup = "Active Leases: team-a/backup";
+        let why_both = "Active Leases: team-a/backup, team-b/etl";
+        let take = |why: &str| LockAction::Take {
+            why: why.to_owned(),
+        };
+        let cases: [(&[Holder], Option<&str>, bool, LockAction); 8] = [
+            (&[], None, false, LockAction::Keep),
+            (&[], Some(why_backup), false, LockAction::Release),
+            (&backup, None, false, take(why_backup)),
+            (&backup, Some(why_backup), false, LockAction::Keep),
+            (&both, Some(why_backup), false, take(why_both)),
+            (&backup, Some(why_both), false, take(why_backup)),
+            (&[], Some(why_backup), true, LockAction::Frozen),
+            (&backup, None, true, LockAction::Frozen),
+        ];
+        for (holders, held, shutting_down, action) in cases {
+            assert_eq!(
+                lock_action(holders, held, shutting_down),
+                action,
+                "{holders:?} held {held:?} shutting down {shutting_down}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_condition_names_the_holders() {
+        let blocked = condition(&[holder("team-b", "etl"), holder("team-a", "backup")]);
+        assert_eq!(
+            (
+                blocked.status.as_str(),
+                blocked.reason.as_str(),
+                blocked.message.as_str()
+            ),
+            ("True", "ActiveLeases", "team-a/backup, team-b/etl")
+        );
+        let free = condition(&[]);
+        assert_eq!(
+            (free.status.as_str(), free.reason.as_str()),
+            ("False", "NoActiveLeases")
+        );
+    }
+
+    #[test]
+    fn only_a_change_of_the_block_is_an_event() {
+        let holders = [holder("team-a", "backup")];
+        assert_eq!(
+            transition(false, true, &holders),
+            Some((
+                "ShutdownBlocked",
+                "Shutdown blocked by Leases: team-a/backup".to_owned()
+            ))
+        );
+        assert_eq!(
+            transition(true, false, &[]).map(|(reason, _)| reason),
+            Some("ShutdownUnblocked")
+        );
+        assert_eq!(transition(true, true, &holders), None);
+        assert_eq!(transition(false, false, &[]), None);
+    }
+}
