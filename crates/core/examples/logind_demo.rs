@@ -91,7 +91,7 @@ async fn main() -> Result<()> {
     ));
 
     let released = std::time::SystemTime::now();
-    delay_lock.release();
+    drop(delay_lock);
     step("delay lock released");
     let hook = harness
         .wait_for_shutdown_hook(Duration::from_secs(15))

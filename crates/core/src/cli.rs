@@ -15,6 +15,7 @@ use clap::{Args, ValueEnum};
 
 use crate::duration::parse_go_duration;
 use crate::leader::LeaderConfig;
+use crate::logind::{LogindSource, SharedLogind};
 
 /// How to reach the API server, and how hard to use it.
 #[derive(Debug, Clone, Args)]
@@ -83,6 +84,28 @@ pub struct CommonArgs<const ADMIN_PORT: u16> {
     pub log: LogArgs,
     #[command(flatten)]
     pub admin: AdminArgs<ADMIN_PORT>,
+}
+
+/// For the node agents: where logind is.
+#[derive(Debug, Clone, Default, Args)]
+pub struct LogindArgs {
+    /// The system bus, as a D-Bus address (default: $DBUS_SYSTEM_BUS_ADDRESS, else the
+    /// standard system bus socket).
+    #[arg(long, env = "NODEGRACE_DBUS_ADDRESS")]
+    pub dbus_address: Option<String>,
+    /// An implementation used instead of the bus; never set from the command line (tests
+    /// drive the agents through one).
+    #[arg(skip)]
+    pub instead_of_bus: Option<SharedLogind>,
+}
+
+impl LogindArgs {
+    pub fn source(&self) -> LogindSource {
+        match &self.instead_of_bus {
+            Some(logind) => LogindSource::Given(logind.clone()),
+            None => LogindSource::Bus(self.dbus_address.clone()),
+        }
+    }
 }
 
 /// For the cluster-wide controllers: leader election on a Lease, so one replica acts at a time.

@@ -13,7 +13,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Readiness};
-use crate::cli::LogArgs;
+use clap::{Args as _, FromArgMatches as _};
+
+use crate::cli::{CommonArgs, LeaderArgs, LogArgs};
 use crate::error_chain::{Chain, exit_code};
 use crate::{signals, telemetry};
 
@@ -76,6 +78,50 @@ where
         finished,
     })
 }
+
+impl<E: From<tokio::task::JoinError>> Started<E> {
+    /// Waits for the program's work to end; a panic in it is an error too.
+    pub async fn wait(self) -> Result<(), E> {
+        self.finished.await?
+    }
+}
+
+/// The options of a cluster-wide controller: the common ones and leader election.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs<const ADMIN_PORT: u16> {
+    #[command(flatten)]
+    pub common: CommonArgs<ADMIN_PORT>,
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+}
+
+/// `main` of a controller whose behaviour has not landed yet: its options are parsed and
+/// checked (so charts and scripts can be written against them), then it stops with a clear
+/// message instead of pretending to work.
+pub fn not_yet_implemented_main<const ADMIN_PORT: u16>(
+    program: &'static str,
+    about: &'static str,
+) -> ExitCode {
+    // The struct's doc comment would become the about text; the program's own goes last.
+    let command = ControllerArgs::<ADMIN_PORT>::augment_args(
+        clap::Command::new(program).version(env!("CARGO_PKG_VERSION")),
+    )
+    .about(about);
+    let args = match ControllerArgs::<ADMIN_PORT>::from_arg_matches(&command.get_matches()) {
+        Ok(args) => args,
+        Err(error) => error.exit(),
+    };
+    if let Err(error) = telemetry::init_tracing(&args.common.log) {
+        return exit_code::<Box<dyn Error>>(Err(error.into()));
+    }
+    let election = args.leader.config(program);
+    tracing::debug!(?args, ?election, "parsed options");
+    exit_code::<Box<dyn Error>>(Err(NotYetImplemented(program).into()))
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0} is not implemented in this build yet (its component issue)")]
+pub struct NotYetImplemented(&'static str);
 
 pub type TaskError = Box<dyn Error + Send + Sync + 'static>;
 
@@ -155,6 +201,21 @@ mod tests {
             Ok(())
         }
         .boxed()
+    }
+
+    #[test]
+    fn controller_options_read_their_nodegrace_variables() {
+        use clap::Args as _;
+        let command = ControllerArgs::<9999>::augment_args(clap::Command::new("c"));
+        for argument in command.get_arguments() {
+            let long = argument.get_long().unwrap();
+            let wanted = format!("NODEGRACE_{}", long.to_uppercase().replace('-', "_"));
+            assert_eq!(
+                argument.get_env().and_then(|env| env.to_str()),
+                Some(wanted.as_str()),
+                "--{long}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -10,7 +10,7 @@ use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::events::EventPublisher;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
-use nodegrace_core::logind::{DelayConfig, LogindSource, SharedLogind};
+use nodegrace_core::logind::{DelayConfig, LogindError, SharedLogind};
 use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::program_registry;
 use tokio::sync::watch;
@@ -30,16 +30,11 @@ pub const PROGRAM: &str = "graceful-shutdown-agent";
 
 /// Runs the agent until `stop` is cancelled.
 pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
-    let logind = LogindSource::Bus(args.dbus_address.clone());
-    start(args, stop, logind).await?.finished.await?
+    start(args, stop).await?.wait().await
 }
 
-/// Starts the admin server and the agent; the agent keeps running in a task.
-pub async fn start(
-    args: Args,
-    stop: CancellationToken,
-    logind: LogindSource,
-) -> Result<Started<anyhow::Error>> {
+/// Starts the admin server, then the agent in a task of its own.
+pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow::Error>> {
     let plan = args
         .settings()
         .and_then(|settings| settings.plan())
@@ -59,7 +54,7 @@ pub async fn start(
             stop.cancelled().await;
             return Ok(());
         }
-        run_agent(args, plan, metrics, inhibitor_gate, stop, logind).await
+        run_agent(args, plan, metrics, inhibitor_gate, stop).await
     };
     program::start(listen, registry, readiness, work)
         .await
@@ -72,7 +67,6 @@ async fn run_agent(
     metrics: Metrics,
     ready: ReadinessGate,
     stop: CancellationToken,
-    logind: LogindSource,
 ) -> Result<()> {
     // Every option is used here or in `start`: a new flag that nothing reads does not compile.
     let Args {
@@ -82,6 +76,7 @@ async fn run_agent(
             admin: _,
         },
         node: NodeArgs { node_name: node },
+        logind,
         config: _,
         shutdown_grace_period: _,
         shutdown_grace_period_critical_pods: _,
@@ -91,21 +86,21 @@ async fn run_agent(
         logind_drop_in_file,
         logind_reload_timeout,
         boot_id_file,
-        dbus_address: _,
         pod_name,
         pod_namespace,
     } = args;
     let client = client(&kube, PROGRAM)
         .await
         .context("build the Kubernetes client")?;
-    let Some(logind) = logind.connect(&stop, |_| {}).await else {
-        return Ok(());
-    };
     let (reporter, _writer) = Reporter::start(ApiSink {
         nodes: Api::all(client.clone()),
         events: EventPublisher::new(client.clone(), PROGRAM, &node),
     });
     let marks = NodeMarks::new(reporter, node.clone());
+    let unavailable = |error: &LogindError| marks.logind_unavailable(error);
+    let Some(logind) = logind.source().connect(&stop, unavailable).await else {
+        return Ok(());
+    };
     let delay = DelayConfig {
         drop_in_dir: logind_drop_in_dir,
         file_name: logind_drop_in_file,

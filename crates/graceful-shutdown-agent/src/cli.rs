@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, NodeArgs, duration_flag, ports};
+use nodegrace_core::cli::{CommonArgs, LogindArgs, NodeArgs, duration_flag, ports};
 
 use crate::config::{PriorityPeriod, ShutdownSettings, parse_priority_flag};
 
@@ -18,6 +18,8 @@ pub struct Args {
     pub common: CommonArgs<{ ports::GRACEFUL_SHUTDOWN_AGENT }>,
     #[command(flatten)]
     pub node: NodeArgs,
+    #[command(flatten)]
+    pub logind: LogindArgs,
 
     /// YAML file with KubeletConfiguration's shutdown fields (shutdownGracePeriod,
     /// shutdownGracePeriodCriticalPods, shutdownGracePeriodByPodPriority).
@@ -66,10 +68,6 @@ pub struct Args {
         default_value = "/proc/sys/kernel/random/boot_id"
     )]
     pub boot_id_file: PathBuf,
-    /// The system bus, as a D-Bus address (default: $DBUS_SYSTEM_BUS_ADDRESS, else the
-    /// standard system bus socket).
-    #[arg(long, env = "NODEGRACE_DBUS_ADDRESS")]
-    pub dbus_address: Option<String>,
     /// The agent's own pod, which it never deletes (downward API metadata.name); needs
     /// --pod-namespace.
     #[arg(long, env = "NODEGRACE_POD_NAME", requires = "pod_namespace")]

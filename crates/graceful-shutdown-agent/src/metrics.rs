@@ -102,7 +102,8 @@ mod tests {
 
     #[test]
     fn metrics_carry_the_program_prefix() {
-        let mut registry = Registry::with_prefix("nodegrace_graceful_shutdown_agent");
+        // The registry the program itself builds, so a change of prefix shows here.
+        let mut registry = nodegrace_core::telemetry::program_registry(crate::app::PROGRAM);
         let metrics = Metrics::register(&mut registry);
         metrics.inhibitor_held.set(1);
         metrics

@@ -8,6 +8,7 @@ use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::reporter::{ConditionGuard, Landed, Reporter};
+use nodegrace_core::logind::LogindError;
 
 use crate::plan::PriorityGroup;
 use crate::summary::{GroupEnd, GroupResult, ShutdownSummary};
@@ -137,6 +138,16 @@ impl NodeMarks {
             "No shutdown in progress; markings of the previous shutdown were cleared.",
             ConditionGuard::OnlyReplacing("True"),
         );
+    }
+
+    /// logind is not on the bus (yet): the node is not protected until it is.
+    pub fn logind_unavailable(&self, error: &LogindError) {
+        self.reporter.event(EventReport::warning(
+            node_reference(&self.node),
+            "LogindUnavailable",
+            "Inhibit",
+            format!("Cannot reach logind: {error}"),
+        ));
     }
 
     /// logind grants less delay than the groups need.

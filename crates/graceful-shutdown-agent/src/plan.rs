@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-/// Priority of the system-critical classes; the legacy critical-pods period applies from here.
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+/// The legacy critical-pods period applies from the system-critical classes' priority up.
+pub use nodegrace_core::k8s::pods::SYSTEM_CRITICAL_PRIORITY;
 
 /// One `shutdownGracePeriodByPodPriority` entry: pods of at least `priority` (and below the
 /// next entry) get `period` to stop.
@@ -154,8 +154,13 @@ mod tests {
 
     #[test]
     fn pods_without_priority_count_as_zero() {
-        let plan = ShutdownPlan::new(vec![group(-10, 5), group(10, 5)]);
-        assert_eq!(plan.group_index(0), 0);
+        use nodegrace_core::k8s::pods::effective_priority;
+        let plan = ShutdownPlan::new(vec![group(-10, 5), group(0, 5), group(10, 5)]);
+        let without: k8s_openapi::api::core::v1::Pod = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": []}}),
+        )
+        .unwrap();
+        assert_eq!(plan.group_index(effective_priority(&without)), 1);
     }
 
     #[test]

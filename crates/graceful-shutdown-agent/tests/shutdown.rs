@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions};
 use logind_harness::{LogindHarness, ScenarioOptions};
-use nodegrace_core::logind::{Logind, LogindSource, ShutdownEvent};
+use nodegrace_core::logind::{Logind, ShutdownEvent};
 use nodegrace_core::program::Started;
 use nodegrace_core::testing::{Admin, WithExtraEvents, wait_for};
 use serde_json::json;
@@ -213,16 +213,16 @@ async fn start_agent_with_state(
             .then(|| "--logind-reload-timeout=1s".to_owned()),
         ),
     )?;
-    let source = match extra {
+    let mut args = args;
+    if let Some(extra) = extra {
         // elogind cannot be made to send some events; they are merged into the real ones.
-        Some(extra) => LogindSource::Given(WithExtraEvents::wrap(
+        args.logind.instead_of_bus = Some(WithExtraEvents::wrap(
             Arc::new(Logind::connect_to(logind.bus_address()).await?),
             extra,
-        )),
-        None => LogindSource::Bus(Some(logind.bus_address().to_owned())),
-    };
+        ));
+    }
     let stop = CancellationToken::new();
-    let started = app::start(args, stop.clone(), source).await?;
+    let started = app::start(args, stop.clone()).await?;
     let agent = Agent {
         stop,
         started,
@@ -761,8 +761,7 @@ async fn with_nothing_configured_the_agent_is_ready_and_holds_nothing() -> Resul
         "--admin-listen=127.0.0.1:0".to_owned(),
     ])?;
     let stop = CancellationToken::new();
-    let source = LogindSource::Bus(Some(logind.bus_address().to_owned()));
-    let started = app::start(args, stop.clone(), source).await?;
+    let started = app::start(args, stop.clone()).await?;
     let agent = Agent {
         stop,
         started,

@@ -24,7 +24,6 @@ use crate::decide::{LockAction, condition, lock_action, transition};
 use crate::leases::{Activity, Holder, active_holders, activity, field_selector};
 use crate::metrics::Metrics;
 
-pub use crate::decide::CONDITION_TYPE;
 pub const INHIBITOR_WHO: &str = "nodegrace shutdown-inhibitor-agent";
 const ACTION: &str = "Inhibit";
 

@@ -8,7 +8,6 @@ use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::events::{EventPublisher, EventReport};
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
-use nodegrace_core::logind::LogindSource;
 use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::program_registry;
 use tokio_util::sync::CancellationToken;
@@ -22,16 +21,13 @@ use crate::metrics::Metrics;
 pub const PROGRAM: &str = "shutdown-inhibitor-agent";
 const ACTION: &str = "Inhibit";
 
+/// Runs the agent until `stop` is cancelled.
 pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
-    let logind = LogindSource::Bus(args.dbus_address.clone());
-    start(args, stop, logind).await?.finished.await?
+    start(args, stop).await?.wait().await
 }
 
-pub async fn start(
-    args: Args,
-    stop: CancellationToken,
-    logind: LogindSource,
-) -> Result<Started<anyhow::Error>> {
+/// Starts the admin server, then the agent in a task of its own.
+pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow::Error>> {
     // Every option is used here: a new flag that nothing reads does not compile.
     let Args {
         common: CommonArgs {
@@ -40,11 +36,11 @@ pub async fn start(
             admin,
         },
         node: NodeArgs { node_name: node },
+        logind,
         enabled,
         inhibit_what,
         config,
         alert_timeout: alert_timeout_flag,
-        dbus_address: _,
     } = args;
     let alert_timeout =
         alert_timeout(config.as_deref(), alert_timeout_flag).context("invalid configuration")?;
@@ -80,7 +76,7 @@ pub async fn start(
                 format!("Cannot reach logind: {error}"),
             ));
         };
-        let Some(logind) = logind.connect(&stop, unavailable).await else {
+        let Some(logind) = logind.source().connect(&stop, unavailable).await else {
             return Ok(());
         };
         let agent = Agent {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, NodeArgs, duration_flag, ports};
+use nodegrace_core::cli::{CommonArgs, LogindArgs, NodeArgs, duration_flag, ports};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -17,6 +17,8 @@ pub struct Args {
     pub common: CommonArgs<{ ports::SHUTDOWN_INHIBITOR_AGENT }>,
     #[command(flatten)]
     pub node: NodeArgs,
+    #[command(flatten)]
+    pub logind: LogindArgs,
     /// Off: hold nothing, report not ready (the chart can be installed disabled).
     #[arg(long, env = "NODEGRACE_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
     pub enabled: bool,
@@ -31,8 +33,4 @@ pub struct Args {
     /// Overrides the config file's shutdownInhibitorAlertTimeout; default 0s.
     #[arg(long, env = "NODEGRACE_ALERT_TIMEOUT", value_parser = duration_flag)]
     pub alert_timeout: Option<Duration>,
-    /// The system bus, as a D-Bus address (default: $DBUS_SYSTEM_BUS_ADDRESS, else the
-    /// standard system bus socket).
-    #[arg(long, env = "NODEGRACE_DBUS_ADDRESS")]
-    pub dbus_address: Option<String>,
 }

@@ -10,7 +10,6 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions};
 use logind_harness::{LogindHarness, ScenarioOptions};
-use nodegrace_core::logind::LogindSource;
 use nodegrace_core::program::Started;
 use nodegrace_core::testing::{self, Admin};
 use serde_json::json;
@@ -70,12 +69,7 @@ async fn setup_with(flags: &[&str]) -> Result<Option<Setup>> {
         .chain(flags.iter().map(|flag| (*flag).to_owned())),
     )?;
     let stop = CancellationToken::new();
-    let agent = app::start(
-        args,
-        stop.clone(),
-        LogindSource::Bus(Some(logind.bus_address().to_owned())),
-    )
-    .await?;
+    let agent = app::start(args, stop.clone()).await?;
     let setup = Setup {
         sim,
         client,
@@ -377,12 +371,7 @@ async fn disabled_it_holds_nothing_reports_not_ready_and_says_why() -> Result<()
         "--enabled=false".to_owned(),
     ])?;
     let stop = CancellationToken::new();
-    let agent = app::start(
-        args,
-        stop.clone(),
-        LogindSource::Bus(Some(logind.bus_address().to_owned())),
-    )
-    .await?;
+    let agent = app::start(args, stop.clone()).await?;
     let client = sim.client();
     let setup = Setup {
         sim,
@@ -521,16 +510,17 @@ async fn not_ready_while_logind_is_gone_or_refuses_a_needed_block() -> Result<()
     })
     .await?;
     let client = sim.client();
-    let args = Args::try_parse_from([
+    let mut args = Args::try_parse_from([
         "shutdown-inhibitor-agent".to_owned(),
         format!("--node-name={NODE}"),
         format!("--kubeconfig={}", sim.kubeconfig_path().display()),
         "--admin-listen=127.0.0.1:0".to_owned(),
     ])?;
     let logind = FakeLogind::new(Duration::from_secs(5));
+    args.logind.instead_of_bus = Some(logind.shared());
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
-    let agent = app::start(args, stop, LogindSource::Given(logind.shared())).await?;
+    let agent = app::start(args, stop).await?;
     let admin = Admin {
         address: agent.admin_address,
         prefix: "nodegrace_shutdown_inhibitor_agent",

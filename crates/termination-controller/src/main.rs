@@ -6,32 +6,12 @@
 
 use std::process::ExitCode;
 
-use anyhow::bail;
-use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, LeaderArgs, ports};
-use tokio_util::sync::CancellationToken;
-
-const PROGRAM: &str = "termination-controller";
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "termination-controller",
-    version,
-    about = "Drains and terminates nodes through a finalizer, honouring PodDisruptionBudgets"
-)]
-struct Args {
-    #[command(flatten)]
-    common: CommonArgs<{ ports::TERMINATION_CONTROLLER }>,
-    #[command(flatten)]
-    leader: LeaderArgs,
-}
-
-async fn run(args: Args, _stop: CancellationToken) -> anyhow::Result<()> {
-    let election = args.leader.config(PROGRAM);
-    tracing::debug!(?args, ?election, "parsed options");
-    bail!("{PROGRAM} is not implemented in this build yet (its component issue)")
-}
+use nodegrace_core::cli::ports;
+use nodegrace_core::program::not_yet_implemented_main;
 
 fn main() -> ExitCode {
-    nodegrace_core::program::main(|args: &Args| &args.common.log, run)
+    not_yet_implemented_main::<{ ports::TERMINATION_CONTROLLER }>(
+        "termination-controller",
+        "Drains and terminates nodes through a finalizer, honouring PodDisruptionBudgets",
+    )
 }

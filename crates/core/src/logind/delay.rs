@@ -210,14 +210,4 @@ mod tests {
         fs::write(&blocker, "").unwrap();
         assert!(write_atomically(&blocker.join("99.conf"), "x").is_err());
     }
-
-    #[test]
-    fn defaults_match_systemd_logind() {
-        let config = DelayConfig::default();
-        assert_eq!(
-            config.drop_in_dir,
-            PathBuf::from("/etc/systemd/logind.conf.d")
-        );
-        assert_eq!(config.file_name, "99-nodegrace.conf");
-    }
 }

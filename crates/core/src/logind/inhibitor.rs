@@ -29,7 +29,7 @@ impl fmt::Display for InhibitMode {
 }
 
 /// A held inhibitor lock. logind keeps the lock while any process holds the fd open, so
-/// dropping this value (or calling [`InhibitorLock::release`]) releases it.
+/// dropping this value releases it.
 pub struct InhibitorLock {
     fd: OwnedFd,
     what: String,
@@ -43,11 +43,6 @@ impl InhibitorLock {
             what: what.to_owned(),
             mode,
         }
-    }
-
-    /// Releases the lock now. Same as dropping it, but reads as intent at the call site.
-    pub fn release(self) {
-        drop(self);
     }
 }
 
@@ -103,7 +98,7 @@ mod tests {
         // the peer reads EOF once the lock is gone.
         let (ours, mut peer) = UnixStream::pair().unwrap();
         let lock = InhibitorLock::new(OwnedFd::from(ours), "shutdown", InhibitMode::Delay);
-        lock.release();
+        drop(lock);
         let mut buf = Vec::new();
         assert_eq!(peer.read_to_end(&mut buf).unwrap(), 0);
     }

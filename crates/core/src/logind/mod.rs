@@ -92,15 +92,6 @@ impl Logind {
         })
     }
 
-    /// Whether logind currently owns its bus name.
-    pub async fn is_running(&self) -> Result<bool, LogindError> {
-        self.dbus()
-            .await?
-            .name_has_owner(logind_name())
-            .await
-            .map_err(|e| call_error("NameHasOwner")(e.into()))
-    }
-
     /// Takes an inhibitor lock on `what` (e.g. `shutdown`, or `shutdown:sleep`).
     pub async fn inhibit(
         &self,

@@ -13,7 +13,10 @@ use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-pub use binary::{check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error};
+pub use binary::{
+    check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
+    check_skeleton_binary,
+};
 pub use fake_logind::{FakeLogind, WithExtraEvents};
 
 /// How often a condition is checked again; the wait itself is bounded by its deadline.
