@@ -13,6 +13,7 @@ use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::reporter::{ApiSink, ConditionGuard, Reporter};
 use nodegrace_core::k8s::taints::{add_taint, remove_taint};
 use nodegrace_core::leader::{LeaderConfig, Leadership};
+use nodegrace_core::testing::wait_for;
 use tokio_util::sync::CancellationToken;
 
 async fn sim_with_node() -> Result<(KubeSim, Api<Node>)> {
@@ -151,11 +152,10 @@ async fn one_leader_at_a_time_and_resigning_hands_over() -> Result<()> {
         renew_margin_seconds: 1,
     };
     let a = Leadership::start(sim.client(), &config("a")).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while !a.is_leader() {
-        ensure!(tokio::time::Instant::now() < deadline, "a never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for("a to lead", Duration::from_secs(15), || async {
+        Ok(a.is_leader())
+    })
+    .await?;
     let mut b = Leadership::start(sim.client(), &config("b")).await?;
     ensure!(!b.is_leader(), "two leaders at once");
     a.resign().await;
@@ -242,16 +242,12 @@ async fn the_controller_skeleton_retries_with_backoff_and_counts_errors_by_kind(
         stop.clone(),
     );
     let watch = async {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while context.state.load(Ordering::SeqCst) < 3 {
-            ensure!(
-                tokio::time::Instant::now() < deadline,
-                "never reconciled three times"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_for("three reconciliations", Duration::from_secs(10), || async {
+            Ok(context.state.load(Ordering::SeqCst) >= 3)
+        })
+        .await?;
         stop.cancel();
-        Ok(())
+        anyhow::Ok(())
     };
     let ((), watched) = tokio::join!(run, watch);
     watched?;

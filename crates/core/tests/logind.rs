@@ -2,12 +2,13 @@
 
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use futures::StreamExt;
 use logind_harness::{LogindHarness, ScenarioOptions};
 use nodegrace_core::logind::{
     DelayConfig, InhibitMode, Logind, ShutdownEvent, ShutdownEvents, ensure_inhibit_delay,
 };
+use nodegrace_core::testing::wait_for;
 
 const WHO: &str = "nodegrace test";
 
@@ -34,18 +35,13 @@ async fn wait_for_inhibitors(
     harness: &LogindHarness,
     what_we_expect: impl Fn(&[(String, String, String, String, u32, u32)]) -> bool,
 ) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let listed = harness.list_inhibitors().await?;
-        if what_we_expect(&listed) {
-            return Ok(());
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "inhibitors never reached the expected state; last listing: {listed:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what_we_expect = &what_we_expect;
+    wait_for(
+        "the expected inhibitors",
+        Duration::from_secs(10),
+        || async move { Ok(what_we_expect(&harness.list_inhibitors().await?)) },
+    )
+    .await
 }
 
 #[tokio::test]

@@ -2,16 +2,16 @@
 //! other nodes' Lease churn costs the agent (nothing, thanks to the field selector), and its
 //! memory. The release binary runs against kube-sim and a real elogind.
 
-use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube_sim::{KubeSim, SimOptions};
 use logind_harness::{LogindHarness, ScenarioOptions};
+use nodegrace_core::testing::Admin;
 use serde_json::json;
 
 const NODE: &str = "node-0";
@@ -32,16 +32,12 @@ fn rss_mib(pid: u32) -> f64 {
         / 1024.0
 }
 
-fn metric(port: u16, name: &str) -> Result<f64> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    let wanted = format!("nodegrace_shutdown_inhibitor_agent_{name} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&wanted))
-        .and_then(|v| v.trim().parse().ok())
-        .context("metric missing")
+async fn metric(port: u16, name: &str) -> Result<f64> {
+    let admin = Admin {
+        address: ([127, 0, 0, 1], port).into(),
+        prefix: "nodegrace_shutdown_inhibitor_agent",
+    };
+    admin.value(name).await
 }
 
 async fn blocked(logind: &LogindHarness) -> Result<bool> {
@@ -94,7 +90,7 @@ fn main() -> Result<()> {
             .stderr(Stdio::null())
             .spawn()?;
         let ready = Instant::now();
-        while metric(port, "block_inhibitor_held").is_err() {
+        while metric(port, "block_inhibitor_held").await.is_err() {
             if ready.elapsed() > Duration::from_secs(20) {
                 bail!("the agent never came up");
             }
@@ -112,7 +108,7 @@ fn main() -> Result<()> {
         unblock.sort_by(f64::total_cmp);
         let rss_idle = rss_mib(agent.id());
 
-        let before = metric(port, "lease_watch_events_total")?;
+        let before = metric(port, "lease_watch_events_total").await?;
         for index in 0..CHURN {
             let name = format!("other-node-{index}");
             leases.create(&PostParams::default(), &lease(&name, "someone")?).await?;
@@ -122,7 +118,7 @@ fn main() -> Result<()> {
         // A Lease of this node afterwards: once its block shows, every earlier event was delivered.
         leases.create(&PostParams::default(), &lease(NODE, "marker")?).await?;
         until(&logind, true).await?;
-        let unrelated = metric(port, "lease_watch_events_total")? - before - 1.0;
+        let unrelated = metric(port, "lease_watch_events_total").await? - before - 1.0;
         let rss_busy = rss_mib(agent.id());
         let _ = agent.kill();
         let _ = agent.wait();
