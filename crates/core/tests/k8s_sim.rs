@@ -123,7 +123,7 @@ async fn the_reporter_writes_events_conditions_and_taints_through_the_api() -> R
     };
     reporter.taint("n1", taint, true).wait().await;
     drop(reporter);
-    writer.await?;
+    writer.wait().await;
     let node = nodes.get("n1").await?;
     ensure!(taint_with_key(&node, "example.com/t").is_some(), "{node:?}");
     ensure!(

@@ -3,12 +3,10 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use kube::Api;
 use nodegrace_core::admin::{Readiness, ReadinessGate};
 use nodegrace_core::cli::{CommonArgs, NodeArgs};
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::client::client;
-use nodegrace_core::k8s::events::EventPublisher;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
 use nodegrace_core::logind::{DelayConfig, LogindError, SharedLogind};
 use nodegrace_core::program::{self, Started};
@@ -92,10 +90,7 @@ async fn run_agent(
     let client = client(&kube, PROGRAM)
         .await
         .context("build the Kubernetes client")?;
-    let (reporter, _writer) = Reporter::start(ApiSink {
-        nodes: Api::all(client.clone()),
-        events: EventPublisher::new(client.clone(), PROGRAM, &node),
-    });
+    let (reporter, flushed) = Reporter::start(ApiSink::new(client.clone(), PROGRAM, &node));
     let marks = NodeMarks::new(reporter, node.clone());
     let unavailable = |error: &LogindError| marks.logind_unavailable(error);
     let Some(logind) = logind.source().connect(&stop, unavailable).await else {
@@ -138,7 +133,9 @@ async fn run_agent(
         metrics,
         ready,
     };
-    agent.run(stop).await
+    let result = agent.run(stop).await;
+    flushed.wait().await;
+    result
 }
 
 /// Raises logind's InhibitDelayMaxSec through the drop-in and publishes the budget in effect.

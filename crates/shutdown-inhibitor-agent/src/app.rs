@@ -1,11 +1,10 @@
 //! Assembling the agent and running it until SIGTERM.
 
 use anyhow::{Context, Result};
-use kube::Api;
 use nodegrace_core::admin::Readiness;
 use nodegrace_core::cli::{CommonArgs, NodeArgs};
 use nodegrace_core::k8s::client::client;
-use nodegrace_core::k8s::events::{EventPublisher, EventReport};
+use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
 use nodegrace_core::program::{self, Started};
@@ -52,10 +51,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         let client = client(&kube, PROGRAM)
             .await
             .context("build the Kubernetes client")?;
-        let (reporter, _writer) = Reporter::start(ApiSink {
-            nodes: Api::all(client.clone()),
-            events: EventPublisher::new(client.clone(), PROGRAM, &node),
-        });
+        let (reporter, flushed) = Reporter::start(ApiSink::new(client.clone(), PROGRAM, &node));
         if !enabled {
             // Not ready, on purpose and visibly; no crash loop.
             tracing::warn!("the shutdown inhibitor is disabled (--enabled=false)");
@@ -89,7 +85,9 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
             alerts: Alerts::new(alert_timeout),
             ready,
         };
-        agent.run(stop).await
+        let result = agent.run(stop).await;
+        flushed.wait().await;
+        result
     });
     started.await.context("start the admin server")
 }

@@ -71,6 +71,16 @@ pub struct ApiSink {
     pub events: EventPublisher,
 }
 
+impl ApiSink {
+    /// Writes as `program`, Events reported by `instance` (the node or pod it runs as).
+    pub fn new(client: kube::Client, program: &str, instance: &str) -> Self {
+        Self {
+            nodes: Api::all(client.clone()),
+            events: EventPublisher::new(client, program, instance),
+        }
+    }
+}
+
 impl ReportSink for ApiSink {
     fn event<'a>(&'a self, event: &'a EventReport) -> BoxFuture<'a, Result<(), kube::Error>> {
         self.events.publish(event).boxed()
@@ -116,19 +126,38 @@ impl Landed {
 }
 
 #[derive(Debug)]
+struct ConditionWrite {
+    node: String,
+    condition: ConditionSpec,
+    guard: ConditionGuard,
+}
+
+#[derive(Debug)]
+struct TaintWrite {
+    node: String,
+    taint: Taint,
+    present: bool,
+    landed: oneshot::Sender<()>,
+}
+
+#[derive(Debug)]
 enum Write {
     Event(EventReport),
-    Condition {
-        node: String,
-        condition: ConditionSpec,
-        guard: ConditionGuard,
-    },
-    Taint {
-        node: String,
-        taint: Taint,
-        present: bool,
-        landed: oneshot::Sender<()>,
-    },
+    Condition(ConditionWrite),
+    Taint(TaintWrite),
+}
+
+/// The worker's end. A program awaits it after its work, so what it queued last (a
+/// completion Event) is written before the process exits; the wait is bounded by
+/// [`FLUSH_WINDOW`] once every [`Reporter`] is gone.
+#[derive(Debug)]
+pub struct Flushed(JoinHandle<()>);
+
+impl Flushed {
+    pub async fn wait(self) {
+        // A reporter clone kept alive elsewhere would hold the worker open: bound the wait.
+        let _ = tokio::time::timeout(FLUSH_WINDOW + RETRY_PAUSE, self.0).await;
+    }
 }
 
 /// Queues writes for the worker. Cheap to clone.
@@ -140,10 +169,10 @@ pub struct Reporter {
 impl Reporter {
     /// Starts the worker; it ends once every clone is dropped and the pending writes have
     /// landed or [`FLUSH_WINDOW`] has passed.
-    pub fn start(sink: impl ReportSink) -> (Self, JoinHandle<()>) {
+    pub fn start(sink: impl ReportSink) -> (Self, Flushed) {
         let (sender, receiver) = mpsc::unbounded_channel();
         let worker = tokio::spawn(work(sink, receiver));
-        (Self { sender }, worker)
+        (Self { sender }, Flushed(worker))
     }
 
     pub fn event(&self, event: EventReport) {
@@ -151,22 +180,22 @@ impl Reporter {
     }
 
     pub fn condition(&self, node: &str, condition: ConditionSpec, guard: ConditionGuard) {
-        self.send(Write::Condition {
+        self.send(Write::Condition(ConditionWrite {
             node: node.to_owned(),
             condition,
             guard,
-        });
+        }));
     }
 
     /// Adds (`present`) or removes the taint with `taint`'s key and effect.
     pub fn taint(&self, node: &str, taint: Taint, present: bool) -> Landed {
         let (landed, receiver) = oneshot::channel();
-        self.send(Write::Taint {
+        self.send(Write::Taint(TaintWrite {
             node: node.to_owned(),
             taint,
             present,
             landed,
-        });
+        }));
         Landed(receiver)
     }
 
@@ -178,8 +207,8 @@ impl Reporter {
 
 #[derive(Default)]
 struct Pending {
-    taints: Vec<Write>,
-    conditions: Vec<Write>,
+    taints: Vec<TaintWrite>,
+    conditions: Vec<ConditionWrite>,
     events: std::collections::VecDeque<EventReport>,
 }
 
@@ -191,27 +220,17 @@ impl Pending {
     fn add(&mut self, write: Write) {
         match write {
             Write::Event(event) => self.events.push_back(event),
-            Write::Condition {
-                ref node,
-                ref condition,
-                ..
-            } => {
-                let (node, type_) = (node.clone(), condition.type_.clone());
+            Write::Condition(new) => {
                 self.conditions.retain(|old| {
-                    !matches!(old, Write::Condition { node: n, condition: c, .. } if *n == node && c.type_ == type_)
+                    !(old.node == new.node && old.condition.type_ == new.condition.type_)
                 });
-                self.conditions.push(write);
+                self.conditions.push(new);
             }
-            Write::Taint {
-                ref node,
-                ref taint,
-                ..
-            } => {
-                let (node, key) = (node.clone(), taint.key.clone());
-                self.taints.retain(|old| {
-                    !matches!(old, Write::Taint { node: n, taint: t, .. } if *n == node && t.key == key)
-                });
-                self.taints.push(write);
+            // A replaced taint wish drops its sender: its waiter resolves.
+            Write::Taint(new) => {
+                self.taints
+                    .retain(|old| !(old.node == new.node && old.taint.key == new.taint.key));
+                self.taints.push(new);
             }
         }
     }
@@ -220,46 +239,22 @@ impl Pending {
     /// conditions, then Events in order up to the first that must be retried.
     async fn attempt(&mut self, sink: &impl ReportSink) {
         let mut kept = Vec::new();
-        for write in self.taints.drain(..) {
-            let Write::Taint {
-                node,
-                taint,
-                present,
-                landed,
-            } = write
-            else {
-                continue;
-            };
-            let result = sink.taint(&node, &taint, present).await;
-            if keep_after(result, "taint", &taint.key) {
-                kept.push(Write::Taint {
-                    node,
-                    taint,
-                    present,
-                    landed,
-                });
+        for write in std::mem::take(&mut self.taints) {
+            let result = sink.taint(&write.node, &write.taint, write.present).await;
+            if keep_after(result, "taint", &write.taint.key) {
+                kept.push(write);
             } else {
-                let _ = landed.send(());
+                let _ = write.landed.send(());
             }
         }
         self.taints = kept;
         let mut kept = Vec::new();
-        for write in self.conditions.drain(..) {
-            let Write::Condition {
-                node,
-                condition,
-                guard,
-            } = write
-            else {
-                continue;
-            };
-            let result = sink.condition(&node, &condition, guard).await;
-            if keep_after(result, "condition", &condition.type_) {
-                kept.push(Write::Condition {
-                    node,
-                    condition,
-                    guard,
-                });
+        for write in std::mem::take(&mut self.conditions) {
+            let result = sink
+                .condition(&write.node, &write.condition, write.guard)
+                .await;
+            if keep_after(result, "condition", &write.condition.type_) {
+                kept.push(write);
             }
         }
         self.conditions = kept;
@@ -412,7 +407,7 @@ mod tests {
         reporter.event(event("Refused"));
         reporter.event(event("Fourth"));
         drop(reporter);
-        worker.await.unwrap();
+        worker.wait().await;
         assert_eq!(
             sink.written(),
             ["event First", "event Second", "event Fourth"]
@@ -439,7 +434,7 @@ mod tests {
         let remove = reporter.taint("n1", taint("k"), false);
         remove.wait().await;
         drop(reporter);
-        worker.await.unwrap();
+        worker.wait().await;
         let written = sink.written();
         assert!(
             written.contains(&"taint n1 k false".to_owned()),
@@ -460,7 +455,7 @@ mod tests {
         let idle = Recorder::default();
         let (reporter, worker) = Reporter::start(idle.clone());
         drop(reporter);
-        worker.await.unwrap();
+        worker.wait().await;
         assert_eq!(
             *idle.attempts.lock().unwrap(),
             0,
@@ -472,7 +467,7 @@ mod tests {
         reporter.event(event("Lost"));
         let start = Instant::now();
         drop(reporter);
-        worker.await.unwrap();
+        worker.wait().await;
         let attempts = *down.attempts.lock().unwrap();
         assert!(
             start.elapsed() <= FLUSH_WINDOW + RETRY_PAUSE,
