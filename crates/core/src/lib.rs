@@ -1,7 +1,10 @@
 //! Shared library of the nodegrace components.
 //!
-//! Every program links this crate: the logind client for the node agents, the Kubernetes
-//! helpers, leader election for the controllers, and the admin server and CLI options for all.
+//! Every program links this crate: the program frame (`main`, the admin server, a supervisor),
+//! the logind client and trait for the node agents, the Kubernetes helpers (a retrying writer
+//! for conditions, taints and Events; API error classes; node, pod and selector semantics),
+//! leader election and a reconciler skeleton for the controllers, and the CLI options for all.
+//! docs/core.md says what each piece decides for every program.
 
 pub mod admin;
 pub mod cli;
