@@ -207,15 +207,7 @@ mod tests {
     fn controller_options_read_their_nodegrace_variables() {
         use clap::Args as _;
         let command = ControllerArgs::<9999>::augment_args(clap::Command::new("c"));
-        for argument in command.get_arguments() {
-            let long = argument.get_long().unwrap();
-            let wanted = format!("NODEGRACE_{}", long.to_uppercase().replace('-', "_"));
-            assert_eq!(
-                argument.get_env().and_then(|env| env.to_str()),
-                Some(wanted.as_str()),
-                "--{long}"
-            );
-        }
+        crate::testing::check_env_follows_flags(&command).unwrap();
     }
 
     #[tokio::test]
