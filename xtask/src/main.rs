@@ -1,8 +1,10 @@
 //! Developer tasks: `cargo xtask <task>`. Kept to a few dependencies so it builds in seconds.
 
 mod bench;
+mod demo;
 mod helm;
 mod logind;
+mod setup;
 mod test;
 
 use std::path::{Path, PathBuf};
@@ -20,9 +22,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
+    /// The main job: the release binaries on a simulated cluster with a real elogind per node,
+    /// played as a story whose acts check their own outcome. Needs root.
+    Demo(demo::DemoArgs),
     /// Installs what the tests need, then runs fmt, clippy, the test suite and the chart checks.
     Test,
-    /// Runs a real elogind on a private bus for manual experiments or the demo.
+    /// Runs a real elogind on a private bus for manual experiments.
     Logind {
         #[command(subcommand)]
         action: logind::Action,
@@ -38,6 +43,7 @@ enum Task {
 
 fn main() -> Result<()> {
     match Cli::parse().task {
+        Task::Demo(args) => demo::run(&args),
         Task::Test => test::run(),
         Task::Logind { action } => logind::run(action),
         Task::Bench { which } => bench::run(&which),

@@ -5,10 +5,10 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{cargo, helm, project_root, run_command};
+use crate::{cargo, demo, helm, project_root, run_command, setup};
 
 pub fn run() -> Result<()> {
-    ensure_system_packages()?;
+    setup::ensure_system_packages()?;
     ensure_nextest()?;
     helm::ensure_helm()?;
 
@@ -47,45 +47,9 @@ pub fn run() -> Result<()> {
     step("tests", || {
         run_command(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast"]))
     })?;
+    // The README's first command, end to end against the release binaries.
+    step("demo", demo::check)?;
     step("stray processes", check_no_stray_processes)?;
-    Ok(())
-}
-
-fn step(name: &str, body: impl FnOnce() -> Result<()>) -> Result<()> {
-    println!("==> {name}");
-    body().map_err(|e| e.context(format!("step `{name}` failed")))
-}
-
-/// Binaries the logind harness and the kubectl tests start. elogind itself is not installed (it
-/// would remove systemd); the harness unpacks it under target/.
-const SYSTEM_COMMANDS: &[(&str, &str)] = &[
-    ("dbus-daemon", "dbus-daemon"),
-    ("busctl", "systemd"),
-    ("unshare", "util-linux"),
-    ("nsenter", "util-linux"),
-    ("setpriv", "util-linux"),
-    ("dpkg-deb", "dpkg"),
-    ("npm", "npm"),
-];
-
-fn ensure_system_packages() -> Result<()> {
-    let missing: Vec<&str> = SYSTEM_COMMANDS
-        .iter()
-        .filter(|(command, _)| !on_path(command))
-        .map(|(_, package)| *package)
-        .collect();
-    if !missing.is_empty() {
-        run_command(Command::new("apt-get").arg("update").arg("-qq"))?;
-        run_command(
-            Command::new("apt-get")
-                .args(["install", "-y", "-qq", "--no-install-recommends"])
-                .args(&missing)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
-    }
-    if !on_path("kubectl") {
-        println!("warning: kubectl is not on PATH; the kubectl conformance tests will skip");
-    }
     Ok(())
 }
 
@@ -100,26 +64,32 @@ fn ensure_nextest() -> Result<()> {
     Ok(())
 }
 
-fn on_path(command: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {command}")])
-        .output()
-        .is_ok_and(|out| out.status.success())
+fn step(name: &str, body: impl FnOnce() -> Result<()>) -> Result<()> {
+    println!("==> {name}");
+    body().map_err(|e| e.context(format!("step `{name}` failed")))
 }
 
-/// The logind harness promises a clean teardown; a leftover elogind or bus daemon from the
-/// suite is a harness bug, so it fails the run.
+/// The logind harness and the demo promise a clean teardown; a leftover elogind, bus daemon,
+/// cluster or agent from the suite is a bug, so it fails the run.
 fn check_no_stray_processes() -> Result<()> {
+    const OURS: [&str; 6] = [
+        "elogind",
+        "dbus-daemon",
+        "kube-sim",
+        "graceful-shutdown-agent",
+        "shutdown-inhibitor-agent",
+        "nodegrace-demo",
+    ];
     let target = project_root().join("target");
     let out = Command::new("ps").args(["-eo", "pid,args"]).output()?;
     let listing = String::from_utf8_lossy(&out.stdout);
     let strays: Vec<&str> = listing
         .lines()
         .filter(|line| line.contains(&*target.to_string_lossy()))
-        .filter(|line| line.contains("elogind") || line.contains("dbus-daemon"))
+        .filter(|line| OURS.iter().any(|name| line.contains(name)))
         .collect();
     if strays.is_empty() {
-        println!("no stray elogind or dbus-daemon processes");
+        println!("no stray processes");
         Ok(())
     } else {
         bail!(

@@ -1,5 +1,11 @@
+{{- /* Objects are named <release>-graceful-shutdown-agent, or just <release> when the release name already
+contains the chart name (`helm install graceful-shutdown-agent …`), as `helm create` charts do. */ -}}
 {{- define "gsa.name" -}}
+{{- if contains "graceful-shutdown-agent" .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
 {{- printf "%s-graceful-shutdown-agent" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gsa.labels" -}}

@@ -1,5 +1,11 @@
+{{- /* Objects are named <release>-shutdown-inhibitor-agent, or just <release> when the release name already
+contains the chart name (`helm install shutdown-inhibitor-agent …`), as `helm create` charts do. */ -}}
 {{- define "sia.name" -}}
+{{- if contains "shutdown-inhibitor-agent" .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
 {{- printf "%s-shutdown-inhibitor-agent" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "sia.labels" -}}

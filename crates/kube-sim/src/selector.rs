@@ -261,10 +261,6 @@ fn supported(group: &str, plural: &str, field: &str) -> bool {
             field.starts_with("involvedObject.")
                 || matches!(field, "reason" | "reportingComponent" | "source" | "type")
         }
-        ("events.k8s.io", "events") => {
-            field.starts_with("regarding.")
-                || matches!(field, "reason" | "reportingController" | "type")
-        }
         ("", "namespaces") => field == "status.phase",
         _ => false,
     }

@@ -584,3 +584,98 @@ async fn deletecollection_removes_what_the_selector_matches() -> Result<()> {
     ensure!(left == ["c"], "{left:?}");
     Ok(())
 }
+
+/// pkg/registry/core/rest/storage_core.go + pkg/apis/events/v1/conversion.go: events.k8s.io/v1
+/// is a view of the core Event storage, so each API sees what the other wrote.
+#[tokio::test]
+async fn events_written_through_either_api_are_one_collection() -> Result<()> {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    let sim = bare().await?;
+    let client = sim.client();
+    let view: Api<Event> = Api::namespaced(client.clone(), "default");
+    let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let mut watch = view.watch(&WatchParams::default(), "0").await?.boxed();
+    let recorded: Event = serde_json::from_value(json!({
+        "metadata": {"name": "node-1.a"},
+        "regarding": {"kind": "Node", "name": "node-1"},
+        "note": "terminating pods", "reason": "NodeShutdown", "type": "Normal", "action": "Terminate",
+        "reportingController": "nodegrace-graceful-shutdown-agent", "reportingInstance": "node-1",
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+    }))?;
+    let created = view.create(&PostParams::default(), &recorded).await?;
+    ensure!(created.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("node-1"));
+
+    let seen = core
+        .list(&ListParams::default().fields("involvedObject.name=node-1"))
+        .await?;
+    ensure!(seen.items.len() == 1, "{:?}", seen.items);
+    let event = &seen.items[0];
+    ensure!(
+        event.message.as_deref() == Some("terminating pods"),
+        "{event:?}"
+    );
+    ensure!(event.reporting_component.as_deref() == Some("nodegrace-graceful-shutdown-agent"));
+    ensure!(event.metadata.uid == created.metadata.uid);
+
+    let other: CoreEvent = serde_json::from_value(json!({
+        "metadata": {"name": "pod.b"},
+        "involvedObject": {"kind": "Pod", "name": "web", "namespace": "default"},
+        "message": "pulled", "reason": "Pulled", "type": "Normal", "source": {"component": "kubelet"},
+    }))?;
+    core.create(&PostParams::default(), &other).await?;
+    let through_view = view.get("pod.b").await?;
+    ensure!(
+        through_view.note.as_deref() == Some("pulled"),
+        "{through_view:?}"
+    );
+    ensure!(
+        through_view
+            .deprecated_source
+            .and_then(|s| s.component)
+            .as_deref()
+            == Some("kubelet")
+    );
+    let selected = view
+        .list(&ListParams::default().fields("regarding.name=node-1"))
+        .await?;
+    ensure!(
+        selected.items.len() == 1 && selected.items[0].note.as_deref() == Some("terminating pods")
+    );
+    let refused = view
+        .list(&ListParams::default().fields("involvedObject.name=node-1"))
+        .await
+        .expect_err("the view has no involvedObject field label");
+    let status = api_error(refused)?;
+    ensure!(
+        status.code == 400
+            && status
+                .message
+                .contains("field label not supported: involvedObject.name"),
+        "{status:?}"
+    );
+
+    view.patch(
+        "node-1.a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"note": "all pods stopped"})),
+    )
+    .await?;
+    ensure!(core.get("node-1.a").await?.message.as_deref() == Some("all pods stopped"));
+
+    let mut notes = Vec::new();
+    while notes.len() < 3 {
+        match tokio::time::timeout(Duration::from_secs(5), watch.try_next()).await?? {
+            Some(WatchEvent::Added(event) | WatchEvent::Modified(event)) => {
+                notes.push(event.note.unwrap_or_default());
+            }
+            Some(_) => {}
+            None => anyhow::bail!("the watch ended"),
+        }
+    }
+    ensure!(
+        notes == ["terminating pods", "pulled", "all pods stopped"],
+        "{notes:?}"
+    );
+    Ok(())
+}

@@ -360,6 +360,46 @@ fn drain_under_a_pdb_completes_without_violations() -> Result<()> {
 }
 
 /// A GET through curl-less plain TCP, for the /sim/v1 endpoints.
+/// `kubectl get events` lists Events recorded through events.k8s.io/v1 (one storage on a real
+/// server), with the printer's columns.
+#[test]
+fn kubectl_get_events_shows_events_recorded_through_events_v1() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(2)?;
+    sim.apply(
+        "apiVersion: events.k8s.io/v1\nkind: Event\nmetadata: {name: node-1.a, namespace: default}\n\
+         regarding: {kind: Node, name: node-1}\nnote: terminating pods\nreason: NodeShutdown\n\
+         type: Normal\naction: Terminate\nreportingController: nodegrace-x\nreportingInstance: node-1\n\
+         eventTime: \"2026-01-01T00:00:00.000000Z\"\n",
+    )?;
+    let listed = sim.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=node-1",
+    ])?;
+    let header = listed.lines().next().unwrap_or_default();
+    for column in ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"] {
+        ensure!(header.contains(column), "{listed}");
+    }
+    ensure!(
+        listed.contains("NodeShutdown")
+            && listed.contains("node/node-1")
+            && listed.contains("terminating pods"),
+        "{listed}"
+    );
+    let through_view = sim.ok(&[
+        "get",
+        "events.events.k8s.io",
+        "-o",
+        "jsonpath={.items[0].note}",
+    ])?;
+    ensure!(through_view == "terminating pods", "{through_view}");
+    Ok(())
+}
+
 fn http_get(url: &str) -> Result<String> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").context("plain http expected")?;

@@ -19,6 +19,7 @@ use zbus::names::BusName;
 
 pub use processes::Detached;
 pub use provision::{Elogind, provision};
+pub use scenario::AfterShutdownHook;
 
 use processes::{BusDaemon, ElogindProcess};
 use scenario::ScenarioDir;
@@ -90,7 +91,7 @@ pub fn skip_decision(reason: Option<String>, ci: bool) -> SkipDecision {
 }
 
 /// `CI` set to anything but empty, `0` or `false`, as CI services (and `.ci/run`) set it.
-fn ci_is_set() -> bool {
+pub fn ci_is_set() -> bool {
     std::env::var("CI").is_ok_and(|value| !matches!(value.as_str(), "" | "0" | "false"))
 }
 
@@ -101,6 +102,8 @@ pub struct ScenarioOptions {
     pub inhibit_delay_max: Duration,
     /// Keep the processes alive when this process exits (for `logind-harness up`).
     pub detached: bool,
+    /// What happens once shutdown proceeds: cancelled, or held as a machine going down.
+    pub after_shutdown_hook: AfterShutdownHook,
 }
 
 impl Default for ScenarioOptions {
@@ -108,6 +111,7 @@ impl Default for ScenarioOptions {
         Self {
             inhibit_delay_max: Duration::from_secs(5),
             detached: false,
+            after_shutdown_hook: AfterShutdownHook::Cancel,
         }
     }
 }
@@ -144,6 +148,7 @@ impl LogindHarness {
         let scenario = ScenarioDir::create(
             &work_dir.join("logind-scenarios"),
             options.inhibit_delay_max,
+            options.after_shutdown_hook,
         )?;
         let bus_daemon = BusDaemon::start(&scenario, options.detached)?;
         let bus_address = format!("unix:path={}", scenario.bus_socket().display());
@@ -215,6 +220,23 @@ impl LogindHarness {
             )
             .await?;
         Ok(())
+    }
+
+    /// `InhibitDelayMaxUSec` as logind applies it now (drop-ins included).
+    pub async fn inhibit_delay_max(&self) -> Result<Duration, HarnessError> {
+        let reply = self
+            .connection
+            .call_method(
+                Some(LOGIND),
+                LOGIND_PATH,
+                Some("org.freedesktop.DBus.Properties"),
+                "Get",
+                &(MANAGER, "InhibitDelayMaxUSec"),
+            )
+            .await?;
+        let value: zbus::OwnedVariant = reply.body().deserialize()?;
+        let micros = u64::try_from(value)?;
+        Ok(Duration::from_micros(micros))
     }
 
     /// `ListInhibitors` as (what, who, why, mode, uid, pid) rows.

@@ -42,6 +42,7 @@ async fn main() -> Result<()> {
             let harness = LogindHarness::start(ScenarioOptions {
                 inhibit_delay_max: std::time::Duration::from_secs(inhibit_delay_max_sec),
                 detached: true,
+                ..ScenarioOptions::default()
             })
             .await?;
             let detached = harness.detach();

@@ -1,5 +1,5 @@
 //! The files one scenario needs: a bus configuration, a logind.conf, and the shutdown hook that
-//! records when shutdown would have proceeded and then refuses it.
+//! records when shutdown proceeds and then cancels or holds it.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -8,6 +8,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::HarnessError;
+
+/// What the shutdown hook does after recording the moment shutdown proceeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterShutdownHook {
+    /// Fails, so logind cancels the power-off at its last step (`AllowPowerOffInterrupts`) and
+    /// the scenario goes on: clients see `PrepareForShutdown(false)`.
+    Cancel,
+    /// Never returns, as a machine going down never comes back to its clients: logind sends
+    /// nothing more. The scenario is stopped from outside, as the power going off would.
+    Hold,
+}
 
 /// A scenario's private directory; it is mounted over `/etc/elogind` inside elogind's namespace.
 #[derive(Debug)]
@@ -18,7 +29,11 @@ pub struct ScenarioDir {
 impl ScenarioDir {
     /// Creates a fresh directory under `parent`. Names are short because the bus socket inside
     /// must fit the 108-byte limit of a UNIX socket path.
-    pub fn create(parent: &Path, inhibit_delay_max: Duration) -> Result<Self, HarnessError> {
+    pub fn create(
+        parent: &Path,
+        inhibit_delay_max: Duration,
+        after_hook: AfterShutdownHook,
+    ) -> Result<Self, HarnessError> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let name = format!(
             "{}-{}",
@@ -28,11 +43,15 @@ impl ScenarioDir {
         let root = parent.join(name);
         let _ = fs::remove_dir_all(&root);
         let scenario = Self { root };
-        scenario.write_files(inhibit_delay_max)?;
+        scenario.write_files(inhibit_delay_max, after_hook)?;
         Ok(scenario)
     }
 
-    fn write_files(&self, inhibit_delay_max: Duration) -> Result<(), HarnessError> {
+    fn write_files(
+        &self,
+        inhibit_delay_max: Duration,
+        after_hook: AfterShutdownHook,
+    ) -> Result<(), HarnessError> {
         let io = HarnessError::io;
         fs::create_dir_all(self.drop_in_dir()).map_err(io("create the scenario directory"))?;
         fs::create_dir_all(self.run_systemd()).map_err(io("create the runtime directory"))?;
@@ -46,7 +65,8 @@ impl ScenarioDir {
         )
         .map_err(io("write logind.conf"))?;
         let hook = self.etc().join("system-shutdown/nodegrace-record");
-        fs::write(&hook, shutdown_hook(&self.hook_log())).map_err(io("write the shutdown hook"))?;
+        fs::write(&hook, shutdown_hook(&self.hook_log(), after_hook))
+            .map_err(io("write the shutdown hook"))?;
         fs::set_permissions(&hook, fs::Permissions::from_mode(0o755))
             .map_err(io("make the shutdown hook executable"))?;
         Ok(())
@@ -124,13 +144,19 @@ fn logind_conf(inhibit_delay_max: Duration) -> String {
     )
 }
 
-fn shutdown_hook(log: &Path) -> String {
+fn shutdown_hook(log: &Path, after: AfterShutdownHook) -> String {
+    // Holding sleeps rather than powering off: the hook runs inside elogind's PID namespace, so
+    // stopping the scenario ends it along with elogind.
+    let then = match after {
+        AfterShutdownHook::Cancel => "exit 1",
+        AfterShutdownHook::Hold => "exec sleep 3600",
+    };
     format!(
         "#!/bin/sh\n\
-         # Records when shutdown would have proceeded, then refuses it so nothing powers off.\n\
+         # Records when shutdown proceeds; nothing ever powers off.\n\
          PATH=/usr/sbin:/usr/bin:/sbin:/bin\n\
          date +%s%N >> '{}'\n\
-         exit 1\n",
+         {then}\n",
         log.display()
     )
 }
@@ -142,7 +168,12 @@ mod tests {
     #[test]
     fn scenario_holds_config_hook_and_drop_in_dir() {
         let parent = tempfile::tempdir().unwrap();
-        let scenario = ScenarioDir::create(parent.path(), Duration::from_secs(7)).unwrap();
+        let scenario = ScenarioDir::create(
+            parent.path(),
+            Duration::from_secs(7),
+            AfterShutdownHook::Cancel,
+        )
+        .unwrap();
         let conf = fs::read_to_string(scenario.etc().join("logind.conf")).unwrap();
         assert!(conf.contains("InhibitDelayMaxSec=7\n"));
         assert!(conf.contains("AllowPowerOffInterrupts=yes"));
@@ -159,10 +190,17 @@ mod tests {
     }
 
     #[test]
+    fn a_held_shutdown_never_returns_to_logind() {
+        let hook = shutdown_hook(Path::new("/log"), AfterShutdownHook::Hold);
+        assert!(hook.contains("date +%s%N >> '/log'\nexec sleep"), "{hook}");
+    }
+
+    #[test]
     fn scenarios_never_share_a_directory() {
         let parent = tempfile::tempdir().unwrap();
-        let first = ScenarioDir::create(parent.path(), Duration::from_secs(1)).unwrap();
-        let second = ScenarioDir::create(parent.path(), Duration::from_secs(1)).unwrap();
+        let create = |after| ScenarioDir::create(parent.path(), Duration::from_secs(1), after);
+        let first = create(AfterShutdownHook::Cancel).unwrap();
+        let second = create(AfterShutdownHook::Hold).unwrap();
         assert_ne!(first.root(), second.root());
         first.remove();
         assert!(!first.root().exists());

@@ -2,6 +2,7 @@
 //! server's verbs, parameters and error bodies.
 
 mod discovery;
+mod event_view;
 mod objects;
 mod query;
 mod table;
@@ -82,16 +83,77 @@ async fn handle(State(app): State<App>, request: Request) -> Response {
         // Only JSON (and YAML for apply) is spoken here; 415 makes clients fall back to JSON.
         return error_response(&ApiError::unsupported_media_type(content_type));
     }
-    let result = match parse_target(&app.store, parts.uri.path()) {
-        Ok(target) => match admitted(&app, &parts.method, &target, &query, &parts.headers, body)
-            .await
-        {
-            Ok((method, body)) => dispatch(&app, &method, target, &query, &parts.headers, &body),
-            Err(error) => Err(error),
-        },
-        Err(error) => Err(error),
+    let target = match parse_target(&app.store, parts.uri.path()) {
+        Ok(target) => target,
+        Err(error) => return error_response(&error),
     };
-    result.unwrap_or_else(|error| error_response(&error))
+    if let Some(core) = event_view_target(&app, &target) {
+        let current = match &core {
+            Target::Object {
+                kind,
+                namespace,
+                name,
+                ..
+            } if parts.method == Method::PATCH => {
+                app.store.get(kind, namespace.as_deref(), name).ok()
+            }
+            _ => None,
+        };
+        let patch_type = crate::patch::PatchType::from_content_type(content_type);
+        let response = match event_view::request_to_core(
+            &parts.method,
+            &query,
+            body,
+            current.as_deref(),
+            patch_type,
+        ) {
+            Ok((method, query, body)) => serve(&app, &method, core, &query, &parts.headers, body)
+                .await
+                .unwrap_or_else(|error| error_response(&error)),
+            Err(error) => return error_response(&error),
+        };
+        return event_view::response_from_core(response, query.is_watch()).await;
+    }
+    serve(&app, &parts.method, target, &query, &parts.headers, body)
+        .await
+        .unwrap_or_else(|error| error_response(&error))
+}
+
+async fn serve(
+    app: &App,
+    method: &Method,
+    target: Target,
+    query: &Query,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let (method, body) = admitted(app, method, &target, query, headers, body).await?;
+    dispatch(app, &method, target, query, headers, &body)
+}
+
+/// The core Event target behind a request to the events.k8s.io view (see event_view.rs).
+fn event_view_target(app: &App, target: &Target) -> Option<Target> {
+    let core = || app.store.kind("", "events");
+    match target {
+        Target::Collection { kind, namespace } if event_view::is_view(kind) => {
+            Some(Target::Collection {
+                kind: core(),
+                namespace: namespace.clone(),
+            })
+        }
+        Target::Object {
+            kind,
+            namespace,
+            name,
+            sub,
+        } if event_view::is_view(kind) => Some(Target::Object {
+            kind: core(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            sub: sub.clone(),
+        }),
+        _ => None,
+    }
 }
 
 /// Runs admission webhooks on API writes. A PATCH is resolved here and continues as a PUT of

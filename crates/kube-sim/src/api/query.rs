@@ -22,6 +22,14 @@ impl Query {
         Self { params }
     }
 
+    /// A copy with `name` set to `value`.
+    #[must_use]
+    pub fn with(&self, name: &str, value: &str) -> Self {
+        let mut params = self.params.clone();
+        params.insert(name.to_owned(), value.to_owned());
+        Self { params }
+    }
+
     pub fn get(&self, name: &str) -> Option<&str> {
         self.params
             .get(name)

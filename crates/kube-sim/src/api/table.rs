@@ -98,8 +98,66 @@ fn columns(kind: &ResourceType) -> Vec<Value> {
             ),
             age,
         ],
+        // pkg/printers/internalversion/printers.go, eventColumnDefinitions.
+        ("", "events") => vec![
+            column("Last Seen", "string", "Time of the latest occurrence.", 0),
+            column("Type", "string", "Normal or Warning.", 0),
+            column("Reason", "string", "Why the event happened.", 0),
+            column("Object", "string", "The object the event is about.", 0),
+            column("Subobject", "string", "The part of the object.", 1),
+            column("Source", "string", "The component reporting the event.", 1),
+            column("Message", "string", "A human-readable description.", 0),
+            column("First Seen", "string", "Time of the first occurrence.", 1),
+            column("Count", "string", "How often it happened.", 1),
+            column(
+                "Name",
+                "string",
+                "Name must be unique within a namespace.",
+                1,
+            ),
+        ],
         _ => vec![name, age],
     }
+}
+
+/// How long ago `time` (RFC 3339) was, as kubectl's columns show it.
+fn since(time: &Value) -> Option<String> {
+    let time = time.as_str()?.parse::<jiff::Timestamp>().ok()?;
+    let created = json!({"metadata": {"creationTimestamp": time.to_string()}});
+    Some(age(&created))
+}
+
+fn event_cells(object: &Value) -> Vec<Value> {
+    let first = since(&object["firstTimestamp"]).or_else(|| since(&object["eventTime"]));
+    let last = since(&object["series"]["lastObservedTime"])
+        .or_else(|| since(&object["lastTimestamp"]))
+        .or_else(|| first.clone())
+        .unwrap_or_else(|| "<unknown>".to_owned());
+    let involved = &object["involvedObject"];
+    let source = object["source"]["component"]
+        .as_str()
+        .or_else(|| object["reportingComponent"].as_str())
+        .unwrap_or_default();
+    let count = object["series"]["count"]
+        .as_i64()
+        .or_else(|| object["count"].as_i64())
+        .unwrap_or(1);
+    vec![
+        json!(last),
+        json!(text(&object["type"])),
+        json!(text(&object["reason"])),
+        json!(format!(
+            "{}/{}",
+            involved["kind"].as_str().unwrap_or_default().to_lowercase(),
+            involved["name"].as_str().unwrap_or_default()
+        )),
+        json!(involved["fieldPath"].as_str().unwrap_or_default()),
+        json!(source),
+        json!(object["message"].as_str().unwrap_or_default()),
+        json!(first.unwrap_or_else(|| "<unknown>".to_owned())),
+        json!(count.to_string()),
+        json!(object["metadata"]["name"]),
+    ]
 }
 
 fn cells(kind: &ResourceType, object: &Value) -> Vec<Value> {
@@ -162,6 +220,7 @@ fn cells(kind: &ResourceType, object: &Value) -> Vec<Value> {
             json!(object["status"]["disruptionsAllowed"].as_i64().unwrap_or(0)),
             age,
         ],
+        ("", "events") => event_cells(object),
         _ => vec![name, age],
     }
 }

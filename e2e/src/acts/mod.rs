@@ -1,0 +1,34 @@
+//! The demo's story, one act per module. An act plays something an operator cares about and
+//! checks its outcome from the API and logind (never from logs); it fails with a message that
+//! says what did not happen. Adding an act is one module and one line in [`ALL`].
+
+mod lease_blocks_shutdown;
+mod priority_shutdown;
+
+use anyhow::Result;
+use futures::future::LocalBoxFuture;
+
+use crate::stage::Stage;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Act {
+    /// For `--act`.
+    pub slug: &'static str,
+    pub title: &'static str,
+    pub play: for<'a> fn(&'a mut Stage) -> LocalBoxFuture<'a, Result<()>>,
+}
+
+/// In playing order: later acts may build on what earlier ones left (node-1 is off after the
+/// shutdown act).
+pub const ALL: &[Act] = &[lease_blocks_shutdown::ACT, priority_shutdown::ACT];
+
+pub fn find(slug: &str) -> Option<&'static Act> {
+    ALL.iter().find(|act| act.slug == slug)
+}
+
+/// The act's number in the story (1-based), also when only some acts are played.
+pub fn number(act: &Act) -> usize {
+    ALL.iter()
+        .position(|a| a.slug == act.slug)
+        .map_or(0, |i| i + 1)
+}

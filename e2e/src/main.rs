@@ -1,0 +1,105 @@
+//! `nodegrace-demo`: what `cargo xtask demo` runs once the binaries are built.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use nodegrace_e2e::demo::{self, Ending, Options};
+use nodegrace_e2e::kubelet::ImageBinaries;
+use nodegrace_e2e::stage::Inputs;
+
+/// The repository this binary was built from: its charts and demo values are read from there.
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nodegrace-demo",
+    about = "Plays nodegrace's story on kube-sim with a real elogind per node; exits non-zero if an act fails"
+)]
+struct Args {
+    /// Leave the cluster running at the end and print the KUBECONFIG to explore it; Ctrl-C stops it.
+    #[arg(long)]
+    keep: bool,
+    /// Play only this act (repeatable); all acts by default.
+    #[arg(long = "act", value_name = "SLUG")]
+    acts: Vec<String>,
+    /// Where the program binaries and kube-sim are [default: this binary's directory].
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Run PROGRAM's image with another binary, e.g. a deliberately broken agent.
+    #[arg(long = "image-binary", value_name = "PROGRAM=PATH", value_parser = parse_override)]
+    image_binaries: Vec<(String, PathBuf)>,
+    /// The helm binary [default: target/tools/helm, else helm on PATH].
+    #[arg(long)]
+    helm: Option<PathBuf>,
+    /// Scratch directory for the cluster's kubeconfig, the machines and every process's log
+    /// (emptied at start) [default: target/demo].
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+fn parse_override(value: &str) -> Result<(String, PathBuf), String> {
+    value
+        .split_once('=')
+        .filter(|(program, path)| !program.is_empty() && !path.is_empty())
+        .map(|(program, path)| (program.to_owned(), PathBuf::from(path)))
+        .ok_or_else(|| format!("`{value}` is not PROGRAM=PATH"))
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(Ending::AllPassed) => ExitCode::SUCCESS,
+        Ok(Ending::ActFailed(_)) => ExitCode::FAILURE,
+        Ok(Ending::Interrupted) => ExitCode::from(130),
+        Err(error) => {
+            eprintln!("Error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<Ending> {
+    let args = Args::parse();
+    if let Some(reason) = logind_harness::skip_reason() {
+        bail!("{reason}: run it as root, e.g. `sudo -E cargo xtask demo`");
+    }
+    let repo =
+        std::fs::canonicalize(REPO).context("find the repository this demo was built from")?;
+    let bin_dir = match args.bin_dir {
+        Some(dir) => dir,
+        None => std::env::current_exe()?
+            .parent()
+            .context("this binary has a directory")?
+            .to_path_buf(),
+    };
+    let helm = args.helm.unwrap_or_else(|| {
+        let cached = repo.join("target/tools/helm");
+        if cached.is_file() {
+            cached
+        } else {
+            PathBuf::from("helm")
+        }
+    });
+    let options = Options {
+        inputs: Inputs {
+            binaries: ImageBinaries {
+                dir: bin_dir,
+                overrides: args.image_binaries.into_iter().collect::<BTreeMap<_, _>>(),
+            },
+            helm,
+            charts_dir: repo.join("charts"),
+            values_dir: repo.join("e2e/demo"),
+            work_dir: args.work_dir.unwrap_or_else(|| repo.join("target/demo")),
+        },
+        acts: args.acts,
+        keep: args.keep,
+    };
+    // One thread: the death signal that ties every child to the demo follows the thread that
+    // started it (see processes.rs).
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(demo::run(options))
+}

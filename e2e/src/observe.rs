@@ -1,0 +1,75 @@
+//! What the acts read to judge an outcome: logind's inhibitor list and the Node as the API
+//! server has it.
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use kube::{Api, Client};
+
+use crate::node_host::NodeHost;
+
+/// One row of logind's `ListInhibitors`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inhibitor {
+    pub what: String,
+    pub who: String,
+    pub why: String,
+    pub mode: String,
+    pub pid: u32,
+}
+
+impl std::fmt::Display for Inhibitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} lock on {} by \"{}\" (pid {}): \"{}\"",
+            self.mode, self.what, self.who, self.pid, self.why
+        )
+    }
+}
+
+pub async fn inhibitors(host: &NodeHost, mode: &str) -> Result<Vec<Inhibitor>> {
+    let rows = host
+        .logind()?
+        .list_inhibitors()
+        .await
+        .with_context(|| format!("list {}'s inhibitors", host.name()))?;
+    Ok(rows
+        .into_iter()
+        .filter(|row| row.3 == mode)
+        .map(|(what, who, why, mode, _uid, pid)| Inhibitor {
+            what,
+            who,
+            why,
+            mode,
+            pid,
+        })
+        .collect())
+}
+
+pub async fn node(client: &Client, name: &str) -> Result<Node> {
+    Api::<Node>::all(client.clone())
+        .get(name)
+        .await
+        .with_context(|| format!("read node {name}"))
+}
+
+pub async fn node_condition(
+    client: &Client,
+    node_name: &str,
+    condition_type: &str,
+) -> Result<Option<NodeCondition>> {
+    Ok(node(client, node_name)
+        .await?
+        .status
+        .and_then(|status| status.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|condition| condition.type_ == condition_type))
+}
+
+/// `kubectl` for one condition of a node.
+pub fn condition_command(node: &str, condition_type: &str) -> String {
+    format!(
+        "kubectl get node {node} -o jsonpath='{{.status.conditions[?(@.type==\"{condition_type}\")]}}'"
+    )
+}

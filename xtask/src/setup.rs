@@ -1,0 +1,57 @@
+//! What the tasks need from the machine, installed when missing (idempotently).
+
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::run_command;
+
+/// Binaries the logind harness and the kubectl tests start. elogind itself is not installed (it
+/// would remove systemd); the harness unpacks it under target/.
+const SYSTEM_COMMANDS: &[(&str, &str)] = &[
+    ("dbus-daemon", "dbus-daemon"),
+    ("busctl", "systemd"),
+    ("systemd-inhibit", "systemd"),
+    ("unshare", "util-linux"),
+    ("nsenter", "util-linux"),
+    ("setpriv", "util-linux"),
+    ("dpkg-deb", "dpkg"),
+    ("npm", "npm"),
+];
+
+pub fn ensure_system_packages() -> Result<()> {
+    let missing: Vec<&str> = SYSTEM_COMMANDS
+        .iter()
+        .filter(|(command, _)| !on_path(command))
+        .map(|(_, package)| *package)
+        .collect();
+    if !missing.is_empty() {
+        run_command(Command::new("apt-get").arg("update").arg("-qq"))?;
+        run_command(
+            Command::new("apt-get")
+                .args(["install", "-y", "-qq", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    if !on_path("kubectl") {
+        println!("warning: kubectl is not on PATH; the kubectl conformance tests will skip");
+    }
+    Ok(())
+}
+
+pub fn on_path(command: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {command}")])
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+/// Stops with one line saying why root is needed and what to run instead.
+pub fn require_root(why: &str, instead: &str) -> Result<()> {
+    let uid = Command::new("id").arg("-u").output()?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        bail!("{why}. Run: {instead}");
+    }
+    Ok(())
+}
