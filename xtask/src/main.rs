@@ -59,6 +59,12 @@ pub fn project_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Where cargo puts build output: `CARGO_TARGET_DIR`, else `target/` in the workspace.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| project_root().join("target"), PathBuf::from)
+}
+
 /// Runs a command from the project root, failing with the command line when it fails.
 pub fn run_command(command: &mut Command) -> Result<()> {
     command.current_dir(project_root());
