@@ -78,6 +78,12 @@ impl Stage {
         ));
         timeline.show("kubectl get pods -A -o wide");
 
+        let elogind = logind_harness::provision(&logind_harness::work_dir().join("elogind"))
+            .context("provision elogind (downloaded from Debian's archive on first use)")?;
+        timeline.event(&format!(
+            "elogind from Debian's packages, unpacked at {}",
+            elogind.daemon().display()
+        ));
         let mut nodes = Vec::new();
         for index in 0..NODES {
             let name = format!("node-{index}");
