@@ -70,8 +70,9 @@ async fn play(stage: &mut Stage) -> Result<()> {
     let Some(lock) = inhibitors(host, "delay").await?.into_iter().next() else {
         bail!("{NODE}'s logind lists no delay inhibitor: nothing will hold its shutdown");
     };
+    timeline.event(&format!("{NODE}'s logind holds a {lock}"));
     timeline.event(&format!(
-        "{NODE}'s logind holds a {lock}; InhibitDelayMaxSec is {} (raised from 5 s by the agent's drop-in)",
+        "{NODE}'s InhibitDelayMaxSec is {}: raised from 5 s by the agent's drop-in, to cover its groups",
         seconds(delay)
     ));
 
