@@ -31,6 +31,15 @@ pub fn describe(object: &Value) -> String {
     format!("{}/{}", kind_of(object), name_of(object))
 }
 
+/// `Kind/name, Kind/name, …`
+pub fn describe_all<'a>(objects: impl IntoIterator<Item = &'a Value>) -> String {
+    objects
+        .into_iter()
+        .map(describe)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Creates `object`, in `namespace` unless it names its own; returns what the server stored.
 pub async fn create(client: &Client, object: &Value, namespace: &str) -> Result<Value> {
     let (group, version) = match object["apiVersion"].as_str().unwrap_or_default() {

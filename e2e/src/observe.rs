@@ -4,27 +4,16 @@
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::{Api, Client};
+use nodegrace_core::logind::Inhibitor;
 
 use crate::node_host::NodeHost;
 
-/// One row of logind's `ListInhibitors`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Inhibitor {
-    pub what: String,
-    pub who: String,
-    pub why: String,
-    pub mode: String,
-    pub pid: u32,
-}
-
-impl std::fmt::Display for Inhibitor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} lock on {} by \"{}\" (pid {}): \"{}\"",
-            self.mode, self.what, self.who, self.pid, self.why
-        )
-    }
+/// An inhibitor as a person reads it.
+pub fn describe(lock: &Inhibitor) -> String {
+    format!(
+        "{} lock on {} by \"{}\" (pid {}): \"{}\"",
+        lock.mode, lock.what, lock.who, lock.pid, lock.why
+    )
 }
 
 pub async fn inhibitors(host: &NodeHost, mode: &str) -> Result<Vec<Inhibitor>> {
@@ -36,13 +25,7 @@ pub async fn inhibitors(host: &NodeHost, mode: &str) -> Result<Vec<Inhibitor>> {
     Ok(rows
         .into_iter()
         .filter(|row| row.3 == mode)
-        .map(|(what, who, why, mode, _uid, pid)| Inhibitor {
-            what,
-            who,
-            why,
-            mode,
-            pid,
-        })
+        .map(Inhibitor::from)
         .collect())
 }
 

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::chart;
 use crate::cluster::Cluster;
 use crate::kubelet::{self, ImageBinaries, PodProcess};
-use crate::manifests::{self, describe, kind_of};
+use crate::manifests::{self, describe_all, kind_of};
 use crate::node_host::NodeHost;
 use crate::probe::http_get_succeeds;
 use crate::timeline::{Timeline, seconds};
@@ -152,20 +152,12 @@ impl Stage {
             }
             self.timeline.event(&format!(
                 "helm template charts/{program} -f e2e/demo/{program}.values.yaml: created {}",
-                served
-                    .iter()
-                    .map(|o| describe(o))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                describe_all(served.iter().copied())
             ));
             if !skipped.is_empty() {
                 self.timeline.event(&format!(
                     "  not created (kube-sim has no RBAC yet; every request is allowed): {}",
-                    skipped
-                        .iter()
-                        .map(|o| describe(o))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    describe_all(skipped.iter().copied())
                 ));
             }
             if program == GRACEFUL_SHUTDOWN_AGENT {
@@ -309,10 +301,7 @@ async fn create_workloads(client: &Client) -> Result<(String, usize)> {
             _ => 0,
         })
         .sum();
-    Ok((
-        objects.iter().map(describe).collect::<Vec<_>>().join(", "),
-        pods,
-    ))
+    Ok((describe_all(&objects), pods))
 }
 
 async fn wait_for_running_pods(client: &Client, expected: usize) -> Result<()> {

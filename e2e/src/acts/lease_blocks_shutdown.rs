@@ -11,7 +11,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::Act;
-use crate::observe::{condition_command, inhibitors, node_condition};
+use crate::observe::{condition_command, describe, inhibitors, node_condition};
 use crate::stage::{NODES, Stage};
 use crate::timeline::millis;
 use crate::wait::{poll_for, poll_until};
@@ -33,7 +33,10 @@ async fn play(stage: &mut Stage) -> Result<()> {
     let timeline = &stage.timeline;
     let host = stage.node(NODE)?;
     if let Some(lock) = inhibitors(host, "block").await?.first() {
-        bail!("{NODE} is blocked before any Lease exists: {lock}");
+        bail!(
+            "{NODE} is blocked before any Lease exists: {}",
+            describe(lock)
+        );
     }
     let leases: Api<Lease> = Api::namespaced(stage.client().clone(), NAMESPACE);
     timeline.event(&format!(
@@ -67,7 +70,7 @@ async fn play(stage: &mut Stage) -> Result<()> {
     };
     timeline.event(&format!(
         "{NODE}'s logind holds a {} after {}",
-        block,
+        describe(&block),
         millis(taken.elapsed())
     ));
     timeline.show(&host.inhibitors_command());
@@ -82,8 +85,9 @@ async fn play(stage: &mut Stage) -> Result<()> {
         let other = stage.node(&format!("node-{index}"))?;
         if let Some(lock) = inhibitors(other, "block").await?.first() {
             bail!(
-                "{} is blocked too, by a Lease not named after it: {lock}",
-                other.name()
+                "{} is blocked too, by a Lease not named after it: {}",
+                other.name(),
+                describe(lock)
             );
         }
     }

@@ -14,7 +14,7 @@ use kube::api::ListParams;
 use kube::runtime::watcher;
 
 use super::Act;
-use crate::observe::{condition_command, inhibitors, node, node_condition};
+use crate::observe::{condition_command, describe, inhibitors, node, node_condition};
 use crate::stage::{GRACEFUL_SHUTDOWN_AGENT, Stage};
 use crate::timeline::{Timeline, millis, seconds};
 use crate::wait::poll_for;
@@ -70,7 +70,7 @@ async fn play(stage: &mut Stage) -> Result<()> {
     let Some(lock) = inhibitors(host, "delay").await?.into_iter().next() else {
         bail!("{NODE}'s logind lists no delay inhibitor: nothing will hold its shutdown");
     };
-    timeline.event(&format!("{NODE}'s logind holds a {lock}"));
+    timeline.event(&format!("{NODE}'s logind holds a {}", describe(&lock)));
     timeline.event(&format!(
         "{NODE}'s InhibitDelayMaxSec is {}: raised from 5 s by the agent's drop-in, to cover its groups",
         seconds(delay)
