@@ -61,10 +61,6 @@ impl NodeHost {
             .with_context(|| format!("{} is powered off", self.name))
     }
 
-    pub fn bus_address(&self) -> Result<String> {
-        Ok(self.logind()?.bus_address().to_owned())
-    }
-
     /// `DBUS_SYSTEM_BUS_ADDRESS=… systemd-inhibit --list`: logind's locks as a person lists them.
     pub fn inhibitors_command(&self) -> String {
         self.logind.as_ref().map_or_else(String::new, |logind| {

@@ -53,10 +53,6 @@ impl Guarded {
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
