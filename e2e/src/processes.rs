@@ -16,7 +16,6 @@ use nix::unistd::Pid;
 
 #[derive(Debug)]
 pub struct Guarded {
-    name: String,
     child: Child,
 }
 
@@ -47,10 +46,7 @@ impl Guarded {
             .process_group(0)
             .spawn()
             .with_context(|| format!("start {name} (setpriv from util-linux must be installed)"))?;
-        Ok(Self {
-            name: name.to_owned(),
-            child,
-        })
+        Ok(Self { child })
     }
 
     pub fn pid(&self) -> u32 {
