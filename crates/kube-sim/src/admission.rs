@@ -47,6 +47,9 @@ pub struct Request<'a> {
     pub subresource: Option<&'a str>,
     pub namespace: Option<&'a str>,
     pub name: &'a str,
+    /// The (group, version, kind) of the object when it is not the resource's own kind, as for
+    /// `pods/eviction` (an Eviction).
+    pub object_kind: Option<(&'a str, &'a str, &'a str)>,
     pub old: Option<&'a Value>,
     pub dry_run: bool,
 }
@@ -218,15 +221,21 @@ async fn call(webhook: &Value, request: &Request<'_>, object: &Value) -> Result<
         Operation::Delete => (Value::Null, request.old.cloned().unwrap_or(Value::Null)),
         _ => (object.clone(), request.old.cloned().unwrap_or(Value::Null)),
     };
+    let (group, version, object_kind) = request.object_kind.unwrap_or((
+        kind.group.as_str(),
+        kind.version.as_str(),
+        kind.kind.as_str(),
+    ));
+    let object_kind = json!({"group": group, "version": version, "kind": object_kind});
     let review = json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
             "uid": uid,
-            "kind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
+            "kind": object_kind,
             "resource": {"group": kind.group, "version": kind.version, "resource": kind.plural},
             "subResource": request.subresource,
-            "requestKind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
+            "requestKind": object_kind,
             "requestResource": {"group": kind.group, "version": kind.version, "resource": kind.plural},
             "name": request.name,
             "namespace": request.namespace,

@@ -94,10 +94,21 @@ impl ApiError {
             .collect();
         let mut details = details(group, kind, name);
         details["causes"] = Value::Array(causes_json);
+        // errors.NewInvalid: the kind qualified by its group, one error as it is, several as
+        // an aggregate in brackets.
+        let qualified_kind = if group.is_empty() {
+            kind.to_owned()
+        } else {
+            format!("{kind}.{group}")
+        };
+        let summary = match summary.as_slice() {
+            [one] => one.clone(),
+            several => format!("[{}]", several.join(", ")),
+        };
         Self::new(
             422,
             "Invalid",
-            format!("{kind} \"{name}\" is invalid: {}", summary.join(", ")),
+            format!("{qualified_kind} \"{name}\" is invalid: {summary}"),
         )
         .with_details(details)
     }
@@ -120,11 +131,38 @@ impl ApiError {
         )
     }
 
-    pub fn too_many_requests(message: impl Into<String>, details: Option<Value>) -> Self {
-        Self {
-            details,
-            ..Self::new(429, "TooManyRequests", message)
+    /// 429; a positive `retry_after_seconds` becomes the `Retry-After` header, as
+    /// apiserver's responsewriters.ErrorNegotiated writes it.
+    pub fn too_many_requests(
+        message: impl Into<String>,
+        causes: &[(&str, String)],
+        retry_after_seconds: u32,
+    ) -> Self {
+        let mut details = json!({});
+        if !causes.is_empty() {
+            details["causes"] = causes
+                .iter()
+                .map(|(reason, message)| json!({"reason": reason, "message": message}))
+                .collect();
         }
+        if retry_after_seconds > 0 {
+            details["retryAfterSeconds"] = json!(retry_after_seconds);
+        }
+        Self::new(429, "TooManyRequests", message).with_details(details)
+    }
+
+    /// The seconds a client should wait before retrying, when the error says.
+    pub fn retry_after_seconds(&self) -> Option<u64> {
+        self.details
+            .as_ref()
+            .and_then(|details| details["retryAfterSeconds"].as_u64())
+            .filter(|seconds| *seconds > 0)
+    }
+
+    /// A `metav1.Status` failure carried as a result rather than an error: it has a code and a
+    /// message but no reason (the eviction REST's answer to a pod with several budgets).
+    pub fn failure_status(code: u16, message: impl Into<String>) -> Self {
+        Self::new(code, "", message)
     }
 
     /// A watch or continue token older than the kept history.
@@ -140,6 +178,19 @@ impl ApiError {
         Self::new(403, "Forbidden", message)
     }
 
+    /// `errors.NewForbidden(resource, name, why)`: `<resource> "<name>" is forbidden: <why>`.
+    pub fn forbidden_object(group: &str, resource: &str, name: &str, why: &str) -> Self {
+        Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{} \"{name}\" is forbidden: {why}",
+                qualified(group, resource)
+            ),
+        )
+        .with_details(details(group, resource, name))
+    }
+
     /// The `metav1.Status` body.
     pub fn to_status(&self) -> Value {
         let mut status = json!({
@@ -151,6 +202,9 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
+        if self.reason.is_empty() {
+            status.as_object_mut().map(|status| status.remove("reason"));
+        }
         if let Some(details) = &self.details {
             status["details"] = details.clone();
         }
@@ -165,17 +219,6 @@ pub fn qualified(group: &str, plural: &str) -> String {
     } else {
         format!("{plural}.{group}")
     }
-}
-
-/// The body of a successful deletion where the API returns a Status instead of the object.
-pub fn success_status(group: &str, plural: &str, name: &str, uid: &str) -> Value {
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Success",
-        "details": {"name": name, "group": group, "kind": plural, "uid": uid},
-    })
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::store::Store;
 use crate::store::strategy::now_rfc3339;
+use crate::store::{Part, Store};
 
 /// A Ready node as a kubelet would register it.
 pub fn node(name: &str) -> Value {
@@ -50,12 +50,18 @@ pub fn populate(store: &Store, nodes: usize, pods_per_node: usize) -> Result<(),
                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": app, "uid": uid, "controller": true, "blockOwnerDeletion": true}],
                 },
                 "spec": {"nodeName": name, "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]},
-                "status": {
+            }))?;
+            // Created Pending, as any pod; its kubelet reports it running.
+            store.update(&pod_kind, Some("default"), &format!("{app}-{pod}"), Part::Status, |created| {
+                let mut running = created.clone();
+                running["status"] = json!({
                     "phase": "Running",
+                    "qosClass": "BestEffort",
                     "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
                     "containerStatuses": [{"name": "app", "ready": true, "restartCount": 0, "image": "registry.k8s.io/pause:3.10", "imageID": "", "started": true, "state": {"running": {"startedAt": now}}}],
-                },
-            }))?;
+                });
+                Ok(running)
+            })?;
         }
     }
     Ok(())

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{Request, header};
+use axum::http::Request;
 use axum::response::Response;
 use base64::Engine;
 use hyper::body::Incoming;
@@ -98,6 +98,7 @@ impl std::fmt::Debug for KubeSim {
 impl KubeSim {
     pub async fn start(options: SimOptions) -> Result<Self, SimError> {
         let store = Store::default();
+        store.set_default_toleration_seconds(options.world.default_toleration_seconds);
         let faults = Faults::default();
         let stop = CancellationToken::new();
         crate::populate::populate(&store, options.nodes, options.pods_per_node)?;
@@ -346,14 +347,11 @@ impl tower::Service<Request<Incoming>> for FaultyService {
                     return Ok(api::error_response(&ApiError::internal("injected fault")));
                 }
                 Verdict::Fail(FailureKind::TooManyRequests) => {
-                    let mut response = api::error_response(&ApiError::too_many_requests(
+                    return Ok(api::error_response(&ApiError::too_many_requests(
                         "injected fault: too many requests, please try again later",
-                        None,
-                    ));
-                    response
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-                    return Ok(response);
+                        &[],
+                        1,
+                    )));
                 }
             }
             let latency = faults.latency();

@@ -29,6 +29,24 @@ async fn review(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Inf
     if path == "/validate" && object["metadata"]["labels"]["deny"] == "true" {
         response = json!({"uid": uid, "allowed": false, "status": {"code": 403, "message": "deny label present"}});
     }
+    // Evictions of "protected" are denied, naming the object kind the review carried.
+    if path == "/eviction" && review["request"]["name"] == "protected" {
+        let message = format!(
+            "no {} of {}/{} {}",
+            review["request"]["kind"]["kind"]
+                .as_str()
+                .unwrap_or_default(),
+            review["request"]["resource"]["resource"]
+                .as_str()
+                .unwrap_or_default(),
+            review["request"]["subResource"]
+                .as_str()
+                .unwrap_or_default(),
+            object["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+        response =
+            json!({"uid": uid, "allowed": false, "status": {"code": 403, "message": message}});
+    }
     if path == "/mutate" {
         let patch = if object["metadata"]["labels"].is_object() {
             json!([{"op": "add", "path": "/metadata/labels/mutated", "value": "yes"}])
@@ -298,5 +316,54 @@ async fn crd_schemas_are_enforced_and_cel_rules_refused() -> Result<()> {
             &object(json!({"maxUnavailable": 1}))?,
         )
         .await?;
+    Ok(())
+}
+
+/// Subresource writes are admitted like any other: a webhook whose rules name `pods/eviction`
+/// gets the Eviction (policy/v1) on CREATE, and its namespaceSelector may use the namespace's
+/// `kubernetes.io/metadata.name` label.
+#[tokio::test]
+async fn webhooks_admit_pod_evictions() -> Result<()> {
+    let sim = KubeSim::start(SimOptions {
+        world: WorldOptions::none(),
+        ..SimOptions::default()
+    })
+    .await?;
+    let (url, ca) = webhook_server().await?;
+    let mut config = configuration(
+        "ValidatingWebhookConfiguration",
+        "evictions",
+        &format!("{url}/eviction"),
+        &ca,
+        "Fail",
+        &json!({}),
+    );
+    config["webhooks"][0]["rules"] = json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/eviction"]}]);
+    config["webhooks"][0]["namespaceSelector"] =
+        json!({"matchLabels": {"kubernetes.io/metadata.name": "default"}});
+    create_raw(&sim, "validatingwebhookconfigurations", &config).await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(sim.client(), "default");
+    for name in ["protected", "free"] {
+        let pod = json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
+        pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
+            .await?;
+    }
+    let denied = pods
+        .evict("protected", &kube::api::EvictParams::default())
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = denied else {
+        anyhow::bail!("expected an API error, got {denied:?}")
+    };
+    ensure!(
+        status.code == 403
+            && status
+                .message
+                .contains("no Eviction of pods/eviction protected"),
+        "{status:?}"
+    );
+    pods.evict("free", &kube::api::EvictParams::default())
+        .await?;
+    ensure!(pods.get_opt("free").await?.is_none(), "free was evicted");
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The API server's behaviour as kube-rs sees it: verbs, errors, resourceVersions, pagination,
-//! watches (history, bookmarks, 410), selectors, deletion rules, eviction and CRDs.
+//! watches (history, bookmarks, 410), selectors, deletion rules and CRDs (eviction: eviction.rs).
 
 use std::time::Duration;
 
@@ -7,7 +7,6 @@ use anyhow::{Context, Result, ensure};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{
     DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
     WatchParams,
@@ -358,92 +357,6 @@ async fn pods_on_nodes_terminate_gracefully() -> Result<()> {
 }
 
 #[tokio::test]
-async fn eviction_follows_the_budget() -> Result<()> {
-    let sim = bare().await?;
-    let client = sim.client_without_retries().await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
-    for name in ["a", "b"] {
-        let pod: Pod = serde_json::from_value(
-            json!({"metadata": {"name": name, "labels": {"app": "web"}}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
-        )?;
-        pods.create(&PostParams::default(), &pod).await?;
-    }
-    let lone: Pod = serde_json::from_value(
-        json!({"metadata": {"name": "lone"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}, "status": {"phase": "Running"}}),
-    )?;
-    pods.create(&PostParams::default(), &lone).await?;
-    pods.evict("lone", &kube::api::EvictParams::default())
-        .await?;
-    ensure!(
-        pods.get("lone")
-            .await?
-            .metadata
-            .deletion_timestamp
-            .is_some(),
-        "no budget: evicted"
-    );
-
-    let pdb: PodDisruptionBudget = serde_json::from_value(
-        json!({"metadata": {"name": "web"}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}}),
-    )?;
-    pdbs.create(&PostParams::default(), &pdb).await?;
-    let status = |allowed: i32| json!({"status": {"disruptionsAllowed": allowed, "currentHealthy": 2, "desiredHealthy": 1, "expectedPods": 2, "observedGeneration": 1}});
-    pdbs.patch_status("web", &PatchParams::default(), &Patch::Merge(status(1)))
-        .await?;
-    pods.evict("a", &kube::api::EvictParams::default()).await?;
-    let evicted = pods.get("a").await?;
-    let target = evicted
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "DisruptionTarget"))
-        .and_then(|c| c.reason.clone());
-    ensure!(
-        target.as_deref() == Some("EvictionByEvictionAPI"),
-        "{target:?}"
-    );
-    let budget = pdbs.get("web").await?;
-    ensure!(budget.status.as_ref().unwrap().disruptions_allowed == 0);
-    ensure!(
-        budget
-            .status
-            .as_ref()
-            .unwrap()
-            .disrupted_pods
-            .as_ref()
-            .is_some_and(|d| d.contains_key("a"))
-    );
-
-    let refused = api_error(
-        pods.evict("b", &kube::api::EvictParams::default())
-            .await
-            .unwrap_err(),
-    )?;
-    ensure!(
-        refused.code == 429
-            && refused.message
-                == "Cannot evict pod as it would violate the pod's disruption budget.",
-        "{refused:?}"
-    );
-
-    let second: PodDisruptionBudget = serde_json::from_value(
-        json!({"metadata": {"name": "second"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}}),
-    )?;
-    pdbs.create(&PostParams::default(), &second).await?;
-    let two = api_error(
-        pods.evict("b", &kube::api::EvictParams::default())
-            .await
-            .unwrap_err(),
-    )?;
-    ensure!(
-        two.code == 500 && two.message.contains("more than one PodDisruptionBudget"),
-        "{two:?}"
-    );
-    Ok(())
-}
-
-#[tokio::test]
 async fn crds_serve_their_resources() -> Result<()> {
     let sim = bare().await?;
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(sim.client());
@@ -677,5 +590,76 @@ async fn events_written_through_either_api_are_one_collection() -> Result<()> {
         notes == ["terminating pods", "pulled", "all pods stopped"],
         "{notes:?}"
     );
+    Ok(())
+}
+
+/// handlers/delete.go answers 200 for an object its finalizers hold (202 only when the client
+/// asked for orphanDependents=false).
+#[tokio::test]
+async fn a_delete_held_by_finalizers_answers_200() -> Result<()> {
+    let sim = bare().await?;
+    let maps: Api<ConfigMap> = Api::namespaced(sim.client(), "default");
+    for name in ["held", "held-too"] {
+        let map = json!({"metadata": {"name": name, "finalizers": ["nodegrace.io/hold"]}});
+        maps.create(&PostParams::default(), &serde_json::from_value(map)?)
+            .await?;
+    }
+    let delete = |name: &str, body: &str| {
+        http::Request::delete(format!("/api/v1/namespaces/default/configmaps/{name}"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(kube::client::Body::from(body.as_bytes().to_vec()))
+    };
+    let held = sim.client().send(delete("held", "{}")?).await?;
+    ensure!(held.status() == 200, "{}", held.status());
+    let orphaning = sim
+        .client()
+        .send(delete("held-too", r#"{"orphanDependents": false}"#)?)
+        .await?;
+    ensure!(orphaning.status() == 202, "{}", orphaning.status());
+    Ok(())
+}
+
+/// A filtered watch, resumed from a version, sees an object leave its set as DELETED and
+/// enter it as ADDED (cache_watcher.go judges prevObject and object).
+#[tokio::test]
+async fn selector_watches_resumed_from_a_version_see_objects_leave_and_enter() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    let created = leases.create(&PostParams::default(), &lease("a")?).await?;
+    let version = created.metadata.resource_version.clone().unwrap();
+    let relabel = |team: &str| Patch::Merge(json!({"metadata": {"labels": {"team": team}}}));
+    leases
+        .patch("a", &PatchParams::default(), &relabel("b"))
+        .await?;
+    leases
+        .patch("a", &PatchParams::default(), &relabel("a"))
+        .await?;
+    leases
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"holderIdentity": "you"}})),
+        )
+        .await?;
+    let mut stream = leases
+        .watch(
+            &WatchParams::default().labels("team=a").timeout(2),
+            &version,
+        )
+        .await?
+        .boxed();
+    let mut seen = Vec::new();
+    while let Some(event) = stream.try_next().await? {
+        match event {
+            WatchEvent::Added(_) => seen.push("ADDED"),
+            WatchEvent::Modified(_) => seen.push("MODIFIED"),
+            WatchEvent::Deleted(_) => seen.push("DELETED"),
+            _ => {}
+        }
+        if seen.len() == 3 {
+            break;
+        }
+    }
+    ensure!(seen == ["DELETED", "ADDED", "MODIFIED"], "{seen:?}");
     Ok(())
 }

@@ -359,7 +359,6 @@ fn drain_under_a_pdb_completes_without_violations() -> Result<()> {
     Ok(())
 }
 
-/// A GET through curl-less plain TCP, for the /sim/v1 endpoints.
 /// `kubectl get events` lists Events recorded through events.k8s.io/v1 (one storage on a real
 /// server), with the printer's columns.
 #[test]
@@ -400,6 +399,7 @@ fn kubectl_get_events_shows_events_recorded_through_events_v1() -> Result<()> {
     Ok(())
 }
 
+/// A GET through curl-less plain TCP, for the /sim/v1 endpoints.
 fn http_get(url: &str) -> Result<String> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").context("plain http expected")?;
@@ -417,4 +417,213 @@ fn http_get(url: &str) -> Result<String> {
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default())
+}
+
+// Conformance: eviction and disruption (pkg/registry/core/pod/storage/eviction.go).
+
+/// An unready pod whose budget desires no healthy pods and allows no disruption is refused:
+/// IfHealthyBudget lets an unready pod go only while desiredHealthy > 0.
+#[test]
+fn conformance_eviction_refuses_an_unready_pod_of_an_empty_budget() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    sim.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: stuck, labels: {app: stuck}}\n\
+         spec:\n  containers: [{name: c, image: i}]\n  nodeSelector: {none: none}\n",
+    )?;
+    sim.ok(&[
+        "patch",
+        "pod",
+        "stuck",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"False"}]}}"#,
+    ])?;
+    sim.apply(
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: stuck}\n\
+         spec: {maxUnavailable: 0, selector: {matchLabels: {app: stuck}}}\n",
+    )?;
+    sim.wait_for("the budget's status", Duration::from_secs(10), |sim| {
+        Ok(sim.ok(&[
+            "get",
+            "pdb",
+            "stuck",
+            "-o",
+            "jsonpath={.status.observedGeneration}",
+        ])? == "1")
+    })?;
+    let eviction = sim.dir.path().join("eviction.json");
+    std::fs::write(
+        &eviction,
+        r#"{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"stuck","namespace":"default"}}"#,
+    )?;
+    let output = sim.kubectl(&[
+        "create",
+        "--raw",
+        "/api/v1/namespaces/default/pods/stuck/eviction",
+        "-f",
+        eviction.to_str().unwrap_or_default(),
+    ])?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        !output.status.success() && stderr.contains("violate the pod's disruption budget"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+// Conformance: pods, nodes, volumes.
+
+/// A created pod starts Pending whatever status it was written with; DefaultTolerationSeconds
+/// gives it 300 s on not-ready/unreachable nodes; its kubelet records the usual events.
+#[test]
+fn conformance_pods_are_admitted_and_described_as_on_a_real_cluster() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    sim.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: forged}\n\
+         spec:\n  containers: [{name: c, image: nginx}]\n  nodeSelector: {none: none}\n\
+         status: {phase: Succeeded}\n",
+    )?;
+    let phase = sim.ok(&["get", "pod", "forged", "-o", "jsonpath={.status.phase}"])?;
+    ensure!(phase == "Pending", "{phase}");
+    sim.apply(POD)?;
+    sim.wait_for("web's events", Duration::from_secs(10), |sim| {
+        Ok(sim.ok(&["describe", "pod", "web"])?.contains("Started"))
+    })?;
+    let described = sim.ok(&["describe", "pod", "web"])?;
+    for expected in [
+        "node.kubernetes.io/not-ready:NoExecute op=Exists for 300s",
+        "node.kubernetes.io/unreachable:NoExecute op=Exists for 300s",
+        "Pulled",
+        "Created",
+        "Started",
+        "QoS Class:          BestEffort",
+    ] {
+        ensure!(
+            described.contains(expected),
+            "{expected} not in {described}"
+        );
+    }
+    let labels = sim.ok(&[
+        "get",
+        "namespace",
+        "kube-system",
+        "-o",
+        "jsonpath={.metadata.labels}",
+    ])?;
+    ensure!(
+        labels.contains(r#""kubernetes.io/metadata.name":"kube-system""#),
+        "{labels}"
+    );
+    Ok(())
+}
+
+/// A VolumeAttachment's status starts empty whatever was written, and its spec is immutable.
+#[test]
+fn conformance_volume_attachments_keep_their_spec() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    let attachment = "apiVersion: storage.k8s.io/v1\nkind: VolumeAttachment\nmetadata: {name: va}\n\
+         spec: {attacher: other.csi, nodeName: node-0, source: {persistentVolumeName: pv-x}}\n\
+         status: {attached: true}\n";
+    sim.apply(attachment)?;
+    let attached = sim.ok(&[
+        "get",
+        "volumeattachment",
+        "va",
+        "-o",
+        "jsonpath={.status.attached}",
+    ])?;
+    ensure!(attached == "false", "{attached}");
+    let output = sim.kubectl(&[
+        "patch",
+        "volumeattachment",
+        "va",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"nodeName":"node-9"}}"#,
+    ])?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        !output.status.success()
+            && stderr.contains("spec: Invalid value")
+            && stderr.contains("field is immutable"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+// Conformance: writes (registry/generic/registry/store.go, apimachinery meta/v1 time types).
+
+/// Leases need a resourceVersion to be replaced, and may be created by PUT.
+#[test]
+fn conformance_leases_are_updated_conditionally_and_created_by_put() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(0)?;
+    let lease = sim.dir.path().join("lease.yaml");
+    std::fs::write(
+        &lease,
+        r#"{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"l","namespace":"default"},"spec":{"holderIdentity":"me"}}"#,
+    )?;
+    let path = lease.to_str().unwrap_or_default();
+    // Raw PUTs: `kubectl replace -f` fetches the live version first.
+    let url = "/apis/coordination.k8s.io/v1/namespaces/default/leases/l";
+    sim.ok(&["replace", "--raw", url, "-f", path])?;
+    let holder = sim.ok(&["get", "lease", "l", "-o", "jsonpath={.spec.holderIdentity}"])?;
+    ensure!(holder == "me", "{holder}");
+    let output = sim.kubectl(&["replace", "--raw", url, "-f", path])?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        !output.status.success()
+            && stderr.contains(
+                "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+            ),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+/// metav1.Time is stored in whole seconds; metav1.MicroTime needs six fractional digits.
+#[test]
+fn conformance_times_are_stored_as_the_go_types_serialise() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    sim.apply(POD)?;
+    sim.ok(&[
+        "patch", "pod", "web", "--subresource=status", "--type=strategic", "-p",
+        r#"{"status":{"conditions":[{"type":"nodegrace.io/Checked","status":"True","lastTransitionTime":"2026-01-01T00:00:00.987654Z"}]}}"#,
+    ])?;
+    let time = sim.ok(&[
+        "get",
+        "pod",
+        "web",
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="nodegrace.io/Checked")].lastTransitionTime}"#,
+    ])?;
+    ensure!(time == "2026-01-01T00:00:00Z", "{time}");
+    let lease = sim.dir.path().join("lease.yaml");
+    std::fs::write(
+        &lease,
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: l, namespace: default}\n\
+         spec: {holderIdentity: me, renewTime: \"2026-01-01T00:00:00.123Z\"}\n",
+    )?;
+    let output = sim.kubectl(&["create", "-f", lease.to_str().unwrap_or_default()])?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        !output.status.success() && stderr.contains("cannot be handled as a Lease"),
+        "{stderr}"
+    );
+    Ok(())
 }

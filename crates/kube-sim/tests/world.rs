@@ -13,13 +13,20 @@ use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
 use serde_json::json;
 
-async fn sim(nodes: usize) -> Result<KubeSim> {
-    let world = WorldOptions {
+fn quick_world() -> WorldOptions {
+    WorldOptions {
         lease_renew_interval: Duration::from_millis(100),
         node_monitor_grace: Duration::from_millis(600),
         detach_delay: Duration::from_millis(500),
         ..WorldOptions::default()
-    };
+    }
+}
+
+async fn sim(nodes: usize) -> Result<KubeSim> {
+    sim_with(nodes, quick_world()).await
+}
+
+async fn sim_with(nodes: usize, world: WorldOptions) -> Result<KubeSim> {
     Ok(KubeSim::start(SimOptions {
         nodes,
         world,
@@ -105,7 +112,15 @@ async fn kubelets_start_pods_and_stop_them_after_their_stop_time() -> Result<()>
 
 #[tokio::test]
 async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted() -> Result<()> {
-    let sim = sim(2).await?;
+    // DefaultTolerationSeconds shortened from 300 s to none: "plain" goes at once.
+    let sim = sim_with(
+        2,
+        WorldOptions {
+            default_toleration_seconds: 0,
+            ..quick_world()
+        },
+    )
+    .await?;
     let client: Client = sim.client();
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -308,16 +323,75 @@ async fn daemonsets_cover_tolerated_nodes() -> Result<()> {
     .await
 }
 
+/// A deleted pod held by a finalizer: its kubelet stops the containers (exit 0 within the
+/// grace), the pod turns Succeeded and unready, and the object waits for the finalizer. The
+/// kubelet recorded the usual events on the way.
 #[tokio::test]
-async fn volume_attachments_follow_pods_and_detach_after_the_delay() -> Result<()> {
+async fn a_deleted_pod_held_by_a_finalizer_finishes_and_waits() -> Result<()> {
     let sim = sim(1).await?;
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let held = json!({"metadata": {"finalizers": ["nodegrace.io/hold"]}});
+    pods.create(&PostParams::default(), &pod("held", Some("node-0"), &held)?)
+        .await?;
+    wait_until("held to run", || async {
+        Ok(ready(&pods.get("held").await?))
+    })
+    .await?;
+    pods.delete("held", &DeleteParams::default()).await?;
+    wait_until("held to finish", || async {
+        let pod = pods.get("held").await?;
+        let status = pod.status.clone().unwrap_or_default();
+        let terminated = status
+            .container_statuses
+            .unwrap_or_default()
+            .iter()
+            .all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()));
+        Ok(status.phase.as_deref() == Some("Succeeded") && !ready(&pod) && terminated)
+    })
+    .await?;
+    ensure!(
+        pods.get("held")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_some(),
+        "the finalizer holds the object"
+    );
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(sim.client(), "default");
+    let reasons: Vec<String> = events
+        .list(&ListParams::default().fields("involvedObject.name=held"))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["Pulled", "Created", "Started", "Killing"] {
+        ensure!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} not in {reasons:?}"
+        );
+    }
+    pods.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    wait_until("held to be gone", || async {
+        Ok(pods.get_opt("held").await?.is_none())
+    })
+    .await
+}
+
+/// A pod with a claim on `node`; returns the VolumeAttachment's name once it is attached.
+async fn attached_pod(sim: &KubeSim, node: &str) -> Result<String> {
     let client = sim.client();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
     claims.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1", "resources": {"requests": {"storage": "1Gi"}}}}))?).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    pods.create(&PostParams::default(), &pod("db", Some("node-0"), &json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}))?).await?;
+    pods.create(&PostParams::default(), &pod("db", Some(node), &json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}))?).await?;
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
-    let name = kube_sim::world::attachment_name("pv-1", "node-0");
+    let name = kube_sim::world::attachment_name("pv-1", node);
     wait_until("the attachment", || async {
         Ok(attachments
             .get_opt(&name)
@@ -325,22 +399,126 @@ async fn volume_attachments_follow_pods_and_detach_after_the_delay() -> Result<(
             .is_some_and(|va| va.status.is_some_and(|s| s.attached)))
     })
     .await?;
-    attachments.delete(&name, &DeleteParams::default()).await?;
+    let nodes: Api<Node> = Api::all(client);
+    let unique = kube_sim::world::unique_volume_name("pv-1");
+    wait_until("the kubelet to report the volume in use", || async {
+        let status = nodes.get(node).await?.status.unwrap_or_default();
+        let in_use = status.volumes_in_use.unwrap_or_default().contains(&unique);
+        let attached = status
+            .volumes_attached
+            .unwrap_or_default()
+            .iter()
+            .any(|v| v.name == unique);
+        Ok(in_use && attached)
+    })
+    .await?;
+    Ok(name)
+}
+
+async fn stop_kubelet(nodes: &Api<Node>, node: &str) -> Result<()> {
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
+            ),
+        )
+        .await?;
+    Ok(())
+}
+
+/// reconciler.go: a volume whose pod is gone is detached once the kubelet unmounted it; the
+/// attacher's finalizer holds the VolumeAttachment for the detach delay.
+#[tokio::test]
+async fn volumes_detach_after_the_kubelet_unmounted_them() -> Result<()> {
+    let sim = sim(1).await?;
+    let name = attached_pod(&sim, "node-0").await?;
+    let client = sim.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.delete("db", &DeleteParams::default()).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_until("the kubelet to unmount", || async {
+        let status = nodes.get("node-0").await?.status.unwrap_or_default();
+        Ok(status.volumes_in_use.unwrap_or_default().is_empty())
+    })
+    .await?;
+    let attachments: Api<VolumeAttachment> = Api::all(client);
+    wait_until("the detach to finish", || async {
+        Ok(attachments.get_opt(&name).await?.is_none())
+    })
+    .await
+}
+
+/// The KEP-2268 case: the pod object is force-deleted from a node whose kubelet is gone. The
+/// volume stays attached (still in volumesInUse) until the node gets the out-of-service taint.
+#[tokio::test]
+async fn a_dead_nodes_volume_stays_attached_until_out_of_service() -> Result<()> {
+    let sim = sim(1).await?;
+    let name = attached_pod(&sim, "node-0").await?;
+    let client = sim.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    stop_kubelet(&nodes, "node-0").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.delete("db", &DeleteParams::default().grace_period(0))
+        .await?;
+    wait_until("node-0 to turn Unknown", || async {
+        Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
+    })
+    .await?;
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
     ensure!(
         attachments
             .get(&name)
             .await?
             .metadata
             .deletion_timestamp
-            .is_some(),
-        "the attacher's finalizer holds it"
+            .is_none(),
+        "detached while still mounted on a node not out of service"
     );
-    pods.delete("db", &DeleteParams::default().grace_period(0))
+    let out_of_service = json!({"spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}]}});
+    nodes
+        .patch(
+            "node-0",
+            &PatchParams::default(),
+            &Patch::Merge(out_of_service),
+        )
         .await?;
-    wait_until("the detach to finish", || async {
+    wait_until("the forced detach", || async {
         Ok(attachments.get_opt(&name).await?.is_none())
     })
     .await
+}
+
+/// maxWaitForUnmountDuration: on a node that is not Ready, a mounted volume is detached anyway
+/// once the wait ran out.
+#[tokio::test]
+async fn a_dead_nodes_volume_detaches_after_the_unmount_wait() -> Result<()> {
+    let sim = sim_with(
+        1,
+        WorldOptions {
+            max_wait_for_unmount: Duration::from_secs(1),
+            ..quick_world()
+        },
+    )
+    .await?;
+    let name = attached_pod(&sim, "node-0").await?;
+    let client = sim.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    stop_kubelet(&nodes, "node-0").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.delete("db", &DeleteParams::default().grace_period(0))
+        .await?;
+    let attachments: Api<VolumeAttachment> = Api::all(client);
+    wait_until("the detach after the wait", || async {
+        Ok(attachments.get_opt(&name).await?.is_none())
+    })
+    .await?;
+    ensure!(
+        node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"),
+        "detached before the node was seen NotReady"
+    );
+    Ok(())
 }
 
 #[tokio::test]

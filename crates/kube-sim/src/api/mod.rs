@@ -183,7 +183,7 @@ async fn admitted(
             namespace,
             name,
             sub,
-        } if sub.as_deref() != Some("eviction") => (
+        } => (
             kind,
             namespace.as_deref(),
             Some(name.as_str()),
@@ -191,13 +191,19 @@ async fn admitted(
         ),
         _ => return Ok((method.clone(), body)),
     };
+    // A subresource write is admitted like any other; the eviction subresource's object is the
+    // Eviction itself (policy/v1), created on the pod's `eviction` subresource.
+    let eviction = sub == Some("eviction");
+    if eviction && *method != Method::POST {
+        return Ok((method.clone(), body));
+    }
     let parse = |bytes: &Bytes| -> Result<Value, ApiError> {
         serde_json::from_slice(bytes)
             .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
     };
     let old = match name {
-        Some(name) => app.store.get(kind, namespace, name).ok(),
-        None => None,
+        Some(name) if !eviction => app.store.get(kind, namespace, name).ok(),
+        _ => None,
     };
     let (operation, object) = match *method {
         Method::POST => (Operation::Create, parse(&body)?),
@@ -236,6 +242,7 @@ async fn admitted(
         subresource: sub,
         namespace,
         name: &object_name,
+        object_kind: eviction.then_some(("policy", "v1", "Eviction")),
         old: old.as_deref(),
         dry_run: query.dry_run(),
     };
@@ -398,7 +405,7 @@ fn dispatch(
                         && kind.plural == "pods"
                         && *method == Method::POST =>
                 {
-                    return objects::evict(app, namespace.unwrap_or_default(), &name, body);
+                    return objects::evict(app, namespace.unwrap_or_default(), &name, query, body);
                 }
                 Some(other) => {
                     return Err(ApiError::not_found(
@@ -440,5 +447,11 @@ pub fn bytes_response(code: StatusCode, bytes: Vec<u8>) -> Response {
 
 pub fn error_response(error: &ApiError) -> Response {
     let code = StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    json_response(code, &error.to_status())
+    let mut response = json_response(code, &error.to_status());
+    if let Some(seconds) = error.retry_after_seconds() {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+    }
+    response
 }

@@ -10,11 +10,11 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use super::{App, Query, bytes_response, json_response, table};
-use crate::error::{ApiError, success_status};
+use crate::error::ApiError;
 use crate::patch::{self, PatchType};
 use crate::resources::ResourceType;
 use crate::selector::{FieldSelector, LabelSelector};
-use crate::store::{DeleteOptions, Deletion, ObjectKey, Part};
+use crate::store::{DeleteOptions, Deletion, ObjectKey, Part, strategy};
 
 fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     if body.is_empty() {
@@ -195,6 +195,22 @@ pub fn update(
     if query.dry_run() {
         return Ok(json_response(StatusCode::OK, &object));
     }
+    let unconditional = object["metadata"]["resourceVersion"]
+        .as_str()
+        .is_none_or(str::is_empty);
+    let exists = app.store.get(kind, namespace, name).is_ok();
+    if !exists && part == Part::Main && strategy::allows_create_on_update(kind) {
+        let mut object = object;
+        object["metadata"]["name"] = Value::String(name.to_owned());
+        let created = app.store.create(kind, namespace, object)?;
+        return Ok(bytes_response(
+            StatusCode::CREATED,
+            serde_json::to_vec(&*created).unwrap_or_default(),
+        ));
+    }
+    if exists && unconditional && !strategy::allows_unconditional_update(kind) {
+        return Err(strategy::version_required(kind, name));
+    }
     let updated = app
         .store
         .update(kind, namespace, name, part, |_| Ok(object))?;
@@ -265,6 +281,12 @@ fn delete_options(query: &Query, body: &Bytes) -> Result<DeleteOptions, ApiError
     if let Some(grace) = query.grace_period_seconds()? {
         options.grace_period_seconds = Some(grace);
     }
+    if let Some(orphan) = query.get("orphanDependents") {
+        options.orphan_dependents = Some(orphan == "true");
+        if orphan == "true" && options.propagation_policy.is_none() {
+            options.propagation_policy = Some("Orphan".to_owned());
+        }
+    }
     if let Some(policy) = query.get("propagationPolicy") {
         options.propagation_policy = Some(policy.to_owned());
     }
@@ -288,9 +310,10 @@ pub fn delete(
             serde_json::to_vec(&*current).unwrap_or_default(),
         ));
     }
-    if kind.group.is_empty() && kind.plural == "pods" {
+    if is_pods(kind) {
         let pod = app.store.get(kind, namespace, name)?;
-        app.audit.check_pod_deletion(&app.store, &pod);
+        app.audit
+            .pod_leaving(&app.store, &pod, crate::audit::Disruption::Delete);
     }
     if options.propagation_policy.as_deref() == Some("Orphan") {
         let current = app.store.get(kind, namespace, name)?;
@@ -300,9 +323,10 @@ pub fn delete(
         );
     }
     let deletion = app.store.delete(kind, namespace, name, &options)?;
+    // handlers/delete.go: 202 only for an object not deleted at once whose client asked for
+    // its dependents not to be orphaned; 200 otherwise, finalizers or not.
     let code = match deletion {
-        // The real server answers 202 while finalizers hold a (non-pod) object.
-        Deletion::Marked(_) if kind.plural != "pods" => StatusCode::ACCEPTED,
+        Deletion::Marked(_) if options.orphan_dependents == Some(false) => StatusCode::ACCEPTED,
         Deletion::Marked(_) | Deletion::Removed(_) => StatusCode::OK,
     };
     Ok(bytes_response(
@@ -332,6 +356,10 @@ pub fn delete_collection(
             deleted.push(object.clone());
             continue;
         }
+        if is_pods(kind) {
+            app.audit
+                .pod_leaving(&app.store, &object, crate::audit::Disruption::Delete);
+        }
         match app.store.delete(kind, ns, name, &options) {
             Ok(deletion) => deleted.push(Arc::clone(deletion.object())),
             Err(error) if error.code == 404 => {}
@@ -350,10 +378,30 @@ pub fn delete_collection(
     ))
 }
 
-pub fn evict(app: &App, namespace: &str, name: &str, body: &Bytes) -> Result<Response, ApiError> {
+fn is_pods(kind: &ResourceType) -> bool {
+    kind.group.is_empty() && kind.plural == "pods"
+}
+
+/// A successful eviction answers `metav1.Status{Status: Success}`, which the create handler
+/// gives the code 201.
+pub fn evict(
+    app: &App,
+    namespace: &str,
+    name: &str,
+    query: &Query,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
     let eviction = parse_json(body)?;
-    crate::eviction::evict(&app.store, namespace, name, &eviction)?;
-    let mut status = success_status("", "pods", name, "");
-    status["code"] = json!(201);
-    Ok(json_response(StatusCode::CREATED, &status))
+    crate::eviction::evict(
+        &app.store,
+        &app.audit,
+        namespace,
+        name,
+        &eviction,
+        query.dry_run(),
+    )?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
 }

@@ -2,7 +2,6 @@
 //! kept history is replayed) or from now (the current objects come first as ADDED), with
 //! bookmarks, `timeoutSeconds`, and 410 Gone as an ERROR event for versions too old.
 
-use std::collections::HashSet;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -120,33 +119,27 @@ impl Watch {
     }
 
     /// The event to send for a change. With selectors, an object entering the selected set is
-    /// ADDED and one leaving it DELETED, as the real watch cache reports them.
-    fn event_for(&self, change: &Change, selected: &mut HashSet<String>) -> Option<&'static str> {
+    /// ADDED and one leaving it DELETED, judged on its state before and after the change, as the
+    /// watch cache does (apiserver/pkg/storage/cacher/cache_watcher.go, convertToWatchEvent).
+    fn event_for(&self, change: &Change) -> Option<&'static str> {
         if !self.filtered {
             return Some(change.kind.as_watch_type());
         }
-        let key = format!(
-            "{}/{}",
-            change.namespace,
-            change.object["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-        );
-        // A watch resumed from a version does not know what matched before it; a deleted object
-        // that matches in its last state was in the set.
-        let before = selected.contains(&key)
-            || (change.kind == ChangeKind::Deleted && (self.matches)(&change.object));
-        let now = change.kind != ChangeKind::Deleted && (self.matches)(&change.object);
+        let (before, now) = match change.kind {
+            ChangeKind::Added => (false, (self.matches)(&change.object)),
+            ChangeKind::Modified => (
+                change
+                    .previous
+                    .as_deref()
+                    .is_some_and(|p| (self.matches)(p)),
+                (self.matches)(&change.object),
+            ),
+            ChangeKind::Deleted => ((self.matches)(&change.object), false),
+        };
         match (before, now) {
-            (false, true) => {
-                selected.insert(key);
-                Some("ADDED")
-            }
+            (false, true) => Some("ADDED"),
             (true, true) => Some("MODIFIED"),
-            (true, false) => {
-                selected.remove(&key);
-                Some("DELETED")
-            }
+            (true, false) => Some("DELETED"),
             (false, false) => None,
         }
     }
@@ -157,14 +150,8 @@ impl Watch {
         subscription: crate::store::Subscription,
         sender: mpsc::Sender<Bytes>,
     ) {
-        let mut selected = HashSet::new();
         let mut seen = subscription.resource_version;
         for (kind, object) in &initial {
-            selected.insert(format!(
-                "{}/{}",
-                object["metadata"]["namespace"].as_str().unwrap_or_default(),
-                object["metadata"]["name"].as_str().unwrap_or_default()
-            ));
             if sender
                 .send(self.line(kind.as_watch_type(), object))
                 .await
@@ -178,7 +165,7 @@ impl Watch {
         for change in &backlog {
             seen = seen.max(change.resource_version);
             if self.concerns(change)
-                && let Some(event) = self.event_for(change, &mut selected)
+                && let Some(event) = self.event_for(change)
                 && sender.send(self.line(event, &change.object)).await.is_err()
             {
                 return;
@@ -223,7 +210,7 @@ impl Watch {
                         }
                         seen = change.resource_version;
                         if self.concerns(&change)
-                            && let Some(event) = self.event_for(&change, &mut selected)
+                            && let Some(event) = self.event_for(&change)
                             && sender.send(self.line(event, &change.object)).await.is_err()
                         {
                             return;

@@ -55,6 +55,8 @@ pub struct DeleteOptions {
     pub preconditions: Preconditions,
     /// `Orphan`, `Background` (the default) or `Foreground`.
     pub propagation_policy: Option<String>,
+    /// The deprecated `orphanDependents`; `true` means the `Orphan` policy.
+    pub orphan_dependents: Option<bool>,
     pub dry_run: bool,
 }
 
@@ -78,7 +80,11 @@ impl DeleteOptions {
                 ApiError::bad_request("DeleteOptions.gracePeriodSeconds must be an integer")
             })?),
         };
-        let policy = body["propagationPolicy"].as_str().map(str::to_owned);
+        let orphan_dependents = body["orphanDependents"].as_bool();
+        let policy = body["propagationPolicy"]
+            .as_str()
+            .map(str::to_owned)
+            .or_else(|| (orphan_dependents == Some(true)).then(|| "Orphan".to_owned()));
         if let Some(policy) = &policy
             && !matches!(policy.as_str(), "Orphan" | "Background" | "Foreground")
         {
@@ -104,6 +110,7 @@ impl DeleteOptions {
                     .map(str::to_owned),
             },
             propagation_policy: policy,
+            orphan_dependents,
             dry_run: body["dryRun"]
                 .as_array()
                 .is_some_and(|modes| !modes.is_empty()),
@@ -131,7 +138,7 @@ pub fn plan(kind: &ResourceType, current: &Value, options: &DeleteOptions) -> Pl
             }
             let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace);
             marked["metadata"]["deletionTimestamp"] =
-                json!(deadline.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+                json!(super::timestamps::format_time(deadline));
             marked["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
             return Plan::Mark(marked);
         }

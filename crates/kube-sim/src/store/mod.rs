@@ -6,9 +6,11 @@
 
 mod delete;
 pub(crate) mod strategy;
+pub mod timestamps;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
@@ -47,6 +49,9 @@ pub struct Change {
     pub collection: String,
     pub namespace: String,
     pub object: Arc<Value>,
+    /// The object before a modification, so a filtered watch can tell an object leaving its
+    /// set from one entering it (the watch cache keeps prevObject for the same reason).
+    pub previous: Option<Arc<Value>>,
     pub resource_version: u64,
 }
 
@@ -103,6 +108,8 @@ struct Inner {
     registry: Registry,
     state: Mutex<State>,
     changes: broadcast::Sender<Arc<Change>>,
+    /// DefaultTolerationSeconds admission: what created pods get for not-ready/unreachable.
+    default_toleration_seconds: AtomicI64,
 }
 
 #[derive(Debug)]
@@ -138,6 +145,7 @@ impl Store {
                     compacted: 1,
                 }),
                 changes,
+                default_toleration_seconds: AtomicI64::new(300),
             }),
         };
         let namespaces = store.kind("", "namespaces");
@@ -148,6 +156,14 @@ impl Store {
                 .expect("the initial namespaces are valid");
         }
         store
+    }
+
+    /// Sets the `tolerationSeconds` the DefaultTolerationSeconds admission gives created pods
+    /// for the not-ready and unreachable NoExecute taints (300 unless a test shortens it).
+    pub fn set_default_toleration_seconds(&self, seconds: i64) {
+        self.inner
+            .default_toleration_seconds
+            .store(seconds, Ordering::Relaxed);
     }
 
     pub fn registry(&self) -> &Registry {
@@ -237,9 +253,14 @@ impl Store {
             check_namespace_open(&state, namespace)?;
         }
         let mut object = object;
-        strategy::prepare_create(kind, namespace, &mut object, &|class| {
-            priority_of_class(&state, class)
-        })?;
+        let context = strategy::CreateContext {
+            priority_of_class: &|class| priority_of_class(&state, class),
+            default_toleration_seconds: self
+                .inner
+                .default_toleration_seconds
+                .load(Ordering::Relaxed),
+        };
+        strategy::prepare_create(kind, namespace, &mut object, &context)?;
         let name = object["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
@@ -404,12 +425,19 @@ impl Store {
         let revision = state.revision;
         object["metadata"]["resourceVersion"] = Value::String(revision.to_string());
         let object = Arc::new(object);
-        state
+        let previous = state
             .collections
             .entry(kind.key())
             .or_default()
             .insert(key.clone(), Arc::clone(&object));
-        self.record(state, kind, key.0, change, Arc::clone(&object), revision);
+        self.record(
+            state,
+            kind,
+            key.0,
+            change,
+            (Arc::clone(&object), previous),
+            revision,
+        );
         if kind.group == "apiextensions.k8s.io" {
             self.registry().add_crd(&object);
         }
@@ -436,7 +464,7 @@ impl Store {
             kind,
             key.0,
             ChangeKind::Deleted,
-            Arc::clone(&last),
+            (Arc::clone(&last), None),
             revision,
         );
         if kind.group == "apiextensions.k8s.io" {
@@ -451,7 +479,7 @@ impl Store {
         kind: &ResourceType,
         namespace: String,
         change: ChangeKind,
-        object: Arc<Value>,
+        (object, previous): (Arc<Value>, Option<Arc<Value>>),
         revision: u64,
     ) {
         let change = Arc::new(Change {
@@ -459,6 +487,7 @@ impl Store {
             collection: kind.key(),
             namespace,
             object,
+            previous,
             resource_version: revision,
         });
         if state.history.len() == state.history_limit

@@ -6,13 +6,9 @@ use serde_json::{Value, json};
 use crate::error::{ApiError, Cause};
 use crate::resources::ResourceType;
 
-/// The RFC 3339 timestamp at whole seconds, as `metav1.Time` serialises.
+/// Now, as a `metav1.Time` serialises (whole seconds, truncated).
 pub fn now_rfc3339() -> String {
-    jiff::Timestamp::now()
-        .round(jiff::Unit::Second)
-        .unwrap_or_else(|_| jiff::Timestamp::now())
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+    super::timestamps::format_time(jiff::Timestamp::now())
 }
 
 /// A random UID in the usual 8-4-4-4-12 form.
@@ -71,11 +67,19 @@ pub fn is_dns_subdomain(name: &str) -> bool {
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
+/// What creating an object may consult beyond the object itself.
+pub struct CreateContext<'a> {
+    /// The value of a PriorityClass (Priority admission).
+    pub priority_of_class: &'a dyn Fn(&str) -> Option<i64>,
+    /// The DefaultTolerationSeconds admission's seconds.
+    pub default_toleration_seconds: i64,
+}
+
 pub fn prepare_create(
     kind: &ResourceType,
     namespace: &str,
     object: &mut Value,
-    priority_of_class: &dyn Fn(&str) -> Option<i64>,
+    context: &CreateContext<'_>,
 ) -> Result<(), ApiError> {
     if !object.is_object() {
         return Err(ApiError::bad_request(
@@ -139,11 +143,18 @@ pub fn prepare_create(
     if kind.has_spec {
         map.insert("generation".to_owned(), json!(1));
     }
+    if kind.has_status {
+        reset_status(kind, object);
+    }
     match (kind.group.as_str(), kind.plural.as_str()) {
-        ("", "pods") => default_pod(kind, &name, object, priority_of_class)?,
+        ("", "pods") => {
+            default_pod(kind, &name, object, context.priority_of_class)?;
+            default_tolerations(object, context.default_toleration_seconds);
+        }
         ("", "namespaces") => {
             object["spec"] = json!({"finalizers": ["kubernetes"]});
             object["status"] = json!({"phase": "Active"});
+            label_namespace(object, &name);
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             object["status"] = json!({
@@ -157,7 +168,16 @@ pub fn prepare_create(
         }
         _ => {}
     }
-    Ok(())
+    super::timestamps::normalize(kind, object)
+}
+
+/// Every namespace carries its name as a label, so webhook namespaceSelectors can name it
+/// (pkg/registry/core/namespace/strategy.go, PrepareForCreate and PrepareForUpdate).
+fn label_namespace(namespace: &mut Value, name: &str) {
+    if !namespace["metadata"]["labels"].is_object() {
+        namespace["metadata"]["labels"] = json!({});
+    }
+    namespace["metadata"]["labels"]["kubernetes.io/metadata.name"] = json!(name);
 }
 
 fn default_pod(
@@ -197,10 +217,101 @@ fn default_pod(
     } else if spec["priority"].is_null() {
         spec["priority"] = json!(0);
     }
-    if pod["status"]["phase"].is_null() {
-        pod["status"] = json!({"phase": "Pending"});
-    }
     Ok(())
+}
+
+/// The DefaultTolerationSeconds admission
+/// (plugin/pkg/admission/defaulttolerationseconds/admission.go): a pod that does not tolerate
+/// the not-ready or unreachable NoExecute taint may stay `seconds` on a node that has it.
+fn default_tolerations(pod: &mut Value, seconds: i64) {
+    const TAINTS: [&str; 2] = [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ];
+    let tolerated: Vec<bool> = TAINTS
+        .iter()
+        .map(|taint| {
+            pod["spec"]["tolerations"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| {
+                    let key = t["key"].as_str().unwrap_or_default();
+                    let effect = t["effect"].as_str().unwrap_or_default();
+                    (key == *taint || key.is_empty())
+                        && (effect == "NoExecute" || effect.is_empty())
+                })
+        })
+        .collect();
+    for (taint, tolerated) in TAINTS.iter().zip(tolerated) {
+        if tolerated {
+            continue;
+        }
+        if !pod["spec"]["tolerations"].is_array() {
+            pod["spec"]["tolerations"] = json!([]);
+        }
+        if let Some(tolerations) = pod["spec"]["tolerations"].as_array_mut() {
+            tolerations.push(json!({"key": taint, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}));
+        }
+    }
+}
+
+/// What a created object's status starts as: clients cannot create status for kinds with a
+/// status subresource (each kind's PrepareForCreate resets it), except Nodes, whose kubelet
+/// registers them with their status.
+fn reset_status(kind: &ResourceType, object: &mut Value) {
+    let status = match (kind.group.as_str(), kind.plural.as_str()) {
+        ("", "nodes") | ("apiextensions.k8s.io", "customresourcedefinitions") => return,
+        ("", "pods") => json!({"phase": "Pending", "qosClass": qos_class(&object["spec"])}),
+        ("", "persistentvolumes" | "persistentvolumeclaims") => json!({"phase": "Pending"}),
+        ("", "namespaces") => json!({"phase": "Active"}),
+        ("policy", "poddisruptionbudgets") => {
+            json!({"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0})
+        }
+        ("apps", "replicasets") => json!({"replicas": 0}),
+        ("apps", "daemonsets") => {
+            json!({"currentNumberScheduled": 0, "numberMisscheduled": 0, "desiredNumberScheduled": 0, "numberReady": 0})
+        }
+        ("storage.k8s.io", "volumeattachments") => json!({"attached": false}),
+        _ => {
+            if let Some(map) = object.as_object_mut() {
+                map.remove("status");
+            }
+            return;
+        }
+    };
+    object["status"] = status;
+}
+
+/// pkg/apis/core/helper/qos: Guaranteed when every container limits cpu and memory with
+/// requests equal to the limits, BestEffort when none asks for anything, else Burstable.
+fn qos_class(spec: &Value) -> &'static str {
+    let containers: Vec<&Value> = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|field| spec[field].as_array().into_iter().flatten())
+        .collect();
+    let asks = |c: &&Value| {
+        ["requests", "limits"].iter().any(|part| {
+            c["resources"][part]
+                .as_object()
+                .is_some_and(|m| m.contains_key("cpu") || m.contains_key("memory"))
+        })
+    };
+    if !containers.iter().any(asks) {
+        return "BestEffort";
+    }
+    let guaranteed = containers.iter().all(|c| {
+        ["cpu", "memory"].iter().all(|resource| {
+            let limit = &c["resources"]["limits"][resource];
+            let request = &c["resources"]["requests"][resource];
+            !limit.is_null() && (request.is_null() || request == limit)
+        })
+    });
+    if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
 }
 
 pub fn prepare_update(
@@ -219,7 +330,7 @@ pub fn prepare_update(
         let status = updated["status"].take();
         *updated = current.clone();
         updated["status"] = status;
-        return Ok(());
+        return super::timestamps::normalize(kind, updated);
     }
     if !updated["metadata"].is_object() {
         updated["metadata"] = json!({});
@@ -274,9 +385,71 @@ pub fn prepare_update(
             ));
         }
     }
+    if kind.group.is_empty() && kind.plural == "namespaces" {
+        label_namespace(updated, name);
+    }
+    check_immutable(kind, current, updated)?;
     if kind.has_spec && updated.get("spec") != current.get("spec") {
         let generation = current["metadata"]["generation"].as_i64().unwrap_or(0);
         updated["metadata"]["generation"] = json!(generation + 1);
+    }
+    super::timestamps::normalize(kind, updated)
+}
+
+/// Whether a PUT without `metadata.resourceVersion` may update: each kind's strategy
+/// `AllowUnconditionalUpdate` (pkg/registry/*/strategy.go; custom resources never).
+pub fn allows_unconditional_update(kind: &ResourceType) -> bool {
+    !kind.custom
+        && !matches!(
+            (kind.group.as_str(), kind.plural.as_str()),
+            ("coordination.k8s.io", "leases")
+                | ("policy", "poddisruptionbudgets")
+                | ("storage.k8s.io", "volumeattachments")
+                | ("apiextensions.k8s.io", "customresourcedefinitions")
+                | ("admissionregistration.k8s.io", _)
+        )
+}
+
+/// Whether a PUT of a missing object creates it: each kind's strategy `AllowCreateOnUpdate`.
+pub fn allows_create_on_update(kind: &ResourceType) -> bool {
+    matches!(
+        (kind.group.as_str(), kind.plural.as_str()),
+        ("coordination.k8s.io", "leases") | ("", "events")
+    )
+}
+
+/// store.go's answer to an update without a resourceVersion where the strategy needs one.
+pub fn version_required(kind: &ResourceType, name: &str) -> ApiError {
+    ApiError::invalid(
+        &kind.group,
+        &kind.plural,
+        name,
+        &[Cause {
+            reason: "FieldValueInvalid",
+            field: "metadata.resourceVersion".to_owned(),
+            message: "Invalid value: 0x0: must be specified for an update".to_owned(),
+        }],
+    )
+}
+
+/// Spec changes a kind's ValidateUpdate refuses.
+fn check_immutable(kind: &ResourceType, current: &Value, updated: &Value) -> Result<(), ApiError> {
+    // pkg/apis/storage/validation: ValidateVolumeAttachmentUpdate.
+    if kind.group == "storage.k8s.io"
+        && kind.plural == "volumeattachments"
+        && updated.get("spec") != current.get("spec")
+    {
+        let name = current["metadata"]["name"].as_str().unwrap_or_default();
+        return Err(invalid(
+            kind,
+            name,
+            "spec",
+            "FieldValueInvalid",
+            format!(
+                "Invalid value: {}: field is immutable",
+                updated.get("spec").unwrap_or(&Value::Null)
+            ),
+        ));
     }
     Ok(())
 }
@@ -298,6 +471,11 @@ mod tests {
     use super::*;
     use crate::resources::Registry;
 
+    const NO_CLASSES: CreateContext<'static> = CreateContext {
+        priority_of_class: &|_| None,
+        default_toleration_seconds: 300,
+    };
+
     fn kind(plural: &str) -> std::sync::Arc<ResourceType> {
         Registry::default().find_any_version("", plural).unwrap()
     }
@@ -305,7 +483,16 @@ mod tests {
     #[test]
     fn pods_get_the_api_servers_defaults() {
         let mut pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}], "priorityClassName": "system-node-critical"}});
-        prepare_create(&kind("pods"), "default", &mut pod, &|_| Some(2_000_001_000)).unwrap();
+        let context = CreateContext {
+            priority_of_class: &|_| Some(2_000_001_000),
+            default_toleration_seconds: 300,
+        };
+        prepare_create(&kind("pods"), "default", &mut pod, &context).unwrap();
+        assert_eq!(
+            pod["spec"]["tolerations"][1]["key"],
+            "node.kubernetes.io/unreachable"
+        );
+        assert_eq!(pod["spec"]["tolerations"][1]["tolerationSeconds"], 300);
         assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 30);
         assert_eq!(pod["spec"]["priority"], 2_000_001_000);
         assert_eq!(pod["status"]["phase"], "Pending");
@@ -317,7 +504,7 @@ mod tests {
     #[test]
     fn invalid_names_and_missing_fields_are_422_with_the_field() {
         let mut bad = json!({"metadata": {"name": "Bad_Name"}});
-        let error = prepare_create(&kind("nodes"), "", &mut bad, &|_| None).unwrap_err();
+        let error = prepare_create(&kind("nodes"), "", &mut bad, &NO_CLASSES).unwrap_err();
         assert_eq!(error.code, 422);
         assert_eq!(
             error.to_status()["details"]["causes"][0]["field"],
@@ -325,11 +512,11 @@ mod tests {
         );
         let mut no_containers = json!({"metadata": {"name": "p"}, "spec": {}});
         let error =
-            prepare_create(&kind("pods"), "default", &mut no_containers, &|_| None).unwrap_err();
+            prepare_create(&kind("pods"), "default", &mut no_containers, &NO_CLASSES).unwrap_err();
         assert!(error.message.contains("spec.containers"));
         let mut unknown_class = json!({"metadata": {"name": "p"}, "spec": {"containers": [{}], "priorityClassName": "nope"}});
         assert_eq!(
-            prepare_create(&kind("pods"), "default", &mut unknown_class, &|_| None)
+            prepare_create(&kind("pods"), "default", &mut unknown_class, &NO_CLASSES)
                 .unwrap_err()
                 .code,
             403
@@ -339,7 +526,7 @@ mod tests {
     #[test]
     fn generate_name_gets_a_suffix() {
         let mut node = json!({"metadata": {"generateName": "node-"}});
-        prepare_create(&kind("nodes"), "", &mut node, &|_| None).unwrap();
+        prepare_create(&kind("nodes"), "", &mut node, &NO_CLASSES).unwrap();
         let name = node["metadata"]["name"].as_str().unwrap();
         assert!(name.starts_with("node-") && name.len() == 10, "{name}");
     }

@@ -1,22 +1,32 @@
-//! Volume attachments: the attach/detach controller keeps a VolumeAttachment for every
-//! PVC-backed volume of a pod on its node and deletes it when no pod there uses the volume;
-//! the simulated external attacher finishes a deletion after the detach delay by removing its
-//! finalizer.
+//! Volume attachments, as the attach/detach controller
+//! (pkg/controller/volume/attachdetach/reconciler/reconciler.go) and a CSI external attacher
+//! handle them:
+//! - a PVC-backed volume of a pod on a node, while the pod is not terminated, is wanted there:
+//!   a VolumeAttachment is created and the attacher reports it attached;
+//! - a volume no longer wanted is detached (its VolumeAttachment deleted) only once the kubelet
+//!   unmounted it (it left `node.status.volumesInUse`), or, on a node that is not Ready, after
+//!   `maxWaitForUnmountDuration`, or at once when the node has the
+//!   `node.kubernetes.io/out-of-service` taint;
+//! - the attacher finishes a detach after the detach delay by dropping its finalizer.
+//!
+//! `node.status.volumesAttached` lists what is attached.
 
-use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
+use crate::conditions::is_ready;
 use crate::store::{Change, DeleteOptions, Part, Store};
 
 pub const DRIVER: &str = "sim.csi.nodegrace.io";
 const FINALIZER: &str = "external-attacher/sim-csi-nodegrace-io";
+const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 
 pub fn concerns(change: &Change) -> bool {
     matches!(
         change.collection.as_str(),
-        "/pods" | "/persistentvolumeclaims" | "storage.k8s.io/volumeattachments"
+        "/pods" | "/persistentvolumeclaims" | "/nodes" | "storage.k8s.io/volumeattachments"
     )
 }
 
@@ -25,79 +35,213 @@ pub fn attachment_name(volume: &str, node: &str) -> String {
     format!("csi-{volume}-{node}")
 }
 
-/// When each detach began, as the attacher saw it: deletionTimestamp has only whole seconds.
-pub type DetachStarts = HashMap<String, std::time::Instant>;
+/// The name a node reports a CSI volume under in `volumesInUse` / `volumesAttached`.
+pub fn unique_volume_name(volume: &str) -> String {
+    format!("kubernetes.io/csi/{DRIVER}^{volume}")
+}
 
-pub fn reconcile(store: &Store, detach_delay: Duration, detaching: &mut DetachStarts) {
-    let pods = store.kind("", "pods");
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    /// How long the attacher takes to detach.
+    pub detach_delay: Duration,
+    /// How long an unhealthy node's mounted volume waits before it is detached anyway.
+    pub max_wait_for_unmount: Duration,
+}
+
+/// What the controller remembers between passes.
+#[derive(Debug, Default)]
+pub struct Memory {
+    /// When each unwanted volume was first seen unwanted (the reconciler's DetachRequestedTime).
+    detach_requested: HashMap<String, Instant>,
+    /// When each detach began, as the attacher saw it: deletionTimestamp has only whole seconds.
+    detaching: HashMap<String, Instant>,
+}
+
+/// The reconciler's `IsPodTerminated`: finished, or being deleted with nothing running.
+fn terminated(pod: &Value) -> bool {
+    if matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    ) {
+        return true;
+    }
+    pod["metadata"]["deletionTimestamp"].is_string()
+        && !pod["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|status| status["state"]["running"].is_object())
+}
+
+/// The persistent volumes `pod` uses through its claims.
+pub fn pod_volumes(store: &Store, pod: &Value) -> Vec<String> {
     let claims = store.kind("", "persistentvolumeclaims");
+    let namespace = pod["metadata"]["namespace"].as_str();
+    pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|volume| volume["persistentVolumeClaim"]["claimName"].as_str())
+        .filter_map(|claim| store.get(&claims, namespace, claim).ok())
+        .filter_map(|claim| {
+            claim["spec"]["volumeName"]
+                .as_str()
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
     let attachments = store.kind("storage.k8s.io", "volumeattachments");
     let mut wanted: HashMap<String, (String, String)> = HashMap::new();
-    for pod in store.all(&pods) {
+    for pod in store.all(&store.kind("", "pods")) {
         let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
             continue;
         };
-        if matches!(
-            pod["status"]["phase"].as_str(),
-            Some("Succeeded" | "Failed")
-        ) {
+        if terminated(&pod) {
             continue;
         }
-        let namespace = pod["metadata"]["namespace"].as_str();
-        for volume in pod["spec"]["volumes"].as_array().into_iter().flatten() {
-            let Some(claim) = volume["persistentVolumeClaim"]["claimName"].as_str() else {
-                continue;
-            };
-            let Ok(claim) = store.get(&claims, namespace, claim) else {
-                continue;
-            };
-            let Some(pv) = claim["spec"]["volumeName"]
-                .as_str()
-                .filter(|v| !v.is_empty())
-            else {
-                continue;
-            };
-            wanted.insert(attachment_name(pv, node), (pv.to_owned(), node.to_owned()));
+        for volume in pod_volumes(store, &pod) {
+            wanted.insert(attachment_name(&volume, node), (volume, node.to_owned()));
         }
     }
-    let existing: HashSet<String> = store
+    let existing: HashMap<String, std::sync::Arc<Value>> = store
         .all(&attachments)
-        .iter()
-        .filter_map(|va| va["metadata"]["name"].as_str().map(str::to_owned))
+        .into_iter()
+        .filter(|va| va["spec"]["attacher"] == DRIVER)
+        .map(|va| (text(&va["metadata"]["name"]).to_owned(), va))
         .collect();
-    for (name, (pv, node)) in &wanted {
-        if !existing.contains(name) {
+    for (name, (volume, node)) in &wanted {
+        if !existing.contains_key(name) {
             let _ = store.create(&attachments, None, json!({
                 "metadata": {"name": name, "finalizers": [FINALIZER]},
-                "spec": {"attacher": DRIVER, "nodeName": node, "source": {"persistentVolumeName": pv}},
-                "status": {"attached": true},
+                "spec": {"attacher": DRIVER, "nodeName": node, "source": {"persistentVolumeName": volume}},
             }));
         }
     }
-    let mut still_detaching = DetachStarts::new();
-    for attachment in store.all(&attachments) {
-        let name = attachment["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+    let nodes = store.kind("", "nodes");
+    let mut still_requested = HashMap::new();
+    let mut still_detaching = HashMap::new();
+    for (name, attachment) in &existing {
         if attachment["metadata"]["deletionTimestamp"].is_string() {
-            let since = detaching
-                .get(&name)
+            let since = memory
+                .detaching
+                .get(name)
                 .copied()
-                .unwrap_or_else(std::time::Instant::now);
+                .unwrap_or_else(Instant::now);
             still_detaching.insert(name.clone(), since);
-            if since.elapsed() >= detach_delay {
-                let _ = store.update(&attachments, None, &name, Part::Main, |current| {
-                    let mut updated = current.clone();
-                    if let Some(finalizers) = updated["metadata"]["finalizers"].as_array_mut() {
-                        finalizers.retain(|f| f != FINALIZER);
-                    }
-                    Ok(updated)
-                });
+            if since.elapsed() >= timings.detach_delay {
+                drop_finalizer(store, name);
             }
-        } else if !wanted.contains_key(&name) && attachment["spec"]["attacher"] == DRIVER {
-            let _ = store.delete(&attachments, None, &name, &DeleteOptions::default());
+            continue;
+        }
+        if attachment["status"]["attached"] != true {
+            report_attached(store, name);
+        }
+        if wanted.contains_key(name) {
+            continue;
+        }
+        let requested = memory
+            .detach_requested
+            .get(name)
+            .copied()
+            .unwrap_or_else(Instant::now);
+        still_requested.insert(name.clone(), requested);
+        let volume = text(&attachment["spec"]["source"]["persistentVolumeName"]);
+        let node = store
+            .get(&nodes, None, text(&attachment["spec"]["nodeName"]))
+            .ok();
+        if may_detach(node.as_deref(), volume, requested, timings) {
+            let _ = store.delete(&attachments, None, name, &DeleteOptions::default());
         }
     }
-    *detaching = still_detaching;
+    memory.detach_requested = still_requested;
+    memory.detaching = still_detaching;
+    report_volumes_attached(store);
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().unwrap_or_default()
+}
+
+/// The reconciler's rule: a volume still mounted stays attached, unless the node has the
+/// out-of-service taint, or is unhealthy and the wait for unmount ran out.
+fn may_detach(node: Option<&Value>, volume: &str, requested: Instant, timings: Timings) -> bool {
+    let Some(node) = node else {
+        return true;
+    };
+    let unique = unique_volume_name(volume);
+    let mounted = node["status"]["volumesInUse"]
+        .as_array()
+        .is_some_and(|in_use| in_use.iter().any(|v| v == unique.as_str()));
+    let out_of_service = node["spec"]["taints"]
+        .as_array()
+        .is_some_and(|taints| taints.iter().any(|t| t["key"] == OUT_OF_SERVICE));
+    let forced = !is_ready(node) && requested.elapsed() >= timings.max_wait_for_unmount;
+    !mounted || out_of_service || forced
+}
+
+fn report_attached(store: &Store, name: &str) {
+    let attachments = store.kind("storage.k8s.io", "volumeattachments");
+    let _ = store.update(&attachments, None, name, Part::Status, |current| {
+        let mut updated = current.clone();
+        updated["status"]["attached"] = json!(true);
+        Ok(updated)
+    });
+}
+
+fn drop_finalizer(store: &Store, name: &str) {
+    let attachments = store.kind("storage.k8s.io", "volumeattachments");
+    let _ = store.update(&attachments, None, name, Part::Main, |current| {
+        let mut updated = current.clone();
+        if let Some(finalizers) = updated["metadata"]["finalizers"].as_array_mut() {
+            finalizers.retain(|f| f != FINALIZER);
+        }
+        Ok(updated)
+    });
+}
+
+/// Each node's `status.volumesAttached`: the attached volumes, until their detach completes.
+fn report_volumes_attached(store: &Store) {
+    let attachments = store.kind("storage.k8s.io", "volumeattachments");
+    let mut by_node: HashMap<String, BTreeSet<String>> = HashMap::new();
+    for attachment in store.all(&attachments) {
+        if attachment["spec"]["attacher"] == DRIVER && attachment["status"]["attached"] == true {
+            by_node
+                .entry(text(&attachment["spec"]["nodeName"]).to_owned())
+                .or_default()
+                .insert(unique_volume_name(text(
+                    &attachment["spec"]["source"]["persistentVolumeName"],
+                )));
+        }
+    }
+    let nodes = store.kind("", "nodes");
+    for node in store.all(&nodes) {
+        let name = text(&node["metadata"]["name"]);
+        let attached: Vec<Value> = by_node
+            .get(name)
+            .into_iter()
+            .flatten()
+            .map(|volume| json!({"name": volume, "devicePath": ""}))
+            .collect();
+        let current = node["status"]["volumesAttached"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if current == attached {
+            continue;
+        }
+        let _ = store.update(&nodes, None, name, Part::Status, |current| {
+            let mut updated = current.clone();
+            if attached.is_empty() {
+                updated["status"]
+                    .as_object_mut()
+                    .map(|status| status.remove("volumesAttached"));
+            } else {
+                updated["status"]["volumesAttached"] = json!(attached);
+            }
+            Ok(updated)
+        });
+    }
 }

@@ -1,9 +1,12 @@
 //! The simulated kubelets, one per node, driven by the store's change feed: pods bound to a
 //! node with a running kubelet start (Running, then Ready after `ready-after-seconds`); a pod
-//! being deleted stops after min(`stop-seconds`, its grace period) and is then removed with
-//! grace 0, as the real kubelet finishes a graceful deletion. A node annotated
-//! `sim.nodegrace.io/kubelet: stopped` gets none of that: its pods stay Terminating forever,
-//! which is the non-graceful shutdown case.
+//! being deleted stops after min(`stop-seconds`, its grace period): its containers end
+//! (exit 0 within the grace, 137 when killed at its end), the pod turns Succeeded or Failed and
+//! unready, its volumes are unmounted, and it is deleted with grace 0 (finalizers, if any, then
+//! hold it), as the real kubelet finishes a graceful deletion. Each kubelet reports the volumes
+//! its pods mount in `node.status.volumesInUse` and records the usual pod events.
+//! A node annotated `sim.nodegrace.io/kubelet: stopped` gets none of that: its pods stay
+//! Terminating and its volumes mounted forever, which is the non-graceful shutdown case.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,11 +30,12 @@ enum Action {
         name: String,
         uid: String,
     },
-    /// The containers have exited: remove the pod.
+    /// The containers have exited (or were killed at the end of the grace): finish the pod.
     Stopped {
         namespace: String,
         name: String,
         uid: String,
+        killed: bool,
     },
     /// Renew every running kubelet's node lease.
     RenewLeases,
@@ -57,6 +61,22 @@ fn text(value: &Value) -> String {
     value.as_str().unwrap_or_default().to_owned()
 }
 
+fn terminal(pod: &Value) -> bool {
+    matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn container_names(pod: &Value) -> Vec<String> {
+    pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| text(&c["name"]))
+        .collect()
+}
+
 pub async fn run(store: Store, options: WorldOptions, stop: CancellationToken) {
     let Ok(subscription) = store.subscribe(0) else {
         return;
@@ -77,7 +97,8 @@ pub async fn run(store: Store, options: WorldOptions, stop: CancellationToken) {
             () = stop.cancelled() => return,
             Some(expired) = kubelets.timers.next() => kubelets.act(expired.into_inner()),
             received = live.recv() => match received {
-                Ok(change) if change.collection == "/pods" && change.kind != crate::store::ChangeKind::Deleted => kubelets.pod_changed(&change.object),
+                Ok(change) if change.collection == "/pods" && change.kind == crate::store::ChangeKind::Deleted => kubelets.pod_gone(&change.object),
+                Ok(change) if change.collection == "/pods" => kubelets.pod_changed(&change.object),
                 Ok(change) if change.collection == "/nodes" && change.kind != crate::store::ChangeKind::Deleted => kubelets.node_changed(&change.object),
                 Ok(_) => {}
                 // Missed changes: look at every pod again.
@@ -112,10 +133,24 @@ impl Kubelets {
             text(&meta["uid"]),
         );
         if meta["deletionTimestamp"].is_string() {
+            if terminal(pod) {
+                return;
+            }
             let grace =
                 Duration::from_secs(meta["deletionGracePeriodSeconds"].as_u64().unwrap_or(0));
             let stop_after = seconds_annotation(pod, STOP_SECONDS_ANNOTATION).min(grace);
+            let killed = seconds_annotation(pod, STOP_SECONDS_ANNOTATION) > grace;
             let due = tokio::time::Instant::now() + stop_after;
+            if !self.stops.contains_key(&uid) {
+                for container in container_names(pod) {
+                    self.record(
+                        pod,
+                        Some(&container),
+                        "Killing",
+                        &format!("Stopping container {container}"),
+                    );
+                }
+            }
             match self.stops.get(&uid) {
                 Some((_, scheduled)) if *scheduled <= due => {}
                 Some((key, _)) => {
@@ -129,6 +164,7 @@ impl Kubelets {
                             namespace,
                             name,
                             uid: uid.clone(),
+                            killed,
                         },
                         due,
                     );
@@ -138,7 +174,35 @@ impl Kubelets {
             return;
         }
         if pod["status"]["phase"] == "Pending" {
+            for container in container_names(pod) {
+                let image = pod["spec"]["containers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["name"] == container.as_str())
+                    .and_then(|c| c["image"].as_str())
+                    .unwrap_or_default();
+                self.record(
+                    pod,
+                    Some(&container),
+                    "Pulled",
+                    &format!("Container image \"{image}\" already present on machine"),
+                );
+                self.record(
+                    pod,
+                    Some(&container),
+                    "Created",
+                    &format!("Created container: {container}"),
+                );
+                self.record(
+                    pod,
+                    Some(&container),
+                    "Started",
+                    &format!("Started container {container}"),
+                );
+            }
             self.start(&namespace, &name, &uid);
+            self.sync_volumes_in_use(&node, pod);
             let ready_after = seconds_annotation(pod, READY_AFTER_ANNOTATION);
             self.timers.insert(
                 Action::Ready {
@@ -149,6 +213,65 @@ impl Kubelets {
                 ready_after,
             );
         }
+    }
+
+    /// A pod object is gone: its node's kubelet forgets its volumes.
+    fn pod_gone(&mut self, pod: &Arc<Value>) {
+        let node = text(&pod["spec"]["nodeName"]);
+        if !node.is_empty() && self.kubelet_running(&node) {
+            self.sync_volumes_in_use(&node, pod);
+        }
+    }
+
+    fn record(&self, pod: &Value, container: Option<&str>, reason: &str, message: &str) {
+        let node = pod["spec"]["nodeName"].as_str();
+        let source = super::events::Source {
+            component: "kubelet",
+            host: node,
+        };
+        super::events::record(&self.store, source, pod, container, reason, message);
+    }
+
+    /// `node.status.volumesInUse`: the volumes of the node's pods that have not finished. Only
+    /// pods with claims can change it, so others skip the work.
+    fn sync_volumes_in_use(&self, node: &str, changed: &Value) {
+        let has_claims = changed["spec"]["volumes"]
+            .as_array()
+            .is_some_and(|volumes| {
+                volumes
+                    .iter()
+                    .any(|v| v["persistentVolumeClaim"].is_object())
+            });
+        if !has_claims {
+            return;
+        }
+        let pods = self.store.kind("", "pods");
+        let mut in_use: Vec<String> = self
+            .store
+            .list(&pods, None, None, 0, &|pod| {
+                pod["spec"]["nodeName"] == node && !terminal(pod)
+            })
+            .items
+            .iter()
+            .flat_map(|pod| super::attach_detach::pod_volumes(&self.store, pod))
+            .map(|volume| super::attach_detach::unique_volume_name(&volume))
+            .collect();
+        in_use.sort();
+        in_use.dedup();
+        let nodes = self.store.kind("", "nodes");
+        let _ = self
+            .store
+            .update(&nodes, None, node, Part::Status, |current| {
+                let mut updated = current.clone();
+                if in_use.is_empty() {
+                    updated["status"]
+                        .as_object_mut()
+                        .map(|status| status.remove("volumesInUse"));
+                } else {
+                    updated["status"]["volumesInUse"] = json!(in_use);
+                }
+                Ok(updated)
+            });
     }
 
     fn node_changed(&mut self, node: &Arc<Value>) {
@@ -180,9 +303,14 @@ impl Kubelets {
                 namespace,
                 name,
                 uid,
+                killed,
             } => {
                 self.stops.remove(&uid);
                 let pods = self.store.kind("", "pods");
+                let stopped = self.finish(&namespace, &name, &uid, killed);
+                if let Some(pod) = &stopped {
+                    self.sync_volumes_in_use(text(&pod["spec"]["nodeName"]).as_str(), pod);
+                }
                 let options = DeleteOptions {
                     preconditions: Preconditions {
                         uid: Some(uid),
@@ -215,6 +343,44 @@ impl Kubelets {
                 change(&mut updated);
                 Ok(updated)
             });
+    }
+
+    /// The containers ended: the pod's terminal phase (getPhase for a terminal pod: Succeeded
+    /// when every container exited 0), unready, its containers terminated.
+    fn finish(&self, namespace: &str, name: &str, uid: &str, killed: bool) -> Option<Arc<Value>> {
+        let pods = self.store.kind("", "pods");
+        self.store
+            .update(&pods, Some(namespace), name, Part::Status, |current| {
+                let mut updated = current.clone();
+                if current["metadata"]["uid"] != uid || terminal(current) {
+                    return Ok(updated);
+                }
+                let now = now_rfc3339();
+                let (code, reason) = if killed { (137, "Error") } else { (0, "Completed") };
+                if let Some(statuses) = updated["status"]["containerStatuses"].as_array_mut() {
+                    for status in statuses {
+                        let started = status["state"]["running"]["startedAt"].clone();
+                        status["ready"] = json!(false);
+                        status["started"] = json!(false);
+                        status["state"] = json!({"terminated": {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": now}});
+                    }
+                }
+                if let Some(conditions) = updated["status"]["conditions"].as_array_mut() {
+                    for condition in conditions
+                        .iter_mut()
+                        .filter(|c| c["type"] == "Ready" || c["type"] == "ContainersReady")
+                    {
+                        if condition["status"] != "False" {
+                            condition["status"] = json!("False");
+                            condition["reason"] = json!("PodCompleted");
+                            condition["lastTransitionTime"] = json!(now);
+                        }
+                    }
+                }
+                updated["status"]["phase"] = json!(if killed { "Failed" } else { "Succeeded" });
+                Ok(updated)
+            })
+            .ok()
     }
 
     fn start(&self, namespace: &str, name: &str, uid: &str) {
@@ -280,9 +446,7 @@ impl Kubelets {
     fn renew_leases(&self) {
         let nodes = self.store.kind("", "nodes");
         let leases = self.store.kind("coordination.k8s.io", "leases");
-        let now = jiff::Timestamp::now()
-            .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
-            .to_string();
+        let now = crate::store::timestamps::format_micro_time(jiff::Timestamp::now());
         for node in self.store.all(&nodes) {
             if node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() == Some("stopped") {
                 continue;

@@ -6,6 +6,7 @@ mod attach_detach;
 mod cloud;
 mod controller;
 mod disruption;
+mod events;
 mod gc;
 mod kubelet;
 mod node_lifecycle;
@@ -18,7 +19,7 @@ use axum::extract::State;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-pub use attach_detach::{DRIVER as CSI_DRIVER, attachment_name};
+pub use attach_detach::{DRIVER as CSI_DRIVER, attachment_name, unique_volume_name};
 pub use cloud::{Cloud, Instance};
 pub use gc::orphan_dependents;
 
@@ -47,7 +48,13 @@ pub struct WorldOptions {
     pub attach_detach: bool,
     /// How long the simulated external attacher takes to detach a volume.
     pub detach_delay: Duration,
+    /// How long the attach/detach controller waits for a NotReady node to unmount a volume
+    /// before detaching it anyway (kube-controller-manager's 6 minutes).
+    pub max_wait_for_unmount: Duration,
     pub garbage_collector: bool,
+    /// The `tolerationSeconds` the DefaultTolerationSeconds admission gives pods for the
+    /// not-ready and unreachable NoExecute taints (the real 300 s unless a test shortens it).
+    pub default_toleration_seconds: i64,
 }
 
 impl Default for WorldOptions {
@@ -61,7 +68,9 @@ impl Default for WorldOptions {
             workloads: true,
             attach_detach: true,
             detach_delay: Duration::from_secs(1),
+            max_wait_for_unmount: Duration::from_secs(6 * 60),
             garbage_collector: true,
+            default_toleration_seconds: 300,
         }
     }
 }
@@ -136,15 +145,19 @@ impl World {
             ));
         }
         if options.attach_detach {
-            let delay = options.detach_delay;
-            let mut detaching = attach_detach::DetachStarts::new();
-            let period = (delay / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+            let timings = attach_detach::Timings {
+                detach_delay: options.detach_delay,
+                max_wait_for_unmount: options.max_wait_for_unmount,
+            };
+            let mut memory = attach_detach::Memory::default();
+            let shortest = timings.detach_delay.min(timings.max_wait_for_unmount);
+            let period = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
             tokio::spawn(controller::run(
                 store.clone(),
                 stop.clone(),
                 period,
                 attach_detach::concerns,
-                move |store: &Store| attach_detach::reconcile(store, delay, &mut detaching),
+                move |store: &Store| attach_detach::reconcile(store, timings, &mut memory),
             ));
         }
         if options.garbage_collector {

@@ -77,7 +77,38 @@ fn owned_pod(owner: &Value, kind: &str, node: Option<&str>) -> Value {
     if let Some(node) = node {
         pod["spec"]["nodeName"] = json!(node);
     }
+    if kind == "DaemonSet" {
+        add_daemon_tolerations(&mut pod["spec"]);
+    }
     pod
+}
+
+/// pkg/controller/daemon/util.AddOrUpdateDaemonPodTolerations: a daemon pod stays on its node
+/// through NotReady and unreachable, and is placed despite pressure and cordoning.
+fn add_daemon_tolerations(spec: &mut Value) {
+    let mut wanted = vec![
+        ("node.kubernetes.io/not-ready", "NoExecute"),
+        ("node.kubernetes.io/unreachable", "NoExecute"),
+        ("node.kubernetes.io/disk-pressure", "NoSchedule"),
+        ("node.kubernetes.io/memory-pressure", "NoSchedule"),
+        ("node.kubernetes.io/pid-pressure", "NoSchedule"),
+        ("node.kubernetes.io/unschedulable", "NoSchedule"),
+    ];
+    if spec["hostNetwork"] == true {
+        wanted.push(("node.kubernetes.io/network-unavailable", "NoSchedule"));
+    }
+    if !spec["tolerations"].is_array() {
+        spec["tolerations"] = json!([]);
+    }
+    let Some(tolerations) = spec["tolerations"].as_array_mut() else {
+        return;
+    };
+    for (key, effect) in wanted {
+        let toleration = json!({"key": key, "operator": "Exists", "effect": effect});
+        if !tolerations.contains(&toleration) {
+            tolerations.push(toleration);
+        }
+    }
 }
 
 pub fn reconcile(store: &Store) {
@@ -221,8 +252,20 @@ fn schedule(store: &Store, pods: &[Arc<Value>], nodes: &[Arc<Value>]) {
             updated["spec"]["nodeName"] = json!(node_name);
             Ok(updated)
         });
-        if bound.is_ok() {
+        if let Ok(bound) = bound {
             *load.entry(text(&node["metadata"]["name"])).or_default() += 1;
+            let source = super::events::Source {
+                component: "default-scheduler",
+                host: None,
+            };
+            super::events::record(
+                store,
+                source,
+                &bound,
+                None,
+                "Scheduled",
+                &format!("Successfully assigned {namespace}/{name} to {node_name}"),
+            );
         }
     }
 }
