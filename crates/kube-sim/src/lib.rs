@@ -11,6 +11,7 @@ pub mod crd_schema;
 pub mod error;
 pub mod eviction;
 pub mod faults;
+pub mod managed_fields;
 pub mod patch;
 pub mod populate;
 pub mod resources;

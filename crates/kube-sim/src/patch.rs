@@ -75,7 +75,7 @@ pub fn apply(
 
 /// How a list field merges: by a key field, as a set of primitives, or (the default for lists
 /// without patch metadata, e.g. tolerations and taints) replaced whole.
-fn list_strategy(field: &str) -> Option<&'static str> {
+pub(crate) fn list_strategy(field: &str) -> Option<&'static str> {
     match field {
         "containers"
         | "initContainers"

@@ -127,8 +127,8 @@ async fn serve(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let (method, body) = admitted(app, method, &target, query, headers, body).await?;
-    dispatch(app, &method, target, query, headers, &body)
+    let (method, body, bookkeeping) = admitted(app, method, &target, query, headers, body).await?;
+    dispatch(app, &method, target, query, headers, &body, bookkeeping)
 }
 
 /// The core Event target behind a request to the events.k8s.io view (see event_view.rs).
@@ -157,7 +157,8 @@ fn event_view_target(app: &App, target: &Target) -> Option<Target> {
 }
 
 /// Runs admission webhooks on API writes. A PATCH is resolved here and continues as a PUT of
-/// the admitted object, guarded by the version it was computed from.
+/// the admitted object, guarded by the version it was computed from; a resolved apply carries
+/// its managedFields already.
 async fn admitted(
     app: &App,
     method: &Method,
@@ -165,14 +166,15 @@ async fn admitted(
     query: &Query,
     headers: &HeaderMap,
     body: Bytes,
-) -> Result<(Method, Bytes), ApiError> {
+) -> Result<(Method, Bytes, objects::Bookkeeping), ApiError> {
     use crate::admission::{Operation, Request, admit, any_registered};
+    use objects::Bookkeeping::{AlreadyApplied, Record};
     let write = matches!(
         *method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
     );
     if !write || !any_registered(&app.store) {
-        return Ok((method.clone(), body));
+        return Ok((method.clone(), body, Record));
     }
     let (kind, namespace, name, sub) = match target {
         Target::Collection { kind, namespace } if *method == Method::POST => {
@@ -189,13 +191,13 @@ async fn admitted(
             Some(name.as_str()),
             sub.as_deref(),
         ),
-        _ => return Ok((method.clone(), body)),
+        _ => return Ok((method.clone(), body, Record)),
     };
     // A subresource write is admitted like any other; the eviction subresource's object is the
     // Eviction itself (policy/v1), created on the pod's `eviction` subresource.
     let eviction = sub == Some("eviction");
     if eviction && *method != Method::POST {
-        return Ok((method.clone(), body));
+        return Ok((method.clone(), body, Record));
     }
     let parse = |bytes: &Bytes| -> Result<Value, ApiError> {
         serde_json::from_slice(bytes)
@@ -223,12 +225,16 @@ async fn admitted(
                 .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
             let patch = crate::patch::parse_body(patch_type, &body)?;
             match &old {
+                Some(current) if patch_type == crate::patch::PatchType::Apply => (
+                    Operation::Update,
+                    objects::resolve_apply(app, kind, sub, query, headers, current, &patch)?,
+                ),
                 Some(current) => (
                     Operation::Update,
                     crate::patch::apply(current, patch_type, &patch, kind.custom)?,
                 ),
                 // Server-side apply of something new is a create.
-                None => return Ok((method.clone(), body)),
+                None => return Ok((method.clone(), body, Record)),
             }
         }
     };
@@ -247,8 +253,13 @@ async fn admitted(
         dry_run: query.dry_run(),
     };
     let admitted = admit(&app.store, &request, object).await?;
+    let applied = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::patch::PatchType::from_content_type)
+        == Some(crate::patch::PatchType::Apply);
     match *method {
-        Method::DELETE => Ok((method.clone(), body)),
+        Method::DELETE => Ok((method.clone(), body, Record)),
         Method::PATCH => {
             let mut admitted = admitted;
             admitted["metadata"]["resourceVersion"] =
@@ -256,11 +267,13 @@ async fn admitted(
             Ok((
                 Method::PUT,
                 Bytes::from(serde_json::to_vec(&admitted).unwrap_or_default()),
+                if applied { AlreadyApplied } else { Record },
             ))
         }
         _ => Ok((
             method.clone(),
             Bytes::from(serde_json::to_vec(&admitted).unwrap_or_default()),
+            Record,
         )),
     }
 }
@@ -352,6 +365,7 @@ fn dispatch(
     query: &Query,
     headers: &HeaderMap,
     body: &Bytes,
+    bookkeeping: objects::Bookkeeping,
 ) -> Result<Response, ApiError> {
     let as_table = table::wanted(headers);
     match target {
@@ -383,7 +397,7 @@ fn dispatch(
                     watch::serve(app, &kind, namespace, query, as_table)
                 }
                 Method::GET => objects::list(app, &kind, namespace, query, as_table),
-                Method::POST => objects::create(app, &kind, namespace, query, body),
+                Method::POST => objects::create(app, &kind, namespace, query, headers, body),
                 Method::DELETE => objects::delete_collection(app, &kind, namespace, query, body),
                 _ => Err(ApiError::method_not_allowed(format!(
                     "{method} is not supported on a collection"
@@ -417,7 +431,17 @@ fn dispatch(
             };
             match *method {
                 Method::GET => objects::get(app, &kind, namespace, &name, as_table),
-                Method::PUT => objects::update(app, &kind, namespace, &name, part, query, body),
+                Method::PUT => objects::update(
+                    app,
+                    &kind,
+                    namespace,
+                    &name,
+                    part,
+                    query,
+                    headers,
+                    body,
+                    bookkeeping,
+                ),
                 Method::PATCH => {
                     objects::patch(app, &kind, namespace, &name, part, query, headers, body)
                 }

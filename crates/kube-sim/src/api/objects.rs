@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::{App, Query, bytes_response, json_response, table};
 use crate::error::ApiError;
+use crate::managed_fields::{self, Scope, Shape, Writer};
 use crate::patch::{self, PatchType};
 use crate::resources::ResourceType;
 use crate::selector::{FieldSelector, LabelSelector};
@@ -135,6 +136,14 @@ enum Schema {
 }
 
 impl Schema {
+    /// The shape ownership and apply follow: a custom resource's schema, else the built-ins'.
+    fn shape(&self) -> Shape<'_> {
+        match self {
+            Self::Custom(schema) => Shape::Schema(schema),
+            Self::None | Self::Crd => Shape::Builtin,
+        }
+    }
+
     fn of(app: &App, kind: &ResourceType) -> Result<Self, ApiError> {
         if kind.group == "apiextensions.k8s.io" && kind.plural == "customresourcedefinitions" {
             return Ok(Self::Crd);
@@ -162,18 +171,50 @@ impl Schema {
     }
 }
 
+/// The manager a write is recorded under: `fieldManager`, else the User-Agent's product
+/// (fieldmanager's prefixFromUserAgent).
+fn manager(query: &Query, headers: &HeaderMap) -> String {
+    if let Some(manager) = query.get("fieldManager") {
+        return manager.to_owned();
+    }
+    headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|agent| agent.split('/').next())
+        .filter(|product| !product.is_empty())
+        .unwrap_or("unknown")
+        .to_owned()
+}
+
+fn scope(kind: &ResourceType, part: Part) -> Scope {
+    match part {
+        Part::Status => Scope::Status,
+        Part::Main if kind.has_status => Scope::MainOfStatusKind,
+        Part::Main => Scope::Main,
+    }
+}
+
 pub fn create(
     app: &App,
     kind: &ResourceType,
     namespace: Option<&str>,
     query: &Query,
+    headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Response, ApiError> {
-    let object = parse_json(body)?;
-    Schema::of(app, kind)?.check(kind, &object)?;
+    let mut object = parse_json(body)?;
+    let schema = Schema::of(app, kind)?;
+    schema.check(kind, &object)?;
     if query.dry_run() {
         return Ok(json_response(StatusCode::CREATED, &object));
     }
+    let manager = manager(query, headers);
+    let writer = Writer {
+        manager: &manager,
+        api_version: &kind.api_version(),
+        scope: scope(kind, Part::Main),
+    };
+    managed_fields::record_update(None, &mut object, &writer, schema.shape());
     let created = app.store.create(kind, namespace, object)?;
     Ok(bytes_response(
         StatusCode::CREATED,
@@ -181,6 +222,15 @@ pub fn create(
     ))
 }
 
+/// Whose bookkeeping a PUT's managedFields are: the server's own (an apply resolved before
+/// admission already recorded them) or to be recorded now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bookkeeping {
+    Record,
+    AlreadyApplied,
+}
+
+#[allow(clippy::too_many_arguments)]
 pub fn update(
     app: &App,
     kind: &ResourceType,
@@ -188,10 +238,13 @@ pub fn update(
     name: &str,
     part: Part,
     query: &Query,
+    headers: &HeaderMap,
     body: &Bytes,
+    bookkeeping: Bookkeeping,
 ) -> Result<Response, ApiError> {
     let object = parse_json(body)?;
-    Schema::of(app, kind)?.check(kind, &object)?;
+    let schema = Schema::of(app, kind)?;
+    schema.check(kind, &object)?;
     if query.dry_run() {
         return Ok(json_response(StatusCode::OK, &object));
     }
@@ -211,9 +264,19 @@ pub fn update(
     if exists && unconditional && !strategy::allows_unconditional_update(kind) {
         return Err(strategy::version_required(kind, name));
     }
-    let updated = app
-        .store
-        .update(kind, namespace, name, part, |_| Ok(object))?;
+    let manager = manager(query, headers);
+    let writer = Writer {
+        manager: &manager,
+        api_version: &kind.api_version(),
+        scope: scope(kind, part),
+    };
+    let updated = app.store.update(kind, namespace, name, part, |current| {
+        let mut object = object;
+        if bookkeeping == Bookkeeping::Record {
+            managed_fields::record_update(Some(current), &mut object, &writer, schema.shape());
+        }
+        Ok(object)
+    })?;
     Ok(bytes_response(
         StatusCode::OK,
         serde_json::to_vec(&*updated).unwrap_or_default(),
@@ -243,16 +306,28 @@ pub fn patch(
             "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
         ));
     }
+    let schema = Schema::of(app, kind)?;
+    let manager = manager(query, headers);
+    let writer = Writer {
+        manager: &manager,
+        api_version: &kind.api_version(),
+        scope: scope(kind, part),
+    };
+    let force = query.flag("force");
+    let resolve = |current: &Value| -> Result<Value, ApiError> {
+        if patch_type == PatchType::Apply {
+            return managed_fields::apply(Some(current), &patch, &writer, force, schema.shape());
+        }
+        let mut patched = patch::apply(current, patch_type, &patch, kind.custom)?;
+        managed_fields::record_update(Some(current), &mut patched, &writer, schema.shape());
+        Ok(patched)
+    };
     if query.dry_run() {
         let current = app.store.get(kind, namespace, name)?;
-        return Ok(json_response(
-            StatusCode::OK,
-            &patch::apply(&current, patch_type, &patch, kind.custom)?,
-        ));
+        return Ok(json_response(StatusCode::OK, &resolve(&current)?));
     }
-    let schema = Schema::of(app, kind)?;
     let patched = app.store.update(kind, namespace, name, part, |current| {
-        let patched = patch::apply(current, patch_type, &patch, kind.custom)?;
+        let patched = resolve(current)?;
         schema.check(kind, &patched)?;
         Ok(patched)
     });
@@ -263,7 +338,7 @@ pub fn patch(
         )),
         // Server-side apply creates what does not exist yet.
         Err(error) if error.code == 404 && patch_type == PatchType::Apply && part == Part::Main => {
-            let mut object = patch;
+            let mut object = managed_fields::apply(None, &patch, &writer, force, schema.shape())?;
             object["metadata"]["name"] = Value::String(name.to_owned());
             schema.check(kind, &object)?;
             let created = app.store.create(kind, namespace, object)?;
@@ -274,6 +349,37 @@ pub fn patch(
         }
         Err(error) => Err(error),
     }
+}
+
+/// An apply resolved for admission: the object it makes of `current`, managedFields included.
+pub fn resolve_apply(
+    app: &App,
+    kind: &ResourceType,
+    sub: Option<&str>,
+    query: &Query,
+    headers: &HeaderMap,
+    current: &Value,
+    config: &Value,
+) -> Result<Value, ApiError> {
+    let schema = Schema::of(app, kind)?;
+    let part = if sub == Some("status") {
+        Part::Status
+    } else {
+        Part::Main
+    };
+    let manager = manager(query, headers);
+    let writer = Writer {
+        manager: &manager,
+        api_version: &kind.api_version(),
+        scope: scope(kind, part),
+    };
+    managed_fields::apply(
+        Some(current),
+        config,
+        &writer,
+        query.flag("force"),
+        schema.shape(),
+    )
 }
 
 fn delete_options(query: &Query, body: &Bytes) -> Result<DeleteOptions, ApiError> {

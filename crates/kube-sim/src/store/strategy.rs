@@ -134,7 +134,6 @@ pub fn prepare_create(
         "deletionTimestamp",
         "deletionGracePeriodSeconds",
         "resourceVersion",
-        "managedFields",
     ] {
         map.remove(server_owned);
     }
@@ -328,8 +327,16 @@ pub fn prepare_update(
     let name = current["metadata"]["name"].as_str().unwrap_or_default();
     if part == super::Part::Status {
         let status = updated["status"].take();
+        let managed = updated["metadata"]["managedFields"].take();
         *updated = current.clone();
         updated["status"] = status;
+        if managed.is_null() {
+            if let Some(metadata) = updated["metadata"].as_object_mut() {
+                metadata.remove("managedFields");
+            }
+        } else {
+            updated["metadata"]["managedFields"] = managed;
+        }
         return super::timestamps::normalize(kind, updated);
     }
     if !updated["metadata"].is_object() {
