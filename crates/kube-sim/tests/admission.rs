@@ -256,7 +256,7 @@ async fn webhooks_mutate_validate_and_follow_their_failure_policy() -> Result<()
 }
 
 #[tokio::test]
-async fn crd_schemas_are_enforced_and_cel_rules_refused() -> Result<()> {
+async fn crd_schemas_and_their_cel_rules_are_enforced() -> Result<()> {
     let sim = KubeSim::start(SimOptions {
         world: WorldOptions::none(),
         ..SimOptions::default()
@@ -274,18 +274,7 @@ async fn crd_schemas_are_enforced_and_cel_rules_refused() -> Result<()> {
                      "versions": [{"name": "v1alpha1", "served": true, "storage": true, "schema": {"openAPIV3Schema": schema}}]}
         }))?)
     };
-    let refused = crds
-        .create(&PostParams::default(), &crd(true)?)
-        .await
-        .unwrap_err();
-    let kube::Error::Api(status) = refused else {
-        anyhow::bail!("expected 422")
-    };
-    ensure!(
-        status.code == 422 && status.message.contains("not supported by kube-sim"),
-        "{status:?}"
-    );
-    crds.create(&PostParams::default(), &crd(false)?).await?;
+    crds.create(&PostParams::default(), &crd(true)?).await?;
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("nodegrace.io", "v1alpha1", "NodeDisruptionBudget"),
         "nodedisruptionbudgets",
@@ -308,6 +297,23 @@ async fn crd_schemas_are_enforced_and_cel_rules_refused() -> Result<()> {
     };
     ensure!(
         status.code == 422 && status.message.contains("spec.maxUnavailable"),
+        "{status:?}"
+    );
+    let ruled = budgets
+        .create(
+            &PostParams::default(),
+            &object(json!({"maxUnavailable": 12}))?,
+        )
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = ruled else {
+        anyhow::bail!("expected 422")
+    };
+    ensure!(
+        status.code == 422
+            && status.message.contains(
+                "<nil>: Invalid value: \"object\": failed rule: self.spec.maxUnavailable < 10"
+            ),
         "{status:?}"
     );
     budgets

@@ -162,11 +162,26 @@ impl Schema {
             .map_or(Self::None, |schema| Self::Custom(schema.clone())))
     }
 
-    fn check(&self, kind: &ResourceType, object: &Value) -> Result<(), ApiError> {
+    /// Checks (and for custom objects prunes and defaults) what a write stores. `old` is the
+    /// stored object an update replaces; `fieldValidation=Strict` refuses unknown fields.
+    fn admit(
+        &self,
+        kind: &ResourceType,
+        object: &mut Value,
+        old: Option<&Value>,
+        query: &Query,
+    ) -> Result<(), ApiError> {
         match self {
             Self::None => Ok(()),
             Self::Crd => crate::crd_schema::validate_crd(object),
-            Self::Custom(schema) => crate::crd_schema::validate_object(&kind.kind, schema, object),
+            Self::Custom(schema) => crate::crd_schema::Admission {
+                group: &kind.group,
+                kind: &kind.kind,
+                version: &kind.version,
+                schema,
+                strict: query.get("fieldValidation") == Some("Strict"),
+            }
+            .admit(object, old),
         }
     }
 }
@@ -204,7 +219,7 @@ pub fn create(
 ) -> Result<Response, ApiError> {
     let mut object = parse_json(body)?;
     let schema = Schema::of(app, kind)?;
-    schema.check(kind, &object)?;
+    schema.admit(kind, &mut object, None, query)?;
     if query.dry_run() {
         return Ok(json_response(StatusCode::CREATED, &object));
     }
@@ -242,10 +257,11 @@ pub fn update(
     body: &Bytes,
     bookkeeping: Bookkeeping,
 ) -> Result<Response, ApiError> {
-    let object = parse_json(body)?;
+    let mut object = parse_json(body)?;
     let schema = Schema::of(app, kind)?;
-    schema.check(kind, &object)?;
     if query.dry_run() {
+        let current = app.store.get(kind, namespace, name).ok();
+        schema.admit(kind, &mut object, current.as_deref(), query)?;
         return Ok(json_response(StatusCode::OK, &object));
     }
     let unconditional = object["metadata"]["resourceVersion"]
@@ -253,8 +269,8 @@ pub fn update(
         .is_none_or(str::is_empty);
     let exists = app.store.get(kind, namespace, name).is_ok();
     if !exists && part == Part::Main && strategy::allows_create_on_update(kind) {
-        let mut object = object;
         object["metadata"]["name"] = Value::String(name.to_owned());
+        schema.admit(kind, &mut object, None, query)?;
         let created = app.store.create(kind, namespace, object)?;
         return Ok(bytes_response(
             StatusCode::CREATED,
@@ -272,6 +288,7 @@ pub fn update(
     };
     let updated = app.store.update(kind, namespace, name, part, |current| {
         let mut object = object;
+        schema.admit(kind, &mut object, Some(current), query)?;
         if bookkeeping == Bookkeeping::Record {
             managed_fields::record_update(Some(current), &mut object, &writer, schema.shape());
         }
@@ -327,8 +344,8 @@ pub fn patch(
         return Ok(json_response(StatusCode::OK, &resolve(&current)?));
     }
     let patched = app.store.update(kind, namespace, name, part, |current| {
-        let patched = resolve(current)?;
-        schema.check(kind, &patched)?;
+        let mut patched = resolve(current)?;
+        schema.admit(kind, &mut patched, Some(current), query)?;
         Ok(patched)
     });
     match patched {
@@ -340,7 +357,7 @@ pub fn patch(
         Err(error) if error.code == 404 && patch_type == PatchType::Apply && part == Part::Main => {
             let mut object = managed_fields::apply(None, &patch, &writer, force, schema.shape())?;
             object["metadata"]["name"] = Value::String(name.to_owned());
-            schema.check(kind, &object)?;
+            schema.admit(kind, &mut object, None, query)?;
             let created = app.store.create(kind, namespace, object)?;
             Ok(bytes_response(
                 StatusCode::CREATED,
