@@ -340,13 +340,7 @@ fn collect(
             if shape.is_map(names) {
                 set.insert(path.clone());
             }
-            for (name, child) in fields {
-                let mut path = path.clone();
-                path.push(format!("f:{name}"));
-                let mut names = names.to_vec();
-                names.push(name.clone());
-                collect(child, &path, &names, shape, set);
-            }
+            collect_members(fields, path, names, shape, set);
         }
         Value::Array(items) => match shape.list_type(names) {
             ListType::Atomic => {
@@ -365,13 +359,7 @@ fn collect(
                     path.push(key_element(item, &keys));
                     set.insert(path.clone());
                     if let Value::Object(fields) = item {
-                        for (name, child) in fields {
-                            let mut path = path.clone();
-                            path.push(format!("f:{name}"));
-                            let mut names = names.to_vec();
-                            names.push(name.clone());
-                            collect(child, &path, &names, shape, set);
-                        }
+                        collect_members(fields, &path, names, shape, set);
                     }
                 }
             }
@@ -379,6 +367,22 @@ fn collect(
         _ => {
             set.insert(path.clone());
         }
+    }
+}
+
+fn collect_members(
+    fields: &Map<String, Value>,
+    path: &Path,
+    names: &[String],
+    shape: Shape<'_>,
+    set: &mut BTreeSet<Path>,
+) {
+    for (name, child) in fields {
+        let mut path = path.clone();
+        path.push(format!("f:{name}"));
+        let mut names = names.to_vec();
+        names.push(name.clone());
+        collect(child, &path, &names, shape, set);
     }
 }
 
