@@ -76,23 +76,20 @@ pub fn evict(
 
     let budgets = matching_budgets(store, &pod);
     let mut delete = options.clone();
-    let mut spends_nothing = false;
-    let budget_name = match budgets.as_slice() {
-        [budget] => text(&budget["metadata"]["name"]).to_owned(),
-        _ => String::new(),
-    };
-    match budgets.as_slice() {
-        [] => {}
+    let (budget_name, spends_nothing) = match budgets.as_slice() {
+        [] => (String::new(), false),
         [budget] => {
-            if !is_ready(&pod) && unready_may_go(budget) {
-                spends_nothing = true;
+            let budget_name = text(&budget["metadata"]["name"]).to_owned();
+            let spends_nothing = !is_ready(&pod) && unready_may_go(budget);
+            if spends_nothing {
                 delete.preconditions.resource_version = Some(version_of(&pod));
             } else {
                 check_and_decrement(store, namespace, &budget_name, name, options.dry_run)?;
             }
+            (budget_name, spends_nothing)
         }
         _ => return Err(ApiError::failure_status(500, MULTIPLE_BUDGETS_MESSAGE)),
-    }
+    };
     match delete_with_condition(store, audit, &pod, &delete) {
         // The unready pod changed (it may be Ready now): the client must ask again.
         Err(error) if error.code == 409 && spends_nothing && !client_version => {

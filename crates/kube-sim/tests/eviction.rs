@@ -486,18 +486,18 @@ async fn deletes_below_desired_healthy_are_recorded() -> Result<()> {
             &serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}}))?,
         )
         .await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let status = budgets.get("web").await?.status;
-        if status.is_some_and(|s| s.current_healthy == 3 && s.desired_healthy == 2) {
-            break;
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "budget status never computed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let computed = kube::runtime::wait::await_condition(
+        budgets.clone(),
+        "web",
+        |budget: Option<&PodDisruptionBudget>| {
+            budget
+                .and_then(|b| b.status.as_ref())
+                .is_some_and(|s| s.current_healthy == 3 && s.desired_healthy == 2)
+        },
+    );
+    tokio::time::timeout(Duration::from_secs(10), computed)
+        .await
+        .context("budget status never computed")??;
     pods.delete("a", &DeleteParams::default()).await?;
     ensure!(
         sim.world().audit().violations().is_empty(),

@@ -415,6 +415,15 @@ async fn attached_pod(sim: &KubeSim, node: &str) -> Result<String> {
     Ok(name)
 }
 
+/// The node dies under its pod, whose object is then force-deleted (the KEP-2268 sequence).
+async fn kill_node_and_force_delete_pod(sim: &KubeSim, node: &str) -> Result<()> {
+    stop_kubelet(&Api::all(sim.client()), node).await?;
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    pods.delete("db", &DeleteParams::default().grace_period(0))
+        .await?;
+    Ok(())
+}
+
 async fn stop_kubelet(nodes: &Api<Node>, node: &str) -> Result<()> {
     nodes
         .patch(
@@ -458,10 +467,7 @@ async fn a_dead_nodes_volume_stays_attached_until_out_of_service() -> Result<()>
     let name = attached_pod(&sim, "node-0").await?;
     let client = sim.client();
     let nodes: Api<Node> = Api::all(client.clone());
-    stop_kubelet(&nodes, "node-0").await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    pods.delete("db", &DeleteParams::default().grace_period(0))
-        .await?;
+    kill_node_and_force_delete_pod(&sim, "node-0").await?;
     wait_until("node-0 to turn Unknown", || async {
         Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
     })
@@ -505,10 +511,7 @@ async fn a_dead_nodes_volume_detaches_after_the_unmount_wait() -> Result<()> {
     let name = attached_pod(&sim, "node-0").await?;
     let client = sim.client();
     let nodes: Api<Node> = Api::all(client.clone());
-    stop_kubelet(&nodes, "node-0").await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    pods.delete("db", &DeleteParams::default().grace_period(0))
-        .await?;
+    kill_node_and_force_delete_pod(&sim, "node-0").await?;
     let attachments: Api<VolumeAttachment> = Api::all(client);
     wait_until("the detach after the wait", || async {
         Ok(attachments.get_opt(&name).await?.is_none())
