@@ -22,4 +22,4 @@ pub mod tls;
 pub mod world;
 
 pub use server::{KubeSim, SimError, SimOptions};
-pub use world::{World, WorldOptions};
+pub use world::{ImageRule, World, WorldOptions};

@@ -37,6 +37,11 @@ enum Command {
         /// Serve HTTPS with a generated CA (put in the kubeconfig).
         #[arg(long)]
         tls: bool,
+        /// PATTERN=DIR: run containers whose image matches PATTERN (exact, or a prefix ending
+        /// in '*') as local processes, their command[0] (or the image name) taken from DIR;
+        /// `kubectl logs` shows their output. Repeatable. Example: 'busybox:*=/bin'.
+        #[arg(long = "run-image", value_name = "PATTERN=DIR")]
+        run_images: Vec<kube_sim::ImageRule>,
     },
 }
 
@@ -52,12 +57,17 @@ async fn main() -> Result<()> {
         nodes,
         pods_per_node,
         tls,
+        run_images,
     } = Cli::parse().command;
     let sim = KubeSim::start(SimOptions {
         listen,
         tls,
         nodes,
         pods_per_node,
+        world: kube_sim::WorldOptions {
+            run_images,
+            ..kube_sim::WorldOptions::default()
+        },
         ..SimOptions::default()
     })
     .await

@@ -22,6 +22,18 @@ pub struct ResourceType {
     pub categories: Vec<String>,
     /// Defined by a CRD (no strategic merge patch, schema from the CRD).
     pub custom: bool,
+    /// Where a `/scale` subresource finds its numbers, when the kind has one.
+    pub scale: Option<ScalePaths>,
+}
+
+/// A scale subresource's paths into the object (`.spec.replicas` style, as CRDs declare them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScalePaths {
+    pub spec_replicas: String,
+    pub status_replicas: String,
+    /// Where the label selector is read from, already in string form (custom resources); the
+    /// built-in kinds serialise their `spec.selector` instead.
+    pub label_selector: Option<String>,
 }
 
 impl ResourceType {
@@ -42,6 +54,57 @@ impl ResourceType {
     pub fn list_kind(&self) -> String {
         format!("{}List", self.kind)
     }
+
+    fn is(&self, group: &str, plural: &str) -> bool {
+        self.group == group && self.plural == plural
+    }
+
+    /// The subresources served for this kind, as discovery lists them.
+    pub fn subresources(&self) -> Vec<Subresource> {
+        let mut all = Vec::new();
+        if self.has_status {
+            all.push(Subresource {
+                name: "status",
+                response: None,
+                verbs: &["get", "patch", "update"],
+            });
+        }
+        if self.scale.is_some() {
+            all.push(Subresource {
+                name: "scale",
+                response: Some(("autoscaling", "v1", "Scale")),
+                verbs: &["get", "patch", "update"],
+            });
+        }
+        if self.is("", "pods") {
+            all.push(Subresource {
+                name: "eviction",
+                response: Some(("policy", "v1", "Eviction")),
+                verbs: &["create"],
+            });
+            all.push(Subresource {
+                name: "log",
+                response: None,
+                verbs: &["get"],
+            });
+        }
+        if self.is("", "serviceaccounts") {
+            all.push(Subresource {
+                name: "token",
+                response: Some(("authentication.k8s.io", "v1", "TokenRequest")),
+                verbs: &["create"],
+            });
+        }
+        all
+    }
+}
+
+/// A subresource: its name, the kind it answers with (`None`: the resource's own), its verbs.
+#[derive(Debug, Clone, Copy)]
+pub struct Subresource {
+    pub name: &'static str,
+    pub response: Option<(&'static str, &'static str, &'static str)>,
+    pub verbs: &'static [&'static str],
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -67,7 +130,19 @@ fn builtin(
         has_spec,
         categories: Vec::new(),
         custom: false,
+        scale: None,
     }
+}
+
+/// The resources of a group version with a status subresource and a spec, and none of them
+/// with short names: most of the built-in kinds added here.
+fn workload(group: &str, kind: &str, plural: &str, short: &[&str]) -> ResourceType {
+    builtin(group, "v1", kind, plural, true, short, true, true)
+}
+
+/// A kind with neither status nor generation (RBAC, Secrets, ...).
+fn plain(group: &str, kind: &str, plural: &str, namespaced: bool, short: &[&str]) -> ResourceType {
+    builtin(group, "v1", kind, plural, namespaced, short, false, false)
 }
 
 /// The built-in kinds, as their real API groups define them.
@@ -236,14 +311,83 @@ pub fn builtins() -> Vec<ResourceType> {
             false,
             false,
         ),
+        workload("", "Service", "services", &["svc"]),
+        plain("", "Secret", "secrets", true, &[]),
+        plain("", "Endpoints", "endpoints", true, &["ep"]),
+        workload("apps", "StatefulSet", "statefulsets", &["sts"]),
+        plain(
+            "apps",
+            "ControllerRevision",
+            "controllerrevisions",
+            true,
+            &[],
+        ),
+        workload("batch", "Job", "jobs", &[]),
+        workload("batch", "CronJob", "cronjobs", &["cj"]),
+        plain("rbac.authorization.k8s.io", "Role", "roles", true, &[]),
+        plain(
+            "rbac.authorization.k8s.io",
+            "RoleBinding",
+            "rolebindings",
+            true,
+            &[],
+        ),
+        plain(
+            "rbac.authorization.k8s.io",
+            "ClusterRole",
+            "clusterroles",
+            false,
+            &[],
+        ),
+        plain(
+            "rbac.authorization.k8s.io",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            false,
+            &[],
+        ),
+        builtin(
+            "apiregistration.k8s.io",
+            "v1",
+            "APIService",
+            "apiservices",
+            false,
+            &[],
+            true,
+            true,
+        ),
     ];
+    // Services have a spec but no generation (pkg/registry/core/service/strategy.go).
+    for kind in &mut all {
+        if kind.plural == "services" {
+            kind.has_spec = false;
+        }
+    }
     // `kubectl get all` lists the kinds in the "all" category.
     for kind in &mut all {
         if matches!(
             kind.plural.as_str(),
-            "pods" | "replicasets" | "daemonsets" | "deployments"
+            "pods"
+                | "services"
+                | "replicasets"
+                | "daemonsets"
+                | "deployments"
+                | "statefulsets"
+                | "jobs"
+                | "cronjobs"
         ) {
             kind.categories = vec!["all".to_owned()];
+        }
+        if matches!(
+            kind.plural.as_str(),
+            "replicasets" | "deployments" | "statefulsets"
+        ) && kind.group == "apps"
+        {
+            kind.scale = Some(ScalePaths {
+                spec_replicas: ".spec.replicas".to_owned(),
+                status_replicas: ".status.replicas".to_owned(),
+                label_selector: None,
+            });
         }
     }
     all
@@ -349,6 +493,16 @@ fn crd_types(crd: &Value) -> Vec<ResourceType> {
             has_spec: true,
             categories: categories.clone(),
             custom: true,
+            scale: version["subresources"]["scale"]
+                .as_object()
+                .map(|scale| ScalePaths {
+                    spec_replicas: text(&scale["specReplicasPath"]),
+                    status_replicas: text(&scale["statusReplicasPath"]),
+                    label_selector: scale
+                        .get("labelSelectorPath")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                }),
         })
         .collect()
 }

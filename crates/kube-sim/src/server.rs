@@ -39,6 +39,8 @@ pub enum SimError {
     Tls(#[from] crate::tls::TlsError),
     #[error("cannot build a client for the simulator: {0}")]
     Client(String),
+    #[error("cannot make a directory for container logs: {0}")]
+    Logs(#[source] std::io::Error),
     #[error("cannot populate the simulated cluster: {0}")]
     Populate(#[from] ApiError),
 }
@@ -103,9 +105,11 @@ impl KubeSim {
         let stop = CancellationToken::new();
         crate::populate::populate(&store, options.nodes, options.pods_per_node)?;
         let audit = crate::audit::Audit::default();
+        let logs = crate::world::Logs::new().map_err(SimError::Logs)?;
         let world = World::start(
             store.clone(),
             audit.clone(),
+            logs,
             &options.world,
             &stop.child_token(),
         );
@@ -127,6 +131,7 @@ impl KubeSim {
             store: store.clone(),
             faults: faults.clone(),
             audit: world.audit().clone(),
+            logs: world.logs().clone(),
             bookmark_interval: options.bookmark_interval,
         };
         let router = api::router(

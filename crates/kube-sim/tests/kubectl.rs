@@ -22,10 +22,16 @@ impl Drop for Sim {
 
 impl Sim {
     fn start(nodes: usize) -> Result<Self> {
+        Self::start_with(nodes, &[])
+    }
+
+    fn start_with(nodes: usize, extra: &[&str]) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig");
         let mut child = Command::new(env!("CARGO_BIN_EXE_kube-sim"))
-            .args(["serve", "--nodes", &nodes.to_string(), "--kubeconfig-out"])
+            .args(["serve", "--nodes", &nodes.to_string()])
+            .args(extra)
+            .arg("--kubeconfig-out")
             .arg(&kubeconfig)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -623,6 +629,284 @@ fn conformance_times_are_stored_as_the_go_types_serialise() -> Result<()> {
     let stderr = String::from_utf8_lossy(&output.stderr);
     ensure!(
         !output.status.success() && stderr.contains("cannot be handled as a Lease"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+// Conformance: workloads (pkg/controller/deployment, pkg/controller/statefulset,
+// pkg/registry/*/scale, pkg/apis/*/v1/defaults.go).
+
+const WORKLOADS: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {containers: [{name: c, image: nginx}]}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  replicas: 2
+  serviceName: db
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec: {containers: [{name: c, image: postgres}]}
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec: {containers: [{name: c, image: agent}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db}
+spec: {selector: {app: db}, ports: [{port: 5432}]}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: creds}
+stringData: {password: hunter2}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: once}
+spec:
+  template:
+    spec: {restartPolicy: Never, containers: [{name: c, image: busybox}]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: node-reader}
+rules: [{apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: node-reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: node-reader}
+subjects: [{kind: ServiceAccount, name: default, namespace: default}]
+"#;
+
+/// Deployments, StatefulSets and DaemonSets roll out as `kubectl rollout status` reads them,
+/// scale through `/scale`, and the other kinds a chart holds are stored with their defaults.
+#[test]
+fn conformance_workloads_roll_out_and_scale() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(2)?;
+    sim.apply(WORKLOADS)?;
+    for workload in ["deployment/web", "statefulset/db", "daemonset/agent"] {
+        sim.ok(&["rollout", "status", workload, "--timeout=60s"])?;
+    }
+    let pods = sim.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "app=db",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ])?;
+    ensure!(pods == "db-0 db-1", "{pods}");
+    let claims = sim.ok(&[
+        "get",
+        "pvc",
+        "data-db-0",
+        "data-db-1",
+        "-o",
+        "jsonpath={.items[*].status.phase}",
+    ])?;
+    ensure!(claims == "Bound Bound", "{claims}");
+    let volume = sim.ok(&[
+        "get",
+        "pod",
+        "db-0",
+        "-o",
+        "jsonpath={.spec.volumes[0].persistentVolumeClaim.claimName}",
+    ])?;
+    ensure!(volume == "data-db-0", "{volume}");
+    sim.ok(&["scale", "deployment", "web", "--replicas=3"])?;
+    sim.ok(&["rollout", "status", "deployment/web", "--timeout=60s"])?;
+    let ready = sim.ok(&[
+        "get",
+        "deployment",
+        "web",
+        "-o",
+        "jsonpath={.status.readyReplicas}",
+    ])?;
+    ensure!(ready == "3", "{ready}");
+    let replica_sets = sim.ok(&[
+        "get",
+        "rs",
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={.items[*].spec.replicas}",
+    ])?;
+    ensure!(replica_sets == "3", "{replica_sets}");
+    sim.ok(&["scale", "statefulset", "db", "--replicas=3"])?;
+    sim.ok(&["rollout", "status", "statefulset/db", "--timeout=60s"])?;
+    let strategy = sim.ok(&[
+        "get",
+        "daemonset",
+        "agent",
+        "-o",
+        "jsonpath={.spec.updateStrategy.type}",
+    ])?;
+    ensure!(strategy == "RollingUpdate", "{strategy}");
+    let address = sim.ok(&[
+        "get",
+        "service",
+        "db",
+        "-o",
+        "jsonpath={.spec.clusterIP} {.spec.ports[0].targetPort}",
+    ])?;
+    ensure!(
+        address.starts_with("10.96.") && address.ends_with(" 5432"),
+        "{address}"
+    );
+    let secret = sim.ok(&["get", "secret", "creds", "-o", "jsonpath={.type}"])?;
+    ensure!(secret == "Opaque", "{secret}");
+    let selector = sim.ok(&[
+        "get",
+        "job",
+        "once",
+        "-o",
+        "jsonpath={.spec.selector.matchLabels}",
+    ])?;
+    ensure!(
+        selector.contains("batch.kubernetes.io/controller-uid"),
+        "{selector}"
+    );
+    let kinds = sim.ok(&[
+        "get",
+        "clusterrole,clusterrolebinding,apiservices",
+        "-o",
+        "name",
+    ])?;
+    for expected in [
+        "clusterrole.rbac.authorization.k8s.io/cluster-admin",
+        "clusterrolebinding.rbac.authorization.k8s.io/node-reader",
+        "apiservice.apiregistration.k8s.io/v1.apps",
+    ] {
+        ensure!(kinds.contains(expected), "{expected} missing from {kinds}");
+    }
+    let output = sim.kubectl(&["create", "-f", "-"])?;
+    ensure!(!output.status.success(), "an empty create must fail");
+    Ok(())
+}
+
+/// A StatefulSet pod stuck Terminating on a node whose kubelet is gone blocks its ordinal: the
+/// replacement comes only once the old pod object is gone (the case KEP-2268 exists for).
+#[test]
+fn conformance_statefulset_replaces_a_pod_only_after_it_is_gone() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    sim.apply(WORKLOADS)?;
+    sim.ok(&["rollout", "status", "statefulset/db", "--timeout=60s"])?;
+    let old = sim.ok(&["get", "pod", "db-0", "-o", "jsonpath={.metadata.uid}"])?;
+    sim.ok(&[
+        "annotate",
+        "node",
+        "node-0",
+        "sim.nodegrace.io/kubelet=stopped",
+    ])?;
+    sim.ok(&["delete", "pod", "db-0", "--wait=false"])?;
+    // Scaling up makes the controller look at the set again; db-2 must wait behind db-0.
+    sim.ok(&["scale", "statefulset", "db", "--replicas=3"])?;
+    sim.wait_for("the scale to be observed", Duration::from_secs(30), |sim| {
+        Ok(sim.ok(&[
+            "get",
+            "sts",
+            "db",
+            "-o",
+            "jsonpath={.status.observedGeneration}",
+        ])? == "2")
+    })?;
+    let still = sim.ok(&[
+        "get",
+        "pod",
+        "db-0",
+        "-o",
+        "jsonpath={.metadata.uid} {.metadata.deletionTimestamp}",
+    ])?;
+    ensure!(
+        still.starts_with(&old) && still.len() > old.len() + 1,
+        "{still}"
+    );
+    let pods = sim.ok(&["get", "pods", "-l", "app=db", "-o", "name"])?;
+    ensure!(!pods.contains("db-2"), "{pods}");
+    sim.ok(&["delete", "pod", "db-0", "--force", "--grace-period=0"])?;
+    sim.ok(&["annotate", "node", "node-0", "sim.nodegrace.io/kubelet-"])?;
+    sim.wait_for("a new db-0", Duration::from_secs(30), |sim| {
+        let uid = sim.ok(&[
+            "get",
+            "pods",
+            "-l",
+            "app=db",
+            "-o",
+            "jsonpath={.items[?(@.metadata.name==\"db-0\")].metadata.uid}",
+        ])?;
+        Ok(!uid.is_empty() && uid != old)
+    })?;
+    let claim = sim.ok(&[
+        "get",
+        "pod",
+        "db-0",
+        "-o",
+        "jsonpath={.spec.volumes[0].persistentVolumeClaim.claimName}",
+    ])?;
+    ensure!(
+        claim == "data-db-0",
+        "the replacement keeps its claim: {claim}"
+    );
+    Ok(())
+}
+
+/// Containers of mapped images run as processes: `kubectl logs` shows their output, the pod
+/// ends Succeeded, and a container that exits under restartPolicy Always backs off.
+#[test]
+fn conformance_logs_of_containers_run_as_processes() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start_with(1, &["--run-image", "busybox:*=/bin"])?;
+    sim.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: counter}\nspec:\n  restartPolicy: Never\n  \
+         containers: [{name: c, image: 'busybox:stable', command: [sh, -c, 'for i in 1 2 3; do echo line $i; done']}]\n\
+         ---\napiVersion: v1\nkind: Pod\nmetadata: {name: crasher}\nspec:\n  \
+         containers: [{name: c, image: 'busybox:stable', command: [sh, -c, 'echo bye; exit 3']}]\n",
+    )?;
+    sim.wait_for("counter to succeed", Duration::from_secs(30), |sim| {
+        Ok(sim.ok(&["get", "pod", "counter", "-o", "jsonpath={.status.phase}"])? == "Succeeded")
+    })?;
+    let logs = sim.ok(&["logs", "counter"])?;
+    ensure!(logs == "line 1\nline 2\nline 3\n", "{logs:?}");
+    let tail = sim.ok(&["logs", "counter", "--tail=1"])?;
+    ensure!(tail == "line 3\n", "{tail:?}");
+    sim.wait_for("crasher to back off", Duration::from_secs(30), |sim| {
+        let state = sim.ok(&["get", "pod", "crasher", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.reason} {.status.containerStatuses[0].lastState.terminated.exitCode}"])?;
+        Ok(state == "CrashLoopBackOff 3")
+    })?;
+    let output = sim.kubectl(&["logs", "counter", "-c", "nope"])?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        stderr.contains("container nope is not valid for pod counter"),
         "{stderr}"
     );
     Ok(())

@@ -1,11 +1,11 @@
-//! Discovery: `/version`, `/api`, `/apis` and per-group resource lists, in the legacy
-//! (non-aggregated) form that kubectl and kube-rs fall back to.
+//! Discovery: `/version`, `/api`, `/apis` and per-group resource lists, in the aggregated form
+//! (apidiscovery.k8s.io/v2) that kubectl and kube-rs ask for first, and the legacy form.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::resources::Registry;
+use crate::resources::{Registry, ResourceType};
 
 pub fn version() -> Value {
     json!({
@@ -64,6 +64,14 @@ const VERBS: [&str; 8] = [
     "watch",
 ];
 
+fn scope(kind: &ResourceType) -> &'static str {
+    if kind.namespaced {
+        "Namespaced"
+    } else {
+        "Cluster"
+    }
+}
+
 pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Value {
     let mut resources = Vec::new();
     for kind in registry
@@ -85,25 +93,20 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Value {
             resource["categories"] = json!(kind.categories);
         }
         resources.push(resource);
-        if kind.has_status {
-            resources.push(json!({
-                "name": format!("{}/status", kind.plural),
+        for sub in kind.subresources() {
+            let mut entry = json!({
+                "name": format!("{}/{}", kind.plural, sub.name),
                 "singularName": "",
                 "namespaced": kind.namespaced,
                 "kind": kind.kind,
-                "verbs": ["get", "patch", "update"],
-            }));
-        }
-        if kind.group.is_empty() && kind.plural == "pods" {
-            resources.push(json!({
-                "name": "pods/eviction",
-                "singularName": "",
-                "namespaced": true,
-                "group": "policy",
-                "version": "v1",
-                "kind": "Eviction",
-                "verbs": ["create"],
-            }));
+                "verbs": sub.verbs,
+            });
+            if let Some((group, version, response)) = sub.response {
+                entry["group"] = json!(group);
+                entry["version"] = json!(version);
+                entry["kind"] = json!(response);
+            }
+            resources.push(entry);
         }
     }
     let group_version = if group.is_empty() {
@@ -112,4 +115,111 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Value {
         format!("{group}/{version}")
     };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources})
+}
+
+/// The aggregated discovery version a client asked for in its Accept header
+/// (`application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList`), in its order of
+/// preference; `None` for the legacy documents.
+pub fn aggregated_wanted(accept: &str) -> Option<&'static str> {
+    accept.split(',').find_map(|media| {
+        let params: Vec<&str> = media.split(';').map(str::trim).collect();
+        let has = |p: &str| params.contains(&p);
+        if !(has("g=apidiscovery.k8s.io") && has("as=APIGroupDiscoveryList")) {
+            return None;
+        }
+        if has("v=v2") {
+            Some("v2")
+        } else if has("v=v2beta1") {
+            Some("v2beta1")
+        } else {
+            None
+        }
+    })
+}
+
+/// The Content-Type of an aggregated discovery answer (clients check it to tell the two forms
+/// apart).
+pub fn aggregated_content_type(version: &str) -> String {
+    format!("application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList")
+}
+
+/// A group's versions in preference order, each with its resources.
+type Versions = Vec<(String, Vec<Value>)>;
+
+/// Aggregated discovery (apiserver/pkg/endpoints/discovery/aggregated): every group, version and
+/// resource in one document; `/api` holds the core group, `/apis` all others.
+pub fn aggregated(registry: &Registry, core: bool, version: &str) -> Value {
+    let mut groups: BTreeMap<String, Versions> = BTreeMap::new();
+    for kind in registry.all() {
+        if kind.group.is_empty() != core {
+            continue;
+        }
+        let versions = groups.entry(kind.group.clone()).or_default();
+        let index = versions
+            .iter()
+            .position(|(v, _)| *v == kind.version)
+            .unwrap_or_else(|| {
+                versions.push((kind.version.clone(), Vec::new()));
+                versions.len() - 1
+            });
+        versions[index].1.push(aggregated_resource(&kind));
+    }
+    let items: Vec<Value> = groups
+        .into_iter()
+        .map(|(group, versions)| {
+            let mut metadata = json!({"creationTimestamp": null});
+            if !group.is_empty() {
+                metadata["name"] = json!(group);
+            }
+            let versions: Vec<Value> = versions
+                .into_iter()
+                .map(|(version, resources)| {
+                    json!({"version": version, "resources": resources, "freshness": "Current"})
+                })
+                .collect();
+            json!({"metadata": metadata, "versions": versions})
+        })
+        .collect();
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": format!("apidiscovery.k8s.io/{version}"),
+        "metadata": {},
+        "items": items,
+    })
+}
+
+fn aggregated_resource(kind: &ResourceType) -> Value {
+    let mut resource = json!({
+        "resource": kind.plural,
+        "responseKind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
+        "scope": scope(kind),
+        "singularResource": kind.singular,
+        "verbs": VERBS,
+    });
+    if !kind.short_names.is_empty() {
+        resource["shortNames"] = json!(kind.short_names);
+    }
+    if !kind.categories.is_empty() {
+        resource["categories"] = json!(kind.categories);
+    }
+    let subresources: Vec<Value> = kind
+        .subresources()
+        .iter()
+        .map(|sub| {
+            let (group, version, response) = sub.response.unwrap_or((
+                kind.group.as_str(),
+                kind.version.as_str(),
+                kind.kind.as_str(),
+            ));
+            json!({
+                "subresource": sub.name,
+                "responseKind": {"group": group, "version": version, "kind": response},
+                "verbs": sub.verbs,
+            })
+        })
+        .collect();
+    if !subresources.is_empty() {
+        resource["subresources"] = json!(subresources);
+    }
+    resource
 }

@@ -3,9 +3,13 @@
 
 mod discovery;
 mod event_view;
+mod logs;
 mod objects;
 mod query;
+mod render;
+mod scale;
 mod table;
+mod token;
 mod watch;
 
 use std::sync::Arc;
@@ -30,6 +34,8 @@ pub struct App {
     pub store: Store,
     pub faults: Faults,
     pub audit: crate::audit::Audit,
+    /// Where the kubelet's container logs are (`pods/log`).
+    pub logs: crate::world::Logs,
     /// How often watches that allow bookmarks get one.
     pub bookmark_interval: std::time::Duration,
 }
@@ -128,7 +134,22 @@ async fn serve(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let (method, body, bookkeeping) = admitted(app, method, &target, query, headers, body).await?;
-    dispatch(app, &method, target, query, headers, &body, bookkeeping)
+    let writes_object = matches!(target, Target::Object { .. }) && method != Method::GET;
+    let response = dispatch(app, &method, target, query, headers, &body, bookkeeping)?;
+    if writes_object && render::Rendering::from_headers(headers) == render::Rendering::Metadata {
+        return Ok(metadata_only(response).await);
+    }
+    Ok(response)
+}
+
+/// A written object's answer, reduced to its metadata for a client that asked for that.
+async fn metadata_only(response: Response) -> Response {
+    let (parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    let body = render::partial_body(&bytes).map_or_else(|| Body::from(bytes), Body::from);
+    Response::from_parts(parts, body)
 }
 
 /// The core Event target behind a request to the events.k8s.io view (see event_view.rs).
@@ -203,9 +224,15 @@ async fn admitted(
         serde_json::from_slice(bytes)
             .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
     };
+    // The scale subresource is admitted as the Scale it shows, like its writes.
+    let scale = sub == Some("scale");
     let old = match name {
         Some(name) if !eviction => app.store.get(kind, namespace, name).ok(),
         _ => None,
+    };
+    let old = match old {
+        Some(object) if scale => Some(Arc::new(scale::view(kind, &object)?)),
+        other => other,
     };
     let (operation, object) = match *method {
         Method::POST => (Operation::Create, parse(&body)?),
@@ -225,7 +252,7 @@ async fn admitted(
                 .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
             let patch = crate::patch::parse_body(patch_type, &body)?;
             match &old {
-                Some(current) if patch_type == crate::patch::PatchType::Apply => (
+                Some(current) if patch_type == crate::patch::PatchType::Apply && !scale => (
                     Operation::Update,
                     objects::resolve_apply(app, kind, sub, query, headers, current, &patch)?,
                 ),
@@ -248,7 +275,13 @@ async fn admitted(
         subresource: sub,
         namespace,
         name: &object_name,
-        object_kind: eviction.then_some(("policy", "v1", "Eviction")),
+        object_kind: if eviction {
+            Some(("policy", "v1", "Eviction"))
+        } else if scale {
+            Some(("autoscaling", "v1", "Scale"))
+        } else {
+            None
+        },
         old: old.as_deref(),
         dry_run: query.dry_run(),
     };
@@ -367,7 +400,7 @@ fn dispatch(
     body: &Bytes,
     bookkeeping: objects::Bookkeeping,
 ) -> Result<Response, ApiError> {
-    let as_table = table::wanted(headers);
+    let rendering = render::Rendering::from_headers(headers);
     match target {
         Target::Version => Ok(json_response(StatusCode::OK, &discovery::version())),
         // An empty OpenAPI v2 document (an empty protobuf message): kubectl then finds no schema
@@ -381,11 +414,33 @@ fn dispatch(
             Body::empty(),
         )
             .into_response()),
-        Target::ApiVersions => Ok(json_response(StatusCode::OK, &discovery::api_versions())),
-        Target::ApiGroups => Ok(json_response(
-            StatusCode::OK,
-            &discovery::api_groups(app.store.registry()),
-        )),
+        Target::ApiVersions | Target::ApiGroups => {
+            let core = matches!(target, Target::ApiVersions);
+            let accept = headers
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            if let Some(version) = discovery::aggregated_wanted(accept) {
+                let document = discovery::aggregated(app.store.registry(), core, version);
+                let mut response = json_response(StatusCode::OK, &document);
+                if let Ok(content_type) =
+                    header::HeaderValue::from_str(&discovery::aggregated_content_type(version))
+                {
+                    response
+                        .headers_mut()
+                        .insert(header::CONTENT_TYPE, content_type);
+                }
+                return Ok(response);
+            }
+            Ok(json_response(
+                StatusCode::OK,
+                &if core {
+                    discovery::api_versions()
+                } else {
+                    discovery::api_groups(app.store.registry())
+                },
+            ))
+        }
         Target::ResourceList { group, version } => Ok(json_response(
             StatusCode::OK,
             &discovery::resource_list(app.store.registry(), &group, &version),
@@ -394,9 +449,9 @@ fn dispatch(
             let namespace = namespace.as_deref();
             match *method {
                 Method::GET if query.is_watch() => {
-                    watch::serve(app, &kind, namespace, query, as_table)
+                    watch::serve(app, &kind, namespace, query, rendering)
                 }
-                Method::GET => objects::list(app, &kind, namespace, query, as_table),
+                Method::GET => objects::list(app, &kind, namespace, query, rendering),
                 Method::POST => objects::create(app, &kind, namespace, query, headers, body),
                 Method::DELETE => objects::delete_collection(app, &kind, namespace, query, body),
                 _ => Err(ApiError::method_not_allowed(format!(
@@ -421,6 +476,23 @@ fn dispatch(
                 {
                     return objects::evict(app, namespace.unwrap_or_default(), &name, query, body);
                 }
+                Some("scale") if kind.scale.is_some() => {
+                    return scale::serve(
+                        app, method, &kind, namespace, &name, query, headers, body,
+                    );
+                }
+                Some("log")
+                    if kind.group.is_empty() && kind.plural == "pods" && *method == Method::GET =>
+                {
+                    return logs::serve(app, namespace.unwrap_or_default(), &name, query);
+                }
+                Some("token")
+                    if kind.group.is_empty()
+                        && kind.plural == "serviceaccounts"
+                        && *method == Method::POST =>
+                {
+                    return token::create(app, namespace.unwrap_or_default(), &name, body);
+                }
                 Some(other) => {
                     return Err(ApiError::not_found(
                         &kind.group,
@@ -430,7 +502,7 @@ fn dispatch(
                 }
             };
             match *method {
-                Method::GET => objects::get(app, &kind, namespace, &name, as_table),
+                Method::GET => objects::get(app, &kind, namespace, &name, rendering),
                 Method::PUT => objects::update(
                     app,
                     &kind,

@@ -9,6 +9,7 @@ use axum::response::Response;
 use base64::Engine;
 use serde_json::{Value, json};
 
+use super::render::{self, Rendering};
 use super::{App, Query, bytes_response, json_response, table};
 use crate::error::ApiError;
 use crate::managed_fields::{self, Scope, Shape, Writer};
@@ -45,10 +46,13 @@ pub fn get(
     kind: &ResourceType,
     namespace: Option<&str>,
     name: &str,
-    as_table: bool,
+    rendering: Rendering,
 ) -> Result<Response, ApiError> {
     let object = app.store.get(kind, namespace, name)?;
-    if as_table {
+    if rendering == Rendering::Metadata {
+        return Ok(json_response(StatusCode::OK, &render::partial(&object)));
+    }
+    if rendering == Rendering::Table {
         let revision = object["metadata"]["resourceVersion"]
             .as_str()
             .unwrap_or_default()
@@ -87,7 +91,7 @@ pub fn list(
     kind: &ResourceType,
     namespace: Option<&str>,
     query: &Query,
-    as_table: bool,
+    rendering: Rendering,
 ) -> Result<Response, ApiError> {
     let matches = filter(kind, query)?;
     let after = query.get("continue").map(decode_continue).transpose()?;
@@ -96,12 +100,21 @@ pub fn list(
         .list(kind, namespace, after.as_ref(), query.limit()?, &matches);
     let revision = page.resource_version.to_string();
     let next = page.next.as_ref().map(encode_continue);
-    if as_table {
+    if rendering == Rendering::Table {
         return Ok(json_response(
             StatusCode::OK,
             &table::table(kind, &page.items, &revision, next.as_deref()),
         ));
     }
+    let metadata_only = rendering == Rendering::Metadata;
+    let (list_kind, api_version) = if metadata_only {
+        (
+            "PartialObjectMetadataList".to_owned(),
+            "meta.k8s.io/v1".to_owned(),
+        )
+    } else {
+        (kind.list_kind(), kind.api_version())
+    };
     // Written by hand so the items are serialised straight from the store, without a copy.
     let mut body = Vec::with_capacity(256 + page.items.len() * 1024);
     let mut metadata = json!({"resourceVersion": revision});
@@ -110,10 +123,7 @@ pub fn list(
     }
     body.extend_from_slice(
         format!(
-            "{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[",
-            kind.list_kind(),
-            kind.api_version(),
-            metadata
+            "{{\"kind\":\"{list_kind}\",\"apiVersion\":\"{api_version}\",\"metadata\":{metadata},\"items\":[",
         )
         .as_bytes(),
     );
@@ -121,7 +131,12 @@ pub fn list(
         if index > 0 {
             body.push(b',');
         }
-        serde_json::to_writer(&mut body, &**item).map_err(|e| ApiError::internal(e.to_string()))?;
+        let written = if metadata_only {
+            serde_json::to_writer(&mut body, &render::partial(item))
+        } else {
+            serde_json::to_writer(&mut body, &**item)
+        };
+        written.map_err(|e| ApiError::internal(e.to_string()))?;
     }
     body.extend_from_slice(b"]}");
     Ok(bytes_response(StatusCode::OK, body))
@@ -298,6 +313,33 @@ pub fn update(
         StatusCode::OK,
         serde_json::to_vec(&*updated).unwrap_or_default(),
     ))
+}
+
+/// Writes the main object as `change` makes it of the current one, admitted and its fields
+/// recorded as a PUT's are (for subresources that write into the object, like `/scale`).
+pub fn update_main_with(
+    app: &App,
+    kind: &ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+    query: &Query,
+    headers: &HeaderMap,
+    change: impl FnOnce(&Value) -> Result<Value, ApiError>,
+) -> Result<Arc<Value>, ApiError> {
+    let schema = Schema::of(app, kind)?;
+    let manager = manager(query, headers);
+    let writer = Writer {
+        manager: &manager,
+        api_version: &kind.api_version(),
+        scope: scope(kind, Part::Main),
+    };
+    app.store
+        .update(kind, namespace, name, Part::Main, |current| {
+            let mut object = change(current)?;
+            schema.admit(kind, &mut object, Some(current), query)?;
+            managed_fields::record_update(Some(current), &mut object, &writer, schema.shape());
+            Ok(object)
+        })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -2,18 +2,9 @@
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, header};
 use serde_json::{Value, json};
 
 use crate::resources::ResourceType;
-
-/// Whether the client asked for a Table (kubectl's Accept header lists it first).
-pub fn wanted(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|accept| accept.to_str().ok())
-        .is_some_and(|accept| accept.contains("as=Table"))
-}
 
 fn column(name: &str, kind: &str, description: &str, priority: i64) -> Value {
     json!({"name": name, "type": kind, "format": if name == "Name" { "name" } else { "" }, "description": description, "priority": priority})

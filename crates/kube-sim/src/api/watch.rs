@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 
+use super::render::{self, Rendering};
 use super::{App, Query, objects, table};
 use crate::error::ApiError;
 use crate::resources::ResourceType;
@@ -23,7 +24,7 @@ pub fn serve(
     kind: &Arc<ResourceType>,
     namespace: Option<&str>,
     query: &Query,
-    as_table: bool,
+    rendering: Rendering,
 ) -> Result<Response, ApiError> {
     let matches = objects::filter(kind, query)?;
     let from = query.resource_version()?;
@@ -47,7 +48,7 @@ pub fn serve(
         namespace: namespace.map(str::to_owned),
         matches: Box::new(matches),
         filtered: query.get("labelSelector").is_some() || query.get("fieldSelector").is_some(),
-        as_table,
+        rendering,
         bookmarks: query
             .flag("allowWatchBookmarks")
             .then_some(app.bookmark_interval),
@@ -87,7 +88,7 @@ struct Watch {
     matches: Box<dyn Fn(&Value) -> bool + Send>,
     /// With selectors, objects can enter and leave the watched set.
     filtered: bool,
-    as_table: bool,
+    rendering: Rendering,
     bookmarks: Option<Duration>,
     timeout: Option<Duration>,
     closed: tokio::sync::watch::Receiver<u64>,
@@ -95,14 +96,16 @@ struct Watch {
 
 impl Watch {
     fn line(&self, kind: &str, object: &Arc<Value>) -> Bytes {
-        let object = if self.as_table && kind != "BOOKMARK" {
-            let revision = object["metadata"]["resourceVersion"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            table::table(&self.kind, std::slice::from_ref(object), &revision, None)
-        } else {
-            (**object).clone()
+        let object = match self.rendering {
+            Rendering::Table if kind != "BOOKMARK" => {
+                let revision = object["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                table::table(&self.kind, std::slice::from_ref(object), &revision, None)
+            }
+            Rendering::Metadata => render::partial(object),
+            _ => (**object).clone(),
         };
         let mut line =
             serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();

@@ -4,9 +4,11 @@
 //! One lock orders every write, which is what makes the resourceVersion global and watch event
 //! order identical to commit order, as etcd gives the real API server.
 
+mod bootstrap;
 mod delete;
 pub(crate) mod strategy;
 pub mod timestamps;
+mod workload_defaults;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
@@ -155,6 +157,7 @@ impl Store {
                 .create(&namespaces, None, object)
                 .expect("the initial namespaces are valid");
         }
+        bootstrap::bootstrap(&store);
         store
     }
 

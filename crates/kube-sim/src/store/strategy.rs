@@ -107,7 +107,10 @@ pub fn prepare_create(
         name = format!("{prefix}{}", generated_suffix());
         metadata["name"] = Value::String(name.clone());
     }
-    if !is_dns_subdomain(&name) {
+    // An APIService is named `<version>.<group>`: `v1.` for the core group.
+    let core_api_service =
+        kind.plural == "apiservices" && name.strip_suffix('.').is_some_and(is_dns_subdomain);
+    if !is_dns_subdomain(&name) && !core_api_service {
         return Err(invalid(
             kind,
             &name,
@@ -154,6 +157,9 @@ pub fn prepare_create(
             object["spec"] = json!({"finalizers": ["kubernetes"]});
             object["status"] = json!({"phase": "Active"});
             label_namespace(object, &name);
+        }
+        ("apps" | "batch", _) | ("", "services" | "secrets") => {
+            super::workload_defaults::apply(kind, object)?;
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             object["status"] = json!({
@@ -267,7 +273,8 @@ fn reset_status(kind: &ResourceType, object: &mut Value) {
         ("policy", "poddisruptionbudgets") => {
             json!({"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0})
         }
-        ("apps", "replicasets") => json!({"replicas": 0}),
+        ("apps", "replicasets" | "statefulsets") => json!({"replicas": 0, "availableReplicas": 0}),
+        ("", "services") => json!({"loadBalancer": {}}),
         ("apps", "daemonsets") => {
             json!({"currentNumberScheduled": 0, "numberMisscheduled": 0, "desiredNumberScheduled": 0, "numberReady": 0})
         }

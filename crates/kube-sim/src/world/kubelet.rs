@@ -13,11 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
+use super::runtime::{Exit, Logs, Runtime};
 use super::{KUBELET_ANNOTATION, READY_AFTER_ANNOTATION, STOP_SECONDS_ANNOTATION, WorldOptions};
 use crate::store::strategy::now_rfc3339;
 use crate::store::{DeleteOptions, Part, Preconditions, Store};
@@ -37,6 +39,13 @@ enum Action {
         uid: String,
         killed: bool,
     },
+    /// A container process's back-off is over: run it again.
+    Restart {
+        namespace: String,
+        name: String,
+        uid: String,
+        container: String,
+    },
     /// Renew every running kubelet's node lease.
     RenewLeases,
 }
@@ -47,6 +56,9 @@ struct Kubelets {
     timers: DelayQueue<Action>,
     /// Pending stops by pod UID, with the moment they fire, so a shorter grace can move them.
     stops: HashMap<String, (delay_queue::Key, tokio::time::Instant)>,
+    runtime: Runtime,
+    /// Exit codes of container processes, by pod UID and container, for the pod's final status.
+    exit_codes: HashMap<(String, String), i32>,
 }
 
 fn seconds_annotation(object: &Value, annotation: &str) -> Duration {
@@ -68,6 +80,11 @@ fn terminal(pod: &Value) -> bool {
     )
 }
 
+/// The reason a runtime gives a terminated container.
+fn exit_reason(code: i32) -> &'static str {
+    if code == 0 { "Completed" } else { "Error" }
+}
+
 fn container_names(pod: &Value) -> Vec<String> {
     pod["spec"]["containers"]
         .as_array()
@@ -77,15 +94,29 @@ fn container_names(pod: &Value) -> Vec<String> {
         .collect()
 }
 
-pub async fn run(store: Store, options: WorldOptions, stop: CancellationToken) {
+fn containers(pod: &Value) -> impl Iterator<Item = &Value> {
+    pod["spec"]["containers"].as_array().into_iter().flatten()
+}
+
+/// The kubelet's crash-loop back-off: 10 s doubling per restart, at most 5 minutes.
+fn restart_backoff(restarts: u32) -> Duration {
+    Duration::from_secs(10)
+        .saturating_mul(2u32.saturating_pow(restarts))
+        .min(Duration::from_secs(300))
+}
+
+pub async fn run(store: Store, options: WorldOptions, logs: Logs, stop: CancellationToken) {
     let Ok(subscription) = store.subscribe(0) else {
         return;
     };
+    let (runtime, mut exits) = Runtime::new(options.run_images.clone(), logs);
     let mut kubelets = Kubelets {
         store: store.clone(),
         options,
         timers: DelayQueue::new(),
         stops: HashMap::new(),
+        runtime,
+        exit_codes: HashMap::new(),
     };
     kubelets.timers.insert(Action::RenewLeases, Duration::ZERO);
     for pod in store.all(&store.kind("", "pods")) {
@@ -96,6 +127,7 @@ pub async fn run(store: Store, options: WorldOptions, stop: CancellationToken) {
         tokio::select! {
             () = stop.cancelled() => return,
             Some(expired) = kubelets.timers.next() => kubelets.act(expired.into_inner()),
+            Some(exit) = exits.recv() => kubelets.container_exited(exit),
             received = live.recv() => match received {
                 Ok(change) if change.collection == "/pods" && change.kind == crate::store::ChangeKind::Deleted => kubelets.pod_gone(&change.object),
                 Ok(change) if change.collection == "/pods" => kubelets.pod_changed(&change.object),
@@ -138,10 +170,17 @@ impl Kubelets {
             }
             let grace =
                 Duration::from_secs(meta["deletionGracePeriodSeconds"].as_u64().unwrap_or(0));
-            let stop_after = seconds_annotation(pod, STOP_SECONDS_ANNOTATION).min(grace);
-            let killed = seconds_annotation(pod, STOP_SECONDS_ANNOTATION) > grace;
+            let processes = self.runtime.any_running(&uid);
+            // Processes end when they end, or are killed when the grace is over.
+            let stop_after = if processes {
+                grace
+            } else {
+                seconds_annotation(pod, STOP_SECONDS_ANNOTATION).min(grace)
+            };
+            let killed = processes || seconds_annotation(pod, STOP_SECONDS_ANNOTATION) > grace;
             let due = tokio::time::Instant::now() + stop_after;
             if !self.stops.contains_key(&uid) {
+                self.runtime.signal(&uid, Signal::SIGTERM);
                 for container in container_names(pod) {
                     self.record(
                         pod,
@@ -202,6 +241,7 @@ impl Kubelets {
                 );
             }
             self.start(&namespace, &name, &uid);
+            self.start_processes(&namespace, &name, &uid);
             self.sync_volumes_in_use(&node, pod);
             let ready_after = seconds_annotation(pod, READY_AFTER_ANNOTATION);
             self.timers.insert(
@@ -215,8 +255,12 @@ impl Kubelets {
         }
     }
 
-    /// A pod object is gone: its node's kubelet forgets its volumes.
+    /// A pod object is gone: its processes are killed and its node's kubelet forgets its
+    /// volumes.
     fn pod_gone(&mut self, pod: &Arc<Value>) {
+        let uid = text(&pod["metadata"]["uid"]);
+        self.runtime.signal(&uid, Signal::SIGKILL);
+        self.exit_codes.retain(|(pod, _), _| *pod != uid);
         let node = text(&pod["spec"]["nodeName"]);
         if !node.is_empty() && self.kubelet_running(&node) {
             self.sync_volumes_in_use(&node, pod);
@@ -306,6 +350,7 @@ impl Kubelets {
                 killed,
             } => {
                 self.stops.remove(&uid);
+                self.runtime.signal(&uid, Signal::SIGKILL);
                 let pods = self.store.kind("", "pods");
                 let stopped = self.finish(&namespace, &name, &uid, killed);
                 if let Some(pod) = &stopped {
@@ -321,6 +366,12 @@ impl Kubelets {
                 // Gone already, or replaced by a namesake: nothing left to stop.
                 let _ = self.store.delete(&pods, Some(&namespace), &name, &options);
             }
+            Action::Restart {
+                namespace,
+                name,
+                uid,
+                container,
+            } => self.restart(&namespace, &name, &uid, &container),
             Action::RenewLeases => {
                 self.renew_leases();
                 self.timers
@@ -356,13 +407,25 @@ impl Kubelets {
                     return Ok(updated);
                 }
                 let now = now_rfc3339();
-                let (code, reason) = if killed { (137, "Error") } else { (0, "Completed") };
+                let mut all_succeeded = true;
                 if let Some(statuses) = updated["status"]["containerStatuses"].as_array_mut() {
                     for status in statuses {
+                        if let Some(code) = status["state"]["terminated"]["exitCode"].as_i64() {
+                            // Ended before the deletion, as a process does.
+                            all_succeeded &= code == 0;
+                            continue;
+                        }
+                        let container = text(&status["name"]);
+                        let code = self
+                            .exit_codes
+                            .get(&(uid.to_owned(), container))
+                            .copied()
+                            .unwrap_or(if killed { 137 } else { 0 });
+                        all_succeeded &= code == 0;
                         let started = status["state"]["running"]["startedAt"].clone();
                         status["ready"] = json!(false);
                         status["started"] = json!(false);
-                        status["state"] = json!({"terminated": {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": now}});
+                        status["state"] = json!({"terminated": {"exitCode": code, "reason": exit_reason(code), "startedAt": started, "finishedAt": now}});
                     }
                 }
                 if let Some(conditions) = updated["status"]["conditions"].as_array_mut() {
@@ -377,7 +440,8 @@ impl Kubelets {
                         }
                     }
                 }
-                updated["status"]["phase"] = json!(if killed { "Failed" } else { "Succeeded" });
+                updated["status"]["phase"] =
+                    json!(if all_succeeded { "Succeeded" } else { "Failed" });
                 Ok(updated)
             })
             .ok()
@@ -408,10 +472,16 @@ impl Kubelets {
     fn mark_ready(&self, namespace: &str, name: &str, uid: &str) {
         self.update_pod(namespace, name, uid, |pod| {
             let now = now_rfc3339();
+            let mut all_ready = true;
             if let Some(statuses) = pod["status"]["containerStatuses"].as_array_mut() {
                 for status in statuses {
-                    status["ready"] = json!(true);
+                    let running = status["state"]["running"].is_object();
+                    status["ready"] = json!(running);
+                    all_ready &= running;
                 }
+            }
+            if !all_ready {
+                return;
             }
             if let Some(conditions) = pod["status"]["conditions"].as_array_mut() {
                 for condition in conditions
@@ -423,6 +493,186 @@ impl Kubelets {
                 }
             }
         });
+    }
+
+    /// Starts the processes of the pod's containers that the runtime runs; one that cannot
+    /// start ends at once, as a container whose start failed.
+    fn start_processes(&mut self, namespace: &str, name: &str, uid: &str) {
+        let pods = self.store.kind("", "pods");
+        let Ok(pod) = self.store.get(&pods, Some(namespace), name) else {
+            return;
+        };
+        if pod["metadata"]["uid"] != uid {
+            return;
+        }
+        let run: Vec<Value> = containers(&pod)
+            .filter(|c| self.runtime.runs(c))
+            .cloned()
+            .collect();
+        for container in run {
+            if let Err(error) = self.runtime.start(&pod, &container) {
+                let container = text(&container["name"]);
+                self.record(&pod, Some(&container), "Failed", &format!("Error: {error}"));
+                self.container_exited(Exit {
+                    uid: uid.to_owned(),
+                    container,
+                    code: 128,
+                });
+            }
+        }
+    }
+
+    /// A container process ended: a deleting pod finishes once all have; otherwise the
+    /// container restarts after a back-off when the pod's restartPolicy says so, and a pod
+    /// whose containers have all ended for good turns Succeeded or Failed.
+    fn container_exited(&mut self, exit: Exit) {
+        self.runtime.exited(&exit);
+        let pods = self.store.kind("", "pods");
+        let found = self.store.list(&pods, None, None, 1, &|pod| {
+            pod["metadata"]["uid"] == exit.uid.as_str()
+        });
+        let Some(pod) = found.items.first() else {
+            return;
+        };
+        let (namespace, name) = (
+            text(&pod["metadata"]["namespace"]),
+            text(&pod["metadata"]["name"]),
+        );
+        self.exit_codes
+            .insert((exit.uid.clone(), exit.container.clone()), exit.code);
+        if pod["metadata"]["deletionTimestamp"].is_string() {
+            if !self.runtime.any_running(&exit.uid)
+                && let Some((key, _)) = self.stops.remove(&exit.uid)
+            {
+                self.timers.remove(&key);
+                self.act(Action::Stopped {
+                    namespace,
+                    name,
+                    uid: exit.uid,
+                    killed: false,
+                });
+            }
+            return;
+        }
+        if terminal(pod) {
+            return;
+        }
+        let restart = match pod["spec"]["restartPolicy"].as_str() {
+            Some("Never") => false,
+            Some("OnFailure") => exit.code != 0,
+            _ => true,
+        };
+        let restarts = pod["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["name"] == exit.container.as_str())
+            .and_then(|s| s["restartCount"].as_u64())
+            .unwrap_or(0);
+        let backoff = restart_backoff(u32::try_from(restarts).unwrap_or(u32::MAX));
+        let container = exit.container.clone();
+        let code = exit.code;
+        self.update_pod(&namespace, &name, &exit.uid, |pod| {
+            let now = now_rfc3339();
+            let mut all_ended = true;
+            let mut all_succeeded = true;
+            if let Some(statuses) = pod["status"]["containerStatuses"].as_array_mut() {
+                for status in statuses {
+                    if status["name"] == container.as_str() {
+                        let started = status["state"]["running"]["startedAt"].clone();
+                        let terminated = json!({"terminated": {"exitCode": code, "reason": exit_reason(code), "startedAt": started, "finishedAt": now}});
+                        status["ready"] = json!(false);
+                        status["started"] = json!(false);
+                        if restart {
+                            status["lastState"] = terminated;
+                            status["state"] = json!({"waiting": {"reason": "CrashLoopBackOff", "message": format!("back-off {}s restarting failed container={container}", backoff.as_secs())}});
+                        } else {
+                            status["state"] = terminated;
+                        }
+                    }
+                    let code = status["state"]["terminated"]["exitCode"].as_i64();
+                    all_ended &= code.is_some();
+                    all_succeeded &= code == Some(0);
+                }
+            }
+            if let Some(conditions) = pod["status"]["conditions"].as_array_mut() {
+                for condition in conditions
+                    .iter_mut()
+                    .filter(|c| c["type"] == "Ready" || c["type"] == "ContainersReady")
+                {
+                    if condition["status"] != "False" {
+                        condition["status"] = json!("False");
+                        condition["reason"] = json!(if all_ended { "PodCompleted" } else { "ContainersNotReady" });
+                        condition["lastTransitionTime"] = json!(now);
+                    }
+                }
+            }
+            if all_ended {
+                pod["status"]["phase"] = json!(if all_succeeded { "Succeeded" } else { "Failed" });
+            }
+        });
+        if restart {
+            self.record(
+                pod,
+                Some(&exit.container),
+                "BackOff",
+                &format!("Back-off restarting failed container {}", exit.container),
+            );
+            self.timers.insert(
+                Action::Restart {
+                    namespace,
+                    name,
+                    uid: exit.uid,
+                    container: exit.container,
+                },
+                backoff,
+            );
+        } else if let Ok(pod) = self.store.get(&pods, Some(&namespace), &name) {
+            self.sync_volumes_in_use(text(&pod["spec"]["nodeName"]).as_str(), &pod);
+        }
+    }
+
+    fn restart(&mut self, namespace: &str, name: &str, uid: &str, container: &str) {
+        let pods = self.store.kind("", "pods");
+        let Ok(pod) = self.store.get(&pods, Some(namespace), name) else {
+            return;
+        };
+        if pod["metadata"]["uid"] != uid || pod["metadata"]["deletionTimestamp"].is_string() {
+            return;
+        }
+        let Some(spec) = containers(&pod).find(|c| c["name"] == container).cloned() else {
+            return;
+        };
+        if let Err(error) = self.runtime.start(&pod, &spec) {
+            self.record(&pod, Some(container), "Failed", &format!("Error: {error}"));
+            self.container_exited(Exit {
+                uid: uid.to_owned(),
+                container: container.to_owned(),
+                code: 128,
+            });
+            return;
+        }
+        self.record(
+            &pod,
+            Some(container),
+            "Started",
+            &format!("Started container {container}"),
+        );
+        self.update_pod(namespace, name, uid, |pod| {
+            let now = now_rfc3339();
+            if let Some(status) = pod["status"]["containerStatuses"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .find(|s| s["name"] == container)
+            {
+                let restarts = status["restartCount"].as_u64().unwrap_or(0);
+                status["restartCount"] = json!(restarts + 1);
+                status["started"] = json!(true);
+                status["state"] = json!({"running": {"startedAt": now}});
+            }
+        });
+        self.mark_ready(namespace, name, uid);
     }
 
     /// A running kubelet reports its node Ready (a node created bare, or coming back).

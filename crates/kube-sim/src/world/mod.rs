@@ -5,11 +5,16 @@
 mod attach_detach;
 mod cloud;
 mod controller;
+mod deployments;
 mod disruption;
 mod events;
 mod gc;
 mod kubelet;
 mod node_lifecycle;
+mod provisioner;
+mod runtime;
+mod service_accounts;
+mod statefulsets;
 mod workloads;
 
 use std::time::Duration;
@@ -22,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 pub use attach_detach::{DRIVER as CSI_DRIVER, attachment_name, unique_volume_name};
 pub use cloud::{Cloud, Instance};
 pub use gc::orphan_dependents;
+pub use runtime::{ImageRule, Logs};
 
 use crate::audit::Audit;
 use crate::store::Store;
@@ -55,6 +61,8 @@ pub struct WorldOptions {
     /// The `tolerationSeconds` the DefaultTolerationSeconds admission gives pods for the
     /// not-ready and unreachable NoExecute taints (the real 300 s unless a test shortens it).
     pub default_toleration_seconds: i64,
+    /// Images whose containers the kubelet runs as local processes (see runtime.rs).
+    pub run_images: Vec<ImageRule>,
 }
 
 impl Default for WorldOptions {
@@ -71,6 +79,7 @@ impl Default for WorldOptions {
             max_wait_for_unmount: Duration::from_secs(6 * 60),
             garbage_collector: true,
             default_toleration_seconds: 300,
+            run_images: Vec::new(),
         }
     }
 }
@@ -97,22 +106,29 @@ impl WorldOptions {
     }
 }
 
-/// The running world: its cloud and its audit log.
+/// The running world: its cloud, its audit log and its containers' logs.
 #[derive(Debug, Clone)]
 pub struct World {
     cloud: Cloud,
     audit: Audit,
+    logs: Logs,
 }
 
 impl World {
     pub fn start(
         store: Store,
         audit: Audit,
+        logs: Logs,
         options: &WorldOptions,
         stop: &CancellationToken,
     ) -> Self {
         if options.kubelet {
-            tokio::spawn(kubelet::run(store.clone(), options.clone(), stop.clone()));
+            tokio::spawn(kubelet::run(
+                store.clone(),
+                options.clone(),
+                logs.clone(),
+                stop.clone(),
+            ));
         }
         let quick = Duration::from_secs(1);
         if options.workloads {
@@ -122,6 +138,22 @@ impl World {
                 quick,
                 workloads::concerns,
                 workloads::reconcile,
+            ));
+        }
+        if options.workloads {
+            tokio::spawn(controller::run(
+                store.clone(),
+                stop.clone(),
+                quick,
+                provisioner::concerns,
+                provisioner::reconcile,
+            ));
+            tokio::spawn(controller::run(
+                store.clone(),
+                stop.clone(),
+                quick,
+                service_accounts::concerns,
+                service_accounts::reconcile,
             ));
         }
         if options.disruption {
@@ -178,7 +210,11 @@ impl World {
             cloud::concerns,
             move |_: &Store| registrar.reconcile(),
         ));
-        Self { cloud, audit }
+        Self { cloud, audit, logs }
+    }
+
+    pub fn logs(&self) -> &Logs {
+        &self.logs
     }
 
     pub fn cloud(&self) -> &Cloud {

@@ -1,6 +1,6 @@
-//! The scheduler, the ReplicaSet controller and the DaemonSet controller, reduced to what
-//! node-lifecycle tests need: replacement pods land on another schedulable node, and every
-//! eligible node runs its DaemonSet pods.
+//! The scheduler and the workload controllers (Deployment, StatefulSet, ReplicaSet, DaemonSet),
+//! reduced to what node-lifecycle tests need: replacement pods land on another schedulable
+//! node, every eligible node runs its DaemonSet pods, and statuses say what kubectl reads.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +18,12 @@ fn text(value: &Value) -> &str {
 pub fn concerns(change: &Change) -> bool {
     matches!(
         change.collection.as_str(),
-        "/pods" | "/nodes" | "apps/replicasets" | "apps/daemonsets"
+        "/pods"
+            | "/nodes"
+            | "apps/replicasets"
+            | "apps/daemonsets"
+            | "apps/deployments"
+            | "apps/statefulsets"
     )
 }
 
@@ -112,6 +117,8 @@ fn add_daemon_tolerations(spec: &mut Value) {
 }
 
 pub fn reconcile(store: &Store) {
+    super::deployments::reconcile(store);
+    super::statefulsets::reconcile(store);
     let pods_kind = store.kind("", "pods");
     let pods = store.all(&pods_kind);
     let nodes = store.all(&store.kind("", "nodes"));
@@ -203,12 +210,32 @@ fn daemonsets(store: &Store, by_owner: &HashMap<String, Vec<Arc<Value>>>, nodes:
                 );
             }
         }
-        let scheduled = eligible.len();
-        let _ = store.update(&kind, Some(namespace), text(&daemonset["metadata"]["name"]), Part::Status, |current| {
-            let mut updated = current.clone();
-            updated["status"] = json!({"desiredNumberScheduled": scheduled, "currentNumberScheduled": scheduled, "numberReady": scheduled, "observedGeneration": current["metadata"]["generation"]});
-            Ok(updated)
-        });
+        let desired = eligible.len();
+        let running: Vec<&Arc<Value>> = owned.iter().filter(|pod| live(pod)).collect();
+        let scheduled = running.len();
+        let ready = running.iter().filter(|pod| is_ready(pod)).count();
+        // What `kubectl rollout status daemonset` compares (every pod is of the current
+        // template: updates replace nothing here).
+        let _ = store.update(
+            &kind,
+            Some(namespace),
+            text(&daemonset["metadata"]["name"]),
+            Part::Status,
+            |current| {
+                let mut updated = current.clone();
+                updated["status"] = json!({
+                    "desiredNumberScheduled": desired,
+                    "currentNumberScheduled": scheduled,
+                    "updatedNumberScheduled": scheduled,
+                    "numberMisscheduled": 0,
+                    "numberReady": ready,
+                    "numberAvailable": ready,
+                    "numberUnavailable": desired.saturating_sub(ready),
+                    "observedGeneration": current["metadata"]["generation"],
+                });
+                Ok(updated)
+            },
+        );
     }
 }
 
