@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod helm;
 mod logind;
+mod peer_tests;
 mod setup;
 mod test;
 
@@ -39,6 +40,8 @@ enum Task {
     },
     /// Lints and renders every chart under charts/ with the real helm.
     Charts,
+    /// Runs kube-rs's own cluster tests (kube and kube-client 5.0.0) against a fresh kube-sim.
+    PeerTests,
 }
 
 fn main() -> Result<()> {
@@ -48,6 +51,7 @@ fn main() -> Result<()> {
         Task::Logind { action } => logind::run(action),
         Task::Bench { which } => bench::run(&which),
         Task::Charts => helm::check_charts(),
+        Task::PeerTests => peer_tests::run(),
     }
 }
 

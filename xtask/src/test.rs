@@ -5,7 +5,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{cargo, demo, helm, project_root, run_command, setup};
+use crate::{cargo, demo, helm, peer_tests, project_root, run_command, setup};
 
 pub fn run() -> Result<()> {
     setup::ensure_system_packages()?;
@@ -47,6 +47,7 @@ pub fn run() -> Result<()> {
     step("tests", || {
         run_command(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast"]))
     })?;
+    step("peer tests", peer_tests::run)?;
     // The README's first command, end to end against the release binaries.
     step("demo", demo::check)?;
     step("stray processes", check_no_stray_processes)?;

@@ -19,6 +19,7 @@ pub mod selector;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod tokens;
 pub mod world;
 
 pub use server::{KubeSim, SimError, SimOptions};

@@ -55,6 +55,24 @@ impl ResourceType {
         format!("{}List", self.kind)
     }
 
+    /// The verbs discovery lists: reviews can only be created.
+    pub fn verbs(&self) -> &'static [&'static str] {
+        if self.group == "authentication.k8s.io" {
+            &["create"]
+        } else {
+            &[
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch",
+            ]
+        }
+    }
+
     fn is(&self, group: &str, plural: &str) -> bool {
         self.group == group && self.plural == plural
     }
@@ -343,6 +361,13 @@ pub fn builtins() -> Vec<ResourceType> {
             "rbac.authorization.k8s.io",
             "ClusterRoleBinding",
             "clusterrolebindings",
+            false,
+            &[],
+        ),
+        plain(
+            "authentication.k8s.io",
+            "TokenReview",
+            "tokenreviews",
             false,
             &[],
         ),

@@ -132,6 +132,7 @@ impl KubeSim {
             faults: faults.clone(),
             audit: world.audit().clone(),
             logs: world.logs().clone(),
+            tokens: crate::tokens::TokenIssuer::default(),
             bookmark_interval: options.bookmark_interval,
         };
         let router = api::router(

@@ -53,17 +53,6 @@ pub fn api_groups(registry: &Registry) -> Value {
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-const VERBS: [&str; 8] = [
-    "create",
-    "delete",
-    "deletecollection",
-    "get",
-    "list",
-    "patch",
-    "update",
-    "watch",
-];
-
 fn scope(kind: &ResourceType) -> &'static str {
     if kind.namespaced {
         "Namespaced"
@@ -84,7 +73,7 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Value {
             "singularName": kind.singular,
             "namespaced": kind.namespaced,
             "kind": kind.kind,
-            "verbs": VERBS,
+            "verbs": kind.verbs(),
         });
         if !kind.short_names.is_empty() {
             resource["shortNames"] = json!(kind.short_names);
@@ -194,7 +183,7 @@ fn aggregated_resource(kind: &ResourceType) -> Value {
         "responseKind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
         "scope": scope(kind),
         "singularResource": kind.singular,
-        "verbs": VERBS,
+        "verbs": kind.verbs(),
     });
     if !kind.short_names.is_empty() {
         resource["shortNames"] = json!(kind.short_names);

@@ -36,6 +36,8 @@ pub struct App {
     pub audit: crate::audit::Audit,
     /// Where the kubelet's container logs are (`pods/log`).
     pub logs: crate::world::Logs,
+    /// Signs and checks ServiceAccount tokens.
+    pub tokens: crate::tokens::TokenIssuer,
     /// How often watches that allow bookmarks get one.
     pub bookmark_interval: std::time::Duration,
 }
@@ -451,6 +453,10 @@ fn dispatch(
                 Method::GET if query.is_watch() => {
                     watch::serve(app, &kind, namespace, query, rendering)
                 }
+                Method::POST if kind.group == "authentication.k8s.io" => token::review(app, body),
+                _ if kind.group == "authentication.k8s.io" => Err(ApiError::method_not_allowed(
+                    format!("{method} is not supported on tokenreviews: they can only be created"),
+                )),
                 Method::GET => objects::list(app, &kind, namespace, query, rendering),
                 Method::POST => objects::create(app, &kind, namespace, query, headers, body),
                 Method::DELETE => objects::delete_collection(app, &kind, namespace, query, body),

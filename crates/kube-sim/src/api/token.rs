@@ -1,31 +1,32 @@
-//! `serviceaccounts/{name}/token` (TokenRequest): a token for the ServiceAccount, with the
-//! audiences, expiry and bound object asked for (pkg/registry/core/serviceaccount/storage/token.go).
-//! The token is a JWT with the real claims, but unsigned: the simulator authenticates nobody.
+//! `serviceaccounts/{name}/token` (TokenRequest: pkg/registry/core/serviceaccount/storage/
+//! token.go) and `tokenreviews` (TokenReview: pkg/registry/authentication/tokenreview), with
+//! tokens from the server's [`TokenIssuer`](crate::tokens::TokenIssuer).
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::Response;
-use base64::Engine;
 use serde_json::{Value, json};
 
 use super::{App, json_response};
 use crate::error::{ApiError, Cause};
 use crate::store::timestamps::format_time;
+use crate::tokens::{API_AUDIENCE, service_account_claims};
 
-const DEFAULT_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
 const DEFAULT_SECONDS: i64 = 3600;
 const MIN_SECONDS: i64 = 600;
+
+fn parse(body: &Bytes) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+}
 
 pub fn create(app: &App, namespace: &str, name: &str, body: &Bytes) -> Result<Response, ApiError> {
     let accounts = app.store.kind("", "serviceaccounts");
     let account = app.store.get(&accounts, Some(namespace), name)?;
-    let mut request: Value = if body.is_empty() {
-        json!({})
-    } else {
-        serde_json::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
-        })?
-    };
+    let mut request = parse(body)?;
     let seconds = request["spec"]["expirationSeconds"]
         .as_i64()
         .unwrap_or(DEFAULT_SECONDS);
@@ -45,34 +46,17 @@ pub fn create(app: &App, namespace: &str, name: &str, body: &Bytes) -> Result<Re
     }
     let audiences = match request["spec"]["audiences"].as_array() {
         Some(audiences) if !audiences.is_empty() => Value::Array(audiences.clone()),
-        _ => json!([DEFAULT_AUDIENCE]),
+        _ => json!([API_AUDIENCE]),
     };
-    let now = jiff::Timestamp::now();
-    let expires = now
-        .checked_add(jiff::SignedDuration::from_secs(seconds))
-        .unwrap_or(now);
-    let mut private = json!({
-        "namespace": namespace,
-        "serviceaccount": {"name": name, "uid": account["metadata"]["uid"]},
-    });
-    let bound = &request["spec"]["boundObjectRef"];
-    if let Some(kind) = bound["kind"].as_str() {
-        private[kind.to_lowercase()] = json!({"name": bound["name"], "uid": bound["uid"]});
-    }
-    let claims = json!({
-        "aud": audiences,
-        "exp": expires.as_second(),
-        "iat": now.as_second(),
-        "nbf": now.as_second(),
-        "iss": DEFAULT_AUDIENCE,
-        "sub": format!("system:serviceaccount:{namespace}:{name}"),
-        "kubernetes.io": private,
-    });
-    let encode = |value: &Value| {
-        base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .encode(serde_json::to_vec(value).unwrap_or_default())
-    };
-    let token = format!("{}.{}.", encode(&json!({"alg": "none"})), encode(&claims));
+    let claims = service_account_claims(
+        namespace,
+        &account,
+        &audiences,
+        seconds,
+        &request["spec"]["boundObjectRef"],
+    );
+    let expires = jiff::Timestamp::from_second(claims["exp"].as_i64().unwrap_or_default())
+        .unwrap_or_else(|_| jiff::Timestamp::now());
     request["kind"] = json!("TokenRequest");
     request["apiVersion"] = json!("authentication.k8s.io/v1");
     request["metadata"]["name"] = json!(name);
@@ -80,6 +64,65 @@ pub fn create(app: &App, namespace: &str, name: &str, body: &Bytes) -> Result<Re
     request["metadata"]["creationTimestamp"] = Value::Null;
     request["spec"]["audiences"] = audiences;
     request["spec"]["expirationSeconds"] = json!(seconds);
-    request["status"] = json!({"token": token, "expirationTimestamp": format_time(expires)});
+    request["status"] =
+        json!({"token": app.tokens.issue(&claims), "expirationTimestamp": format_time(expires)});
     Ok(json_response(StatusCode::CREATED, &request))
+}
+
+/// Whether a token is one of ours, unexpired, for one of the audiences asked about, and its
+/// ServiceAccount still the one it was issued for.
+pub fn review(app: &App, body: &Bytes) -> Result<Response, ApiError> {
+    let mut review = parse(body)?;
+    let token = review["spec"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let wanted: Vec<Value> = match review["spec"]["audiences"].as_array() {
+        Some(audiences) if !audiences.is_empty() => audiences.clone(),
+        _ => vec![json!(API_AUDIENCE)],
+    };
+    let status = match authenticate(app, &token, &wanted) {
+        Ok((user, audiences)) => {
+            json!({"authenticated": true, "user": user, "audiences": audiences})
+        }
+        Err(error) => json!({"authenticated": false, "user": {}, "error": error}),
+    };
+    review["kind"] = json!("TokenReview");
+    review["apiVersion"] = json!("authentication.k8s.io/v1");
+    review["metadata"] = json!({"creationTimestamp": null});
+    review["status"] = status;
+    Ok(json_response(StatusCode::CREATED, &review))
+}
+
+fn authenticate(app: &App, token: &str, wanted: &[Value]) -> Result<(Value, Vec<Value>), String> {
+    let claims = app.tokens.verify(token).map_err(str::to_owned)?;
+    let granted: Vec<Value> = claims["aud"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|aud| wanted.contains(aud))
+        .cloned()
+        .collect();
+    if granted.is_empty() {
+        return Err("token audiences is invalid for the target audiences".to_owned());
+    }
+    let private = &claims["kubernetes.io"];
+    let namespace = private["namespace"].as_str().unwrap_or_default();
+    let name = private["serviceaccount"]["name"]
+        .as_str()
+        .unwrap_or_default();
+    let accounts = app.store.kind("", "serviceaccounts");
+    let account = app
+        .store
+        .get(&accounts, Some(namespace), name)
+        .map_err(|_| format!("serviceaccounts \"{name}\" not found"))?;
+    if account["metadata"]["uid"] != private["serviceaccount"]["uid"] {
+        return Err("the ServiceAccount the token was issued for no longer exists".to_owned());
+    }
+    let user = json!({
+        "username": format!("system:serviceaccount:{namespace}:{name}"),
+        "uid": account["metadata"]["uid"],
+        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
+    });
+    Ok((user, granted))
 }

@@ -240,18 +240,23 @@ impl Kubelets {
                     &format!("Started container {container}"),
                 );
             }
-            self.start(&namespace, &name, &uid);
+            // Without a readiness delay the pod is Ready in the same status write that makes
+            // it Running, as the kubelet's status manager reports a container without a
+            // readiness probe.
+            let ready_after = seconds_annotation(pod, READY_AFTER_ANNOTATION);
+            self.start(&namespace, &name, &uid, ready_after.is_zero());
             self.start_processes(&namespace, &name, &uid);
             self.sync_volumes_in_use(&node, pod);
-            let ready_after = seconds_annotation(pod, READY_AFTER_ANNOTATION);
-            self.timers.insert(
-                Action::Ready {
-                    namespace,
-                    name,
-                    uid,
-                },
-                ready_after,
-            );
+            if !ready_after.is_zero() {
+                self.timers.insert(
+                    Action::Ready {
+                        namespace,
+                        name,
+                        uid,
+                    },
+                    ready_after,
+                );
+            }
         }
     }
 
@@ -447,14 +452,15 @@ impl Kubelets {
             .ok()
     }
 
-    fn start(&self, namespace: &str, name: &str, uid: &str) {
+    fn start(&self, namespace: &str, name: &str, uid: &str, ready: bool) {
         self.update_pod(namespace, name, uid, |pod| {
             let now = now_rfc3339();
+            let ready_status = if ready { "True" } else { "False" };
             let statuses: Vec<Value> = pod["spec"]["containers"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|c| json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": false, "started": true, "restartCount": 0, "state": {"running": {"startedAt": now}}}))
+                .map(|c| json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": ready, "started": true, "restartCount": 0, "state": {"running": {"startedAt": now}}}))
                 .collect();
             pod["status"]["phase"] = json!("Running");
             pod["status"]["startTime"] = json!(now);
@@ -463,8 +469,8 @@ impl Kubelets {
             pod["status"]["conditions"] = json!([
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
                 {"type": "Initialized", "status": "True", "lastTransitionTime": now},
-                {"type": "ContainersReady", "status": "False", "lastTransitionTime": now},
-                {"type": "Ready", "status": "False", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": ready_status, "lastTransitionTime": now},
+                {"type": "Ready", "status": ready_status, "lastTransitionTime": now},
             ]);
         });
     }
