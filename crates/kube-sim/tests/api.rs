@@ -663,3 +663,52 @@ async fn selector_watches_resumed_from_a_version_see_objects_leave_and_enter() -
     ensure!(seen == ["DELETED", "ADDED", "MODIFIED"], "{seen:?}");
     Ok(())
 }
+
+/// A metadata watcher (kube-rs `metadata_watcher`, `Accept: …;as=PartialObjectMetadata`) gets
+/// PartialObjectMetadata objects, not whole ones (apiserver endpoints/handlers/response.go).
+#[tokio::test]
+async fn metadata_only_lists_and_watches() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::default_namespaced(sim.client());
+    leases.create(&PostParams::default(), &lease("a")?).await?;
+    let listed = leases.list_metadata(&ListParams::default()).await?;
+    let first = listed.items.first().context("one lease")?;
+    ensure!(
+        first
+            .types
+            .as_ref()
+            .is_some_and(|t| t.kind == "PartialObjectMetadata")
+    );
+    let mut events = leases
+        .watch_metadata(
+            &WatchParams::default(),
+            &listed.metadata.resource_version.unwrap_or_default(),
+        )
+        .await?
+        .boxed();
+    leases.create(&PostParams::default(), &lease("b")?).await?;
+    let event = tokio::time::timeout(Duration::from_secs(10), events.try_next())
+        .await??
+        .context("a watch event")?;
+    let WatchEvent::Added(partial) = event else {
+        anyhow::bail!("expected ADDED, got {event:?}");
+    };
+    ensure!(partial.metadata.name.as_deref() == Some("b"));
+    // The body on the wire carries no spec: only the metadata came.
+    let raw = sim
+        .client()
+        .request_text(
+            http::Request::get("/apis/coordination.k8s.io/v1/namespaces/default/leases/b")
+                .header(
+                    "accept",
+                    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+                )
+                .body(Vec::new())?,
+        )
+        .await?;
+    ensure!(
+        !raw.contains("\"spec\"") && raw.contains("\"kind\":\"PartialObjectMetadata\""),
+        "{raw}"
+    );
+    Ok(())
+}

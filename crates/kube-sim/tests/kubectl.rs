@@ -778,8 +778,14 @@ fn conformance_workloads_roll_out_and_scale() -> Result<()> {
         address.starts_with("10.96.") && address.ends_with(" 5432"),
         "{address}"
     );
-    let secret = sim.ok(&["get", "secret", "creds", "-o", "jsonpath={.type}"])?;
-    ensure!(secret == "Opaque", "{secret}");
+    let secret = sim.ok(&[
+        "get",
+        "secret",
+        "creds",
+        "-o",
+        "jsonpath={.type} {.data.password}",
+    ])?;
+    ensure!(secret == "Opaque aHVudGVyMg==", "{secret}");
     let selector = sim.ok(&[
         "get",
         "job",

@@ -332,6 +332,9 @@ pub fn prepare_update(
         ));
     }
     let name = current["metadata"]["name"].as_str().unwrap_or_default();
+    if kind.group.is_empty() && kind.plural == "secrets" {
+        super::workload_defaults::merge_string_data(updated);
+    }
     if part == super::Part::Status {
         let status = updated["status"].take();
         let managed = updated["metadata"]["managedFields"].take();

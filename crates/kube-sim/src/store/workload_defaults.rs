@@ -101,6 +101,7 @@ pub fn apply(kind: &ResourceType, object: &mut Value) -> Result<(), ApiError> {
         }
         ("", "secrets") => {
             default(object, "type", json!("Opaque"));
+            merge_string_data(object);
             Ok(())
         }
         _ => Ok(()),
@@ -138,6 +139,24 @@ fn default_job(job: &mut Value) {
         }
     }
     default_template(&mut spec["template"]["spec"]);
+}
+
+/// `stringData` is write-only: its entries go into `data`, base64-encoded, overriding
+/// same-named keys (pkg/apis/core/v1/conversion.go, Convert_v1_Secret_To_core_Secret).
+pub fn merge_string_data(secret: &mut Value) {
+    use base64::Engine;
+    let Some(Value::Object(strings)) = secret.as_object_mut().and_then(|s| s.remove("stringData"))
+    else {
+        return;
+    };
+    if !secret["data"].is_object() {
+        secret["data"] = json!({});
+    }
+    for (key, value) in strings {
+        let encoded =
+            base64::engine::general_purpose::STANDARD.encode(value.as_str().unwrap_or_default());
+        secret["data"][key] = json!(encoded);
+    }
 }
 
 /// A ClusterIP Service gets an address from the service range and its ports their protocol
