@@ -74,6 +74,15 @@ impl Sim {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// `kubectl get <what…> -o jsonpath=<path>`.
+    fn jsonpath(&self, what: &[&str], path: &str) -> Result<String> {
+        let output = format!("jsonpath={path}");
+        let mut args = vec!["get"];
+        args.extend_from_slice(what);
+        args.extend_from_slice(&["-o", &output]);
+        self.ok(&args)
+    }
+
     fn apply(&self, yaml: &str) -> Result<String> {
         let path = self
             .dir
@@ -712,87 +721,39 @@ fn conformance_workloads_roll_out_and_scale() -> Result<()> {
     for workload in ["deployment/web", "statefulset/db", "daemonset/agent"] {
         sim.ok(&["rollout", "status", workload, "--timeout=60s"])?;
     }
-    let pods = sim.ok(&[
-        "get",
-        "pods",
-        "-l",
-        "app=db",
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ])?;
+    let pods = sim.jsonpath(&["pods", "-l", "app=db"], "{.items[*].metadata.name}")?;
     ensure!(pods == "db-0 db-1", "{pods}");
-    let claims = sim.ok(&[
-        "get",
-        "pvc",
-        "data-db-0",
-        "data-db-1",
-        "-o",
-        "jsonpath={.items[*].status.phase}",
-    ])?;
+    let claims = sim.jsonpath(
+        &["pvc", "data-db-0", "data-db-1"],
+        "{.items[*].status.phase}",
+    )?;
     ensure!(claims == "Bound Bound", "{claims}");
-    let volume = sim.ok(&[
-        "get",
-        "pod",
-        "db-0",
-        "-o",
-        "jsonpath={.spec.volumes[0].persistentVolumeClaim.claimName}",
-    ])?;
+    let volume = sim.jsonpath(
+        &["pod", "db-0"],
+        "{.spec.volumes[0].persistentVolumeClaim.claimName}",
+    )?;
     ensure!(volume == "data-db-0", "{volume}");
     sim.ok(&["scale", "deployment", "web", "--replicas=3"])?;
     sim.ok(&["rollout", "status", "deployment/web", "--timeout=60s"])?;
-    let ready = sim.ok(&[
-        "get",
-        "deployment",
-        "web",
-        "-o",
-        "jsonpath={.status.readyReplicas}",
-    ])?;
+    let ready = sim.jsonpath(&["deployment", "web"], "{.status.readyReplicas}")?;
     ensure!(ready == "3", "{ready}");
-    let replica_sets = sim.ok(&[
-        "get",
-        "rs",
-        "-l",
-        "app=web",
-        "-o",
-        "jsonpath={.items[*].spec.replicas}",
-    ])?;
+    let replica_sets = sim.jsonpath(&["rs", "-l", "app=web"], "{.items[*].spec.replicas}")?;
     ensure!(replica_sets == "3", "{replica_sets}");
     sim.ok(&["scale", "statefulset", "db", "--replicas=3"])?;
     sim.ok(&["rollout", "status", "statefulset/db", "--timeout=60s"])?;
-    let strategy = sim.ok(&[
-        "get",
-        "daemonset",
-        "agent",
-        "-o",
-        "jsonpath={.spec.updateStrategy.type}",
-    ])?;
+    let strategy = sim.jsonpath(&["daemonset", "agent"], "{.spec.updateStrategy.type}")?;
     ensure!(strategy == "RollingUpdate", "{strategy}");
-    let address = sim.ok(&[
-        "get",
-        "service",
-        "db",
-        "-o",
-        "jsonpath={.spec.clusterIP} {.spec.ports[0].targetPort}",
-    ])?;
+    let address = sim.jsonpath(
+        &["service", "db"],
+        "{.spec.clusterIP} {.spec.ports[0].targetPort}",
+    )?;
     ensure!(
         address.starts_with("10.96.") && address.ends_with(" 5432"),
         "{address}"
     );
-    let secret = sim.ok(&[
-        "get",
-        "secret",
-        "creds",
-        "-o",
-        "jsonpath={.type} {.data.password}",
-    ])?;
+    let secret = sim.jsonpath(&["secret", "creds"], "{.type} {.data.password}")?;
     ensure!(secret == "Opaque aHVudGVyMg==", "{secret}");
-    let selector = sim.ok(&[
-        "get",
-        "job",
-        "once",
-        "-o",
-        "jsonpath={.spec.selector.matchLabels}",
-    ])?;
+    let selector = sim.jsonpath(&["job", "once"], "{.spec.selector.matchLabels}")?;
     ensure!(
         selector.contains("batch.kubernetes.io/controller-uid"),
         "{selector}"
@@ -825,7 +786,7 @@ fn conformance_statefulset_replaces_a_pod_only_after_it_is_gone() -> Result<()> 
     let sim = Sim::start(1)?;
     sim.apply(WORKLOADS)?;
     sim.ok(&["rollout", "status", "statefulset/db", "--timeout=60s"])?;
-    let old = sim.ok(&["get", "pod", "db-0", "-o", "jsonpath={.metadata.uid}"])?;
+    let old = sim.jsonpath(&["pod", "db-0"], "{.metadata.uid}")?;
     sim.ok(&[
         "annotate",
         "node",
@@ -836,21 +797,12 @@ fn conformance_statefulset_replaces_a_pod_only_after_it_is_gone() -> Result<()> 
     // Scaling up makes the controller look at the set again; db-2 must wait behind db-0.
     sim.ok(&["scale", "statefulset", "db", "--replicas=3"])?;
     sim.wait_for("the scale to be observed", Duration::from_secs(30), |sim| {
-        Ok(sim.ok(&[
-            "get",
-            "sts",
-            "db",
-            "-o",
-            "jsonpath={.status.observedGeneration}",
-        ])? == "2")
+        Ok(sim.jsonpath(&["sts", "db"], "{.status.observedGeneration}")? == "2")
     })?;
-    let still = sim.ok(&[
-        "get",
-        "pod",
-        "db-0",
-        "-o",
-        "jsonpath={.metadata.uid} {.metadata.deletionTimestamp}",
-    ])?;
+    let still = sim.jsonpath(
+        &["pod", "db-0"],
+        "{.metadata.uid} {.metadata.deletionTimestamp}",
+    )?;
     ensure!(
         still.starts_with(&old) && still.len() > old.len() + 1,
         "{still}"
@@ -860,23 +812,16 @@ fn conformance_statefulset_replaces_a_pod_only_after_it_is_gone() -> Result<()> 
     sim.ok(&["delete", "pod", "db-0", "--force", "--grace-period=0"])?;
     sim.ok(&["annotate", "node", "node-0", "sim.nodegrace.io/kubelet-"])?;
     sim.wait_for("a new db-0", Duration::from_secs(30), |sim| {
-        let uid = sim.ok(&[
-            "get",
-            "pods",
-            "-l",
-            "app=db",
-            "-o",
-            "jsonpath={.items[?(@.metadata.name==\"db-0\")].metadata.uid}",
-        ])?;
+        let uid = sim.jsonpath(
+            &["pods", "-l", "app=db"],
+            "{.items[?(@.metadata.name==\"db-0\")].metadata.uid}",
+        )?;
         Ok(!uid.is_empty() && uid != old)
     })?;
-    let claim = sim.ok(&[
-        "get",
-        "pod",
-        "db-0",
-        "-o",
-        "jsonpath={.spec.volumes[0].persistentVolumeClaim.claimName}",
-    ])?;
+    let claim = sim.jsonpath(
+        &["pod", "db-0"],
+        "{.spec.volumes[0].persistentVolumeClaim.claimName}",
+    )?;
     ensure!(
         claim == "data-db-0",
         "the replacement keeps its claim: {claim}"
@@ -899,14 +844,14 @@ fn conformance_logs_of_containers_run_as_processes() -> Result<()> {
          containers: [{name: c, image: 'busybox:stable', command: [sh, -c, 'echo bye; exit 3']}]\n",
     )?;
     sim.wait_for("counter to succeed", Duration::from_secs(30), |sim| {
-        Ok(sim.ok(&["get", "pod", "counter", "-o", "jsonpath={.status.phase}"])? == "Succeeded")
+        Ok(sim.jsonpath(&["pod", "counter"], "{.status.phase}")? == "Succeeded")
     })?;
     let logs = sim.ok(&["logs", "counter"])?;
     ensure!(logs == "line 1\nline 2\nline 3\n", "{logs:?}");
     let tail = sim.ok(&["logs", "counter", "--tail=1"])?;
     ensure!(tail == "line 3\n", "{tail:?}");
     sim.wait_for("crasher to back off", Duration::from_secs(30), |sim| {
-        let state = sim.ok(&["get", "pod", "crasher", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.reason} {.status.containerStatuses[0].lastState.terminated.exitCode}"])?;
+        let state = sim.jsonpath(&["pod", "crasher"], "{.status.containerStatuses[0].state.waiting.reason} {.status.containerStatuses[0].lastState.terminated.exitCode}")?;
         Ok(state == "CrashLoopBackOff 3")
     })?;
     let output = sim.kubectl(&["logs", "counter", "-c", "nope"])?;

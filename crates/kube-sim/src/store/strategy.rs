@@ -37,7 +37,7 @@ fn generated_suffix() -> String {
         .collect()
 }
 
-fn invalid(
+pub(super) fn invalid(
     kind: &ResourceType,
     name: &str,
     field: &str,

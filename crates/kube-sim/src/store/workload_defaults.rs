@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use crate::error::{ApiError, Cause};
+use crate::error::ApiError;
 use crate::resources::ResourceType;
 
 fn default(object: &mut Value, field: &str, value: Value) {
@@ -193,16 +193,7 @@ fn default_service(service: &mut Value) {
 fn selector_matches_template(kind: &ResourceType, object: &Value) -> Result<(), ApiError> {
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
     let invalid = |field: &str, reason: &'static str, message: String| {
-        ApiError::invalid(
-            &kind.group,
-            &kind.kind,
-            name,
-            &[Cause {
-                reason,
-                field: field.to_owned(),
-                message,
-            }],
-        )
+        super::strategy::invalid(kind, name, field, reason, message)
     };
     let selector = &object["spec"]["selector"];
     let empty = selector["matchLabels"]
