@@ -712,3 +712,41 @@ async fn metadata_only_lists_and_watches() -> Result<()> {
     );
     Ok(())
 }
+
+/// A uid in a write names the object meant: a PUT for a replaced object is a 409 precondition
+/// failure, a patch naming another uid is refused as an immutable-field change.
+#[tokio::test]
+async fn writes_that_name_another_uid_are_refused() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams, PostParams};
+    let sim = kube_sim::KubeSim::start(kube_sim::SimOptions::default()).await?;
+    let maps: kube::Api<ConfigMap> = kube::Api::namespaced(sim.client(), "default");
+    let mut map: ConfigMap =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "m"}}))?;
+    map = maps.create(&PostParams::default(), &map).await?;
+    map.metadata.uid = Some("someone-else".to_owned());
+    let error = maps
+        .replace("m", &PostParams::default(), &map)
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = &error else {
+        anyhow::bail!("{error}")
+    };
+    anyhow::ensure!(status.code == 409, "{status:?}");
+    anyhow::ensure!(
+        status
+            .message
+            .contains("Precondition failed: UID in precondition"),
+        "{status:?}"
+    );
+    let patch = serde_json::json!({"metadata": {"uid": "someone-else"}, "data": {"a": "b"}});
+    let error = maps
+        .patch("m", &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = &error else {
+        anyhow::bail!("{error}")
+    };
+    anyhow::ensure!(status.code == 422, "{status:?}");
+    Ok(())
+}

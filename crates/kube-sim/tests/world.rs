@@ -557,3 +557,155 @@ async fn the_cloud_counts_terminations_and_stops_the_machine() -> Result<()> {
     );
     Ok(())
 }
+
+/// isMultiAttachForbidden: a ReadWriteOnce volume still attached to a dead node cannot be
+/// attached to the node its pod moved to; the pod waits with a Multi-Attach error until the
+/// old attachment is gone, and only then runs.
+#[tokio::test]
+async fn a_read_write_once_volume_moves_only_after_its_old_attachment_is_gone() -> Result<()> {
+    let sim = sim(2).await?;
+    let client = sim.client();
+    let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+    volumes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pv-1"}, "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "csi": {"driver": kube_sim::world::CSI_DRIVER, "volumeHandle": "pv-1"}}}))?).await?;
+    let old = attached_pod(&sim, "node-0").await?;
+    stop_kubelet(&Api::all(client.clone()), "node-0").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let volume = json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}});
+    pods.create(
+        &PostParams::default(),
+        &pod("db-2", Some("node-1"), &volume)?,
+    )
+    .await?;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    wait_until("the Multi-Attach error", || async {
+        Ok(events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|event| {
+                event.reason.as_deref() == Some("FailedAttachVolume")
+                    && event.involved_object.name.as_deref() == Some("db-2")
+                    && event.type_.as_deref() == Some("Warning")
+            }))
+    })
+    .await?;
+    let phase = pods.get("db-2").await?.status.and_then(|s| s.phase);
+    ensure!(
+        phase.as_deref() == Some("Pending"),
+        "started without its volume: {phase:?}"
+    );
+    kill_node_and_force_delete_pod(&sim, "node-0").await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let out_of_service = json!({"spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]}});
+    nodes
+        .patch(
+            "node-0",
+            &PatchParams::default(),
+            &Patch::Merge(out_of_service),
+        )
+        .await?;
+    let attachments: Api<VolumeAttachment> = Api::all(client);
+    wait_until("the old attachment to go", || async {
+        Ok(attachments.get_opt(&old).await?.is_none())
+    })
+    .await?;
+    wait_until("db-2 to run with the volume attached", || async {
+        let running = pods
+            .get("db-2")
+            .await?
+            .status
+            .and_then(|s| s.phase)
+            .as_deref()
+            == Some("Running");
+        let attached = attachments
+            .get_opt(&kube_sim::world::attachment_name("pv-1", "node-1"))
+            .await?
+            .is_some_and(|va| va.status.is_some_and(|s| s.attached));
+        Ok(running && attached)
+    })
+    .await
+}
+
+/// gcTerminating: a terminating pod on a NotReady node with the out-of-service taint key is
+/// marked Failed and deleted with grace 0 on the next sweep (a finalizer keeps it visible).
+#[tokio::test]
+async fn the_pod_gc_sweep_finishes_terminating_pods_on_out_of_service_nodes() -> Result<()> {
+    let sim = sim_with(
+        1,
+        WorldOptions {
+            pod_gc_period: Duration::from_millis(200),
+            ..quick_world()
+        },
+    )
+    .await?;
+    let client = sim.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let held = json!({"metadata": {"finalizers": ["example.com/keep"]}});
+    pods.create(
+        &PostParams::default(),
+        &pod("stuck", Some("node-0"), &held)?,
+    )
+    .await?;
+    wait_until("stuck to run", || async {
+        Ok(pods
+            .get("stuck")
+            .await?
+            .status
+            .and_then(|s| s.phase)
+            .as_deref()
+            == Some("Running"))
+    })
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    stop_kubelet(&nodes, "node-0").await?;
+    pods.delete("stuck", &DeleteParams::default()).await?;
+    wait_until("node-0 to turn Unknown", || async {
+        Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
+    })
+    .await?;
+    let stuck = pods.get("stuck").await?;
+    ensure!(stuck.status.and_then(|s| s.phase).as_deref() == Some("Running"));
+    // Any value and effect of the key counts.
+    let taint = json!({"spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "value": "x", "effect": "NoSchedule"}]}});
+    nodes
+        .patch("node-0", &PatchParams::default(), &Patch::Merge(taint))
+        .await?;
+    wait_until(
+        "the sweep to mark it Failed and delete it with grace 0",
+        || async {
+            let pod = pods.get("stuck").await?;
+            let failed = pod.status.and_then(|s| s.phase).as_deref() == Some("Failed");
+            Ok(failed && pod.metadata.deletion_grace_period_seconds == Some(0))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn instances_power_off_and_on_with_their_kubelet() -> Result<()> {
+    let sim = sim(1).await?;
+    let cloud = sim.world().cloud();
+    cloud.reconcile();
+    let off = cloud.set_power("node-0", false).unwrap();
+    ensure!(off.state == "stopped", "{off:?}");
+    let nodes: Api<Node> = Api::all(sim.client());
+    let kubelet = |node: Node| {
+        node.metadata
+            .annotations
+            .unwrap_or_default()
+            .get("sim.nodegrace.io/kubelet")
+            .cloned()
+    };
+    ensure!(kubelet(nodes.get("node-0").await?).as_deref() == Some("stopped"));
+    let on = cloud.set_power("node-0", true).unwrap();
+    ensure!(on.state == "running", "{on:?}");
+    ensure!(kubelet(nodes.get("node-0").await?).is_none());
+    cloud.terminate("node-0");
+    let after = cloud.set_power("node-0", true).unwrap();
+    ensure!(
+        after.state == "terminated",
+        "a terminated machine stays gone: {after:?}"
+    );
+    Ok(())
+}

@@ -303,6 +303,23 @@ pub fn update(
     };
     let updated = app.store.update(kind, namespace, name, part, |current| {
         let mut object = object;
+        // A PUT's uid is a precondition (rest.DefaultUpdatedObjectInfo), checked before
+        // anything else: the object meant is gone.
+        if let Some(uid) = object["metadata"]["uid"]
+            .as_str()
+            .filter(|uid| !uid.is_empty())
+            && current["metadata"]["uid"].as_str() != Some(uid)
+        {
+            let actual = current["metadata"]["uid"].as_str().unwrap_or_default();
+            return Err(ApiError::conflict(
+                &kind.group,
+                &kind.plural,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
+                ),
+            ));
+        }
         schema.admit(kind, &mut object, Some(current), query)?;
         if bookkeeping == Bookkeeping::Record {
             managed_fields::record_update(Some(current), &mut object, &writer, schema.shape());

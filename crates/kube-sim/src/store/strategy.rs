@@ -332,6 +332,21 @@ pub fn prepare_update(
         ));
     }
     let name = current["metadata"]["name"].as_str().unwrap_or_default();
+    // ValidateObjectMetaUpdate: a patch that names another object's uid (the kubelet and the
+    // pod GC put the uid they mean in their status patches) is refused, not applied.
+    if let Some(uid) = updated["metadata"]["uid"]
+        .as_str()
+        .filter(|uid| !uid.is_empty())
+        && current["metadata"]["uid"].as_str() != Some(uid)
+    {
+        return Err(invalid(
+            kind,
+            name,
+            "metadata.uid",
+            "FieldValueInvalid",
+            format!("Invalid value: \"{uid}\": field is immutable"),
+        ));
+    }
     if kind.group.is_empty() && kind.plural == "secrets" {
         super::workload_defaults::merge_string_data(updated);
     }
@@ -551,7 +566,16 @@ mod tests {
     #[test]
     fn main_updates_keep_status_and_bump_generation_on_spec_change() {
         let current = json!({"metadata": {"name": "n", "uid": "u", "generation": 1}, "spec": {"unschedulable": false}, "status": {"phase": "Running"}});
-        let mut updated = json!({"metadata": {"name": "n", "uid": "forged"}, "spec": {"unschedulable": true}, "status": {"phase": "Gone"}});
+        let mut forged = json!({"metadata": {"name": "n", "uid": "forged"}, "spec": {}});
+        let error = prepare_update(
+            &kind("nodes"),
+            &current,
+            &mut forged,
+            super::super::Part::Status,
+        )
+        .unwrap_err();
+        assert_eq!(error.code, 422, "another object's uid: {error:?}");
+        let mut updated = json!({"metadata": {"name": "n"}, "spec": {"unschedulable": true}, "status": {"phase": "Gone"}});
         prepare_update(
             &kind("nodes"),
             &current,

@@ -7,7 +7,11 @@
 //!   unmounted it (it left `node.status.volumesInUse`), or, on a node that is not Ready, after
 //!   `maxWaitForUnmountDuration`, or at once when the node has the
 //!   `node.kubernetes.io/out-of-service` taint;
-//! - the attacher finishes a detach after the detach delay by dropping its finalizer.
+//! - the attacher finishes a detach after the detach delay by dropping its finalizer;
+//! - a volume whose PersistentVolume allows neither ReadWriteMany nor ReadOnlyMany is attached
+//!   to one node at a time: while it is attached (or still detaching) elsewhere, the pod gets a
+//!   `FailedAttachVolume` Multi-Attach error and waits (the reconciler's
+//!   `isMultiAttachForbidden`).
 //!
 //! `node.status.volumesAttached` lists what is attached.
 
@@ -55,6 +59,8 @@ pub struct Memory {
     detach_requested: HashMap<String, Instant>,
     /// When each detach began, as the attacher saw it: deletionTimestamp has only whole seconds.
     detaching: HashMap<String, Instant>,
+    /// Pods (uid, volume) already told about a Multi-Attach error: upstream reports it once.
+    multi_attach_reported: BTreeSet<(String, String)>,
 }
 
 /// The reconciler's `IsPodTerminated`: finished, or being deleted with nothing running.
@@ -95,6 +101,7 @@ pub fn pod_volumes(store: &Store, pod: &Value) -> Vec<String> {
 pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
     let attachments = store.kind("storage.k8s.io", "volumeattachments");
     let mut wanted: HashMap<String, (String, String)> = HashMap::new();
+    let mut wanting_pods: HashMap<String, std::sync::Arc<Value>> = HashMap::new();
     for pod in store.all(&store.kind("", "pods")) {
         let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
             continue;
@@ -103,7 +110,11 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
             continue;
         }
         for volume in pod_volumes(store, &pod) {
-            wanted.insert(attachment_name(&volume, node), (volume, node.to_owned()));
+            let name = attachment_name(&volume, node);
+            wanting_pods
+                .entry(name.clone())
+                .or_insert_with(|| pod.clone());
+            wanted.insert(name, (volume, node.to_owned()));
         }
     }
     let existing: HashMap<String, std::sync::Arc<Value>> = store
@@ -112,8 +123,23 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
         .filter(|va| va["spec"]["attacher"] == DRIVER)
         .map(|va| (text(&va["metadata"]["name"]).to_owned(), va))
         .collect();
+    let mut still_reported = BTreeSet::new();
     for (name, (volume, node)) in &wanted {
         if !existing.contains_key(name) {
+            let elsewhere = existing.values().any(|va| {
+                va["spec"]["source"]["persistentVolumeName"] == volume.as_str()
+                    && va["spec"]["nodeName"] != node.as_str()
+            });
+            if elsewhere && multi_attach_forbidden(store, volume) {
+                if let Some(pod) = wanting_pods.get(name) {
+                    let key = (text(&pod["metadata"]["uid"]).to_owned(), volume.clone());
+                    if !memory.multi_attach_reported.contains(&key) {
+                        report_multi_attach(store, pod, volume);
+                    }
+                    still_reported.insert(key);
+                }
+                continue;
+            }
             let _ = store.create(&attachments, None, json!({
                 "metadata": {"name": name, "finalizers": [FINALIZER]},
                 "spec": {"attacher": DRIVER, "nodeName": node, "source": {"persistentVolumeName": volume}},
@@ -158,7 +184,39 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
     }
     memory.detach_requested = still_requested;
     memory.detaching = still_detaching;
+    memory.multi_attach_reported = still_reported;
     report_volumes_attached(store);
+}
+
+/// Only a PersistentVolume says reliably whether it may be attached to several nodes: with
+/// access modes and none of them ReadWriteMany or ReadOnlyMany, it may not.
+fn multi_attach_forbidden(store: &Store, volume: &str) -> bool {
+    let volumes = store.kind("", "persistentvolumes");
+    store.get(&volumes, None, volume).is_ok_and(|pv| {
+        pv["spec"]["accessModes"].as_array().is_some_and(|modes| {
+            !modes.is_empty()
+                && !modes
+                    .iter()
+                    .any(|mode| mode == "ReadWriteMany" || mode == "ReadOnlyMany")
+        })
+    })
+}
+
+fn report_multi_attach(store: &Store, pod: &Value, volume: &str) {
+    let source = super::events::Source {
+        component: "attachdetach-controller",
+        host: None,
+    };
+    super::events::warn(
+        store,
+        source,
+        pod,
+        "FailedAttachVolume",
+        &format!(
+            "Multi-Attach error for volume \"{volume}\" Volume is already exclusively attached to \
+             one node and can't be attached to another"
+        ),
+    );
 }
 
 fn text(value: &Value) -> &str {

@@ -1,14 +1,15 @@
 //! The cloud: one instance per node `providerID`, listable and terminable over
 //! `/sim/v1/instances`, counting terminate calls so tests can assert "terminated exactly once,
-//! none leaked". Terminating an instance stops its node's kubelet, as a powered-off machine
-//! would.
+//! none leaked". Terminating or powering off an instance stops its node's kubelet, as a machine
+//! that is gone or off would; powering it on starts the kubelet again. An instance's `state` is
+//! `running`, `stopped` (powered off) or `terminated`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::{delete, get};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::json;
@@ -88,21 +89,52 @@ impl Cloud {
             "terminated".clone_into(&mut instance.state);
             instance.clone()
         };
+        self.set_kubelet(&instance.node, false);
+        Some(instance)
+    }
+
+    /// Powers an instance off (its kubelet stops, its pods stay as they are) or back on. A
+    /// terminated instance stays terminated.
+    pub fn set_power(&self, id: &str, on: bool) -> Option<Instance> {
+        let instance = {
+            let mut instances = self.lock();
+            let instance = instances.get_mut(id)?;
+            if instance.state != "terminated" {
+                let state = if on { "running" } else { "stopped" };
+                state.clone_into(&mut instance.state);
+            }
+            instance.clone()
+        };
+        if instance.state != "terminated" {
+            self.set_kubelet(&instance.node, on);
+        }
+        Some(instance)
+    }
+
+    fn set_kubelet(&self, node: &str, running: bool) {
         let nodes = self.store.kind("", "nodes");
         let _ = self
             .store
-            .update(&nodes, None, &instance.node, Part::Main, |current| {
+            .update(&nodes, None, node, Part::Main, |current| {
                 let mut updated = current.clone();
-                updated["metadata"]["annotations"][super::KUBELET_ANNOTATION] = json!("stopped");
+                if running {
+                    if let Some(annotations) = updated["metadata"]["annotations"].as_object_mut() {
+                        annotations.remove(super::KUBELET_ANNOTATION);
+                    }
+                } else {
+                    updated["metadata"]["annotations"][super::KUBELET_ANNOTATION] =
+                        json!("stopped");
+                }
                 Ok(updated)
             });
-        Some(instance)
     }
 
     pub fn router<S>(&self) -> Router<S> {
         Router::new()
             .route("/sim/v1/instances", get(list))
-            .route("/sim/v1/instances/{id}", delete(terminate))
+            .route("/sim/v1/instances/{id}", get(one).delete(terminate))
+            .route("/sim/v1/instances/{id}/power-off", post(power_off))
+            .route("/sim/v1/instances/{id}/power-on", post(power_on))
             .with_state(self.clone())
     }
 }
@@ -118,4 +150,39 @@ async fn terminate(
 ) -> Result<Json<Instance>, StatusCode> {
     cloud.reconcile();
     cloud.terminate(&id).map(Json).ok_or(StatusCode::NOT_FOUND)
+}
+
+async fn power_off(
+    State(cloud): State<Cloud>,
+    Path(id): Path<String>,
+) -> Result<Json<Instance>, StatusCode> {
+    cloud.reconcile();
+    cloud
+        .set_power(&id, false)
+        .map(Json)
+        .ok_or(StatusCode::NOT_FOUND)
+}
+
+async fn power_on(
+    State(cloud): State<Cloud>,
+    Path(id): Path<String>,
+) -> Result<Json<Instance>, StatusCode> {
+    cloud.reconcile();
+    cloud
+        .set_power(&id, true)
+        .map(Json)
+        .ok_or(StatusCode::NOT_FOUND)
+}
+
+async fn one(
+    State(cloud): State<Cloud>,
+    Path(id): Path<String>,
+) -> Result<Json<Instance>, StatusCode> {
+    cloud.reconcile();
+    cloud
+        .instances()
+        .into_iter()
+        .find(|instance| instance.id == id)
+        .map(Json)
+        .ok_or(StatusCode::NOT_FOUND)
 }

@@ -23,6 +23,23 @@ pub fn record(
     reason: &str,
     message: &str,
 ) {
+    write(store, source, pod, container, "Normal", reason, message);
+}
+
+/// Records a Warning event about `pod`.
+pub fn warn(store: &Store, source: Source<'_>, pod: &Value, reason: &str, message: &str) {
+    write(store, source, pod, None, "Warning", reason, message);
+}
+
+fn write(
+    store: &Store,
+    source: Source<'_>,
+    pod: &Value,
+    container: Option<&str>,
+    type_: &str,
+    reason: &str,
+    message: &str,
+) {
     let meta = &pod["metadata"];
     let namespace = meta["namespace"].as_str().unwrap_or("default");
     let pod_name = meta["name"].as_str().unwrap_or_default();
@@ -52,7 +69,7 @@ pub fn record(
         "firstTimestamp": now,
         "lastTimestamp": now,
         "count": 1,
-        "type": "Normal",
+        "type": type_,
         "reportingComponent": source.component,
         "reportingInstance": source.host.unwrap_or_default(),
     });

@@ -213,6 +213,11 @@ impl Kubelets {
             return;
         }
         if pod["status"]["phase"] == "Pending" {
+            if self.options.attach_detach && !self.volumes_attached(&node, pod) {
+                // The volume manager waits for every claim's volume to be attached; the
+                // attach/detach controller's change to the node brings the pod back here.
+                return;
+            }
             for container in container_names(pod) {
                 let image = pod["spec"]["containers"]
                     .as_array()
@@ -258,6 +263,37 @@ impl Kubelets {
                 );
             }
         }
+    }
+
+    /// Whether every claim of `pod` is bound and its volume attached to `node`.
+    fn volumes_attached(&self, node: &str, pod: &Value) -> bool {
+        let claims: Vec<&str> = pod["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|volume| volume["persistentVolumeClaim"]["claimName"].as_str())
+            .collect();
+        if claims.is_empty() {
+            return true;
+        }
+        let volumes = super::attach_detach::pod_volumes(&self.store, pod);
+        if volumes.len() < claims.len() {
+            return false;
+        }
+        let nodes = self.store.kind("", "nodes");
+        let Ok(node) = self.store.get(&nodes, None, node) else {
+            return false;
+        };
+        let attached = node["status"]["volumesAttached"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        volumes.iter().all(|volume| {
+            let unique = super::attach_detach::unique_volume_name(volume);
+            attached
+                .iter()
+                .any(|entry| entry["name"] == unique.as_str())
+        })
     }
 
     /// A pod object is gone: its processes are killed and its node's kubelet forgets its

@@ -11,6 +11,7 @@ mod events;
 mod gc;
 mod kubelet;
 mod node_lifecycle;
+mod pod_gc;
 mod provisioner;
 mod runtime;
 mod service_accounts;
@@ -58,6 +59,10 @@ pub struct WorldOptions {
     /// before detaching it anyway (kube-controller-manager's 6 minutes).
     pub max_wait_for_unmount: Duration,
     pub garbage_collector: bool,
+    /// kube-controller-manager's pod GC for terminating pods on out-of-service nodes (KEP-2268's
+    /// `gcTerminating`), which sweeps every `pod_gc_period` (20 s upstream).
+    pub pod_gc: bool,
+    pub pod_gc_period: Duration,
     /// The `tolerationSeconds` the DefaultTolerationSeconds admission gives pods for the
     /// not-ready and unreachable NoExecute taints (the real 300 s unless a test shortens it).
     pub default_toleration_seconds: i64,
@@ -78,6 +83,8 @@ impl Default for WorldOptions {
             detach_delay: Duration::from_secs(1),
             max_wait_for_unmount: Duration::from_secs(6 * 60),
             garbage_collector: true,
+            pod_gc: true,
+            pod_gc_period: Duration::from_secs(20),
             default_toleration_seconds: 300,
             run_images: Vec::new(),
         }
@@ -101,6 +108,7 @@ impl WorldOptions {
             workloads: false,
             attach_detach: false,
             garbage_collector: false,
+            pod_gc: false,
             ..Self::default()
         }
     }
@@ -199,6 +207,13 @@ impl World {
                 quick,
                 gc::concerns,
                 gc::reconcile,
+            ));
+        }
+        if options.pod_gc {
+            tokio::spawn(pod_gc::run(
+                store.clone(),
+                options.pod_gc_period,
+                stop.clone(),
             ));
         }
         let cloud = Cloud::new(store.clone());
