@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::duration::parse_go_duration;
+use crate::instances::{ExecInstances, InstanceProvider, SimInstances};
 use crate::leader::LeaderConfig;
 use crate::logind::{LogindSource, SharedLogind};
 
@@ -162,6 +163,71 @@ impl LeaderArgs {
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map_or_else(|_| "unknown".to_owned(), |name| name.trim().to_owned())
+}
+
+/// Where the machines behind nodes are asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InstanceProviderKind {
+    /// No provider: nothing is confirmed or terminated through a cloud.
+    None,
+    /// kube-sim's cloud (`/sim/v1/instances` on the API server's address).
+    Sim,
+    /// A command: `<command> state <providerID>` prints running, stopped or terminated;
+    /// `<command> terminate <providerID>` exits 0 once the cloud accepted.
+    Exec,
+}
+
+/// For the controllers that ask a cloud about machines (`spec.providerID`).
+#[derive(Debug, Clone, Args)]
+pub struct InstanceArgs {
+    /// Who answers for the machines behind nodes: none, sim, or exec (runs
+    /// --instance-provider-command).
+    #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER", value_enum, default_value_t = InstanceProviderKind::None)]
+    pub instance_provider: InstanceProviderKind,
+    /// For --instance-provider=exec: the command, run as `<command> state|terminate
+    /// <providerID>`.
+    #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER_COMMAND")]
+    pub instance_provider_command: Option<PathBuf>,
+    /// For --instance-provider=exec: how long one call may take before it is killed (a
+    /// duration, e.g. 30s).
+    #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER_TIMEOUT", default_value = "30s", value_parser = duration_flag)]
+    pub instance_provider_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceArgsError {
+    #[error(
+        "--instance-provider=exec needs --instance-provider-command: the command to run as \
+         `<command> state|terminate <providerID>`"
+    )]
+    MissingCommand,
+    #[error(
+        "--instance-provider-command is only used with --instance-provider=exec; set both, or \
+         neither"
+    )]
+    CommandWithoutExec,
+}
+
+impl InstanceArgs {
+    /// The provider the flags ask for; `None` for `none`.
+    pub fn provider(
+        &self,
+        client: &kube::Client,
+    ) -> Result<Option<std::sync::Arc<dyn InstanceProvider>>, InstanceArgsError> {
+        use std::sync::Arc;
+        match (self.instance_provider, &self.instance_provider_command) {
+            (InstanceProviderKind::Exec, None) => Err(InstanceArgsError::MissingCommand),
+            (InstanceProviderKind::Exec, Some(command)) => Ok(Some(Arc::new(ExecInstances::new(
+                command.clone(),
+                self.instance_provider_timeout,
+            )))),
+            (_, Some(_)) => Err(InstanceArgsError::CommandWithoutExec),
+            (InstanceProviderKind::Sim, None) => {
+                Ok(Some(Arc::new(SimInstances::new(client.clone()))))
+            }
+            (InstanceProviderKind::None, None) => Ok(None),
+        }
+    }
 }
 
 /// A clap value parser for duration flags in Go's syntax (`30s`, `2m`, `1h30m`).

@@ -262,3 +262,35 @@ async fn the_controller_skeleton_retries_with_backoff_and_counts_errors_by_kind(
     ensure!(context.metrics.reconciliations.get() >= 3);
     Ok(())
 }
+
+#[tokio::test]
+async fn the_sim_instance_provider_reads_and_terminates_machines() -> Result<()> {
+    use nodegrace_core::instances::{InstanceProvider, InstanceState, ProviderId, SimInstances};
+    let sim = KubeSim::start(SimOptions {
+        nodes: 1,
+        ..SimOptions::default()
+    })
+    .await?;
+    let provider = SimInstances::new(sim.client());
+    let node = Api::<Node>::all(sim.client()).get("node-0").await?;
+    let id = ProviderId::of(&node)?;
+    ensure!(provider.state(&id).await? == InstanceState::Running);
+    sim.world().cloud().set_power("node-0", false);
+    ensure!(provider.state(&id).await? == InstanceState::Stopped);
+    provider.terminate(&id).await?;
+    provider.terminate(&id).await?;
+    ensure!(provider.state(&id).await? == InstanceState::Terminated);
+    let calls = sim
+        .world()
+        .cloud()
+        .instances()
+        .into_iter()
+        .find(|instance| instance.id == "node-0")
+        .map(|instance| instance.terminate_calls);
+    ensure!(calls == Some(2), "{calls:?}");
+    let unknown = ProviderId::new("sim:///no-such-node");
+    ensure!(provider.state(&unknown).await? == InstanceState::Terminated);
+    let other = provider.state(&ProviderId::new("aws:///i-1")).await;
+    ensure!(other.is_err_and(|error| error.to_string().contains("unknown scheme")));
+    Ok(())
+}

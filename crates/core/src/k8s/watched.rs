@@ -72,9 +72,22 @@ where
 {
     /// Starts the watch in a task of its own.
     pub fn start(api: Api<K>, config: watcher::Config, counters: WatchCounters) -> Self {
+        Self::start_trimmed(api, config, counters, |_| {})
+    }
+
+    /// Like [`start`](Self::start), with `trim` applied to every object before it is cached:
+    /// a program that watches thousands of objects drops what it never reads
+    /// (`managedFields`, a node's image list) and keeps its memory to what it uses.
+    pub fn start_trimmed(
+        api: Api<K>,
+        config: watcher::Config,
+        counters: WatchCounters,
+        trim: fn(&mut K),
+    ) -> Self {
         let (store, writer) = reflector::store();
         let (notify, changes) = watch::channel(0u64);
-        let events = reflector::reflector(writer, watcher(api, config)).default_backoff();
+        let events =
+            reflector::reflector(writer, watcher(api, config).modify(trim)).default_backoff();
         tokio::spawn(async move {
             let mut events = std::pin::pin!(events);
             loop {

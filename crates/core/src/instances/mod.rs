@@ -1,6 +1,13 @@
-//! The machines behind nodes. A controller that ends a node's life (the termination
-//! controller) asks an `InstanceProvider` to terminate the machine named by the Node's
-//! `spec.providerID`; each cloud (or the simulator) implements it.
+//! The machines behind nodes. A controller asks an `InstanceProvider` about the machine named
+//! by a Node's `spec.providerID`: whether it is powered off (the out-of-service GC taints a
+//! node only then), and to terminate it (the termination controller). Providers here: kube-sim's
+//! cloud (`sim`), and any cloud through a command of the operator's (`exec`).
+
+mod exec;
+mod sim;
+
+pub use exec::ExecInstances;
+pub use sim::SimInstances;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Node;
@@ -31,6 +38,21 @@ impl ProviderId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The part after `<scheme>://` with leading slashes trimmed (`sim:///n1` → `n1`), when the
+    /// id has that scheme.
+    pub fn machine(&self, scheme: &str) -> Option<&str> {
+        self.0
+            .strip_prefix(scheme)?
+            .strip_prefix("://")
+            .map(|rest| rest.trim_start_matches('/'))
+            .filter(|rest| !rest.is_empty())
+    }
+
+    /// An id as a provider answers it (tests, and providers' own lookups).
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
 }
 
 impl std::fmt::Display for ProviderId {
@@ -56,14 +78,45 @@ pub enum InstanceError {
     Refused(String),
 }
 
+/// What a provider knows of a machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceState {
+    Running,
+    /// Powered off, but still there.
+    Stopped,
+    /// Gone (a machine the provider no longer knows counts as terminated).
+    Terminated,
+}
+
+impl InstanceState {
+    /// Whether nothing can run on the machine: the confirmation the KEP asks an operator for
+    /// before the out-of-service taint.
+    pub fn powered_off(self) -> bool {
+        matches!(self, Self::Stopped | Self::Terminated)
+    }
+
+    /// The words the providers use: `running`, `stopped`, `terminated`.
+    pub fn parse(word: &str) -> Option<Self> {
+        match word {
+            "running" => Some(Self::Running),
+            "stopped" => Some(Self::Stopped),
+            "terminated" => Some(Self::Terminated),
+            _ => None,
+        }
+    }
+}
+
 /// What the controllers need from a cloud. Both calls are idempotent: terminating a machine
 /// that is already gone succeeds, so a controller that crashed after the call can repeat it.
 pub trait InstanceProvider: Send + Sync + std::fmt::Debug {
+    /// The machine's state now.
+    fn state<'a>(
+        &'a self,
+        id: &'a ProviderId,
+    ) -> BoxFuture<'a, Result<InstanceState, InstanceError>>;
+
     /// Asks for the machine to be terminated; returns once the provider accepted the request.
     fn terminate<'a>(&'a self, id: &'a ProviderId) -> BoxFuture<'a, Result<(), InstanceError>>;
-
-    /// Whether the machine still exists (in any state short of terminated).
-    fn exists<'a>(&'a self, id: &'a ProviderId) -> BoxFuture<'a, Result<bool, InstanceError>>;
 }
 
 #[cfg(test)]
@@ -80,11 +133,25 @@ mod tests {
         let id = ProviderId::of(&node).unwrap();
         assert_eq!(id.scheme(), Some("sim"));
         assert_eq!(id.as_str(), "sim:///n1");
+        assert_eq!(id.machine("sim"), Some("n1"));
+        assert_eq!(id.machine("aws"), None);
         for spec in [json!({}), json!({"providerID": " "})] {
             let node: Node =
                 serde_json::from_value(json!({"metadata": {"name": "n2"}, "spec": spec})).unwrap();
             let error = ProviderId::of(&node).unwrap_err().to_string();
             assert!(error.contains("\"n2\" has no spec.providerID"), "{error}");
         }
+    }
+
+    #[test]
+    fn only_stopped_or_terminated_machines_are_powered_off() {
+        assert!(!InstanceState::Running.powered_off());
+        assert!(InstanceState::Stopped.powered_off());
+        assert!(InstanceState::Terminated.powered_off());
+        assert_eq!(
+            InstanceState::parse("stopped"),
+            Some(InstanceState::Stopped)
+        );
+        assert_eq!(InstanceState::parse("Stopped"), None);
     }
 }
