@@ -1,17 +1,7 @@
-//! `out-of-service-gc`: Force-deletes pods and detaches volumes of out-of-service nodes (KEP-2268).
-//!
-//! The behaviour lands with its component issue; until then the binary accepts its options
-//! (the common ones and leader election), so charts and scripts can be written against them,
-//! and stops with a clear message.
-
 use std::process::ExitCode;
 
-use nodegrace_core::cli::ports;
-use nodegrace_core::program::not_yet_implemented_main;
+use out_of_service_gc::{app, cli::Args};
 
 fn main() -> ExitCode {
-    not_yet_implemented_main::<{ ports::OUT_OF_SERVICE_GC }>(
-        "out-of-service-gc",
-        "Force-deletes pods and detaches volumes of out-of-service nodes (KEP-2268)",
-    )
+    nodegrace_core::program::main(|args: &Args| &args.common.log, app::run)
 }

@@ -1,11 +1,67 @@
-//! The skeleton binary as an operator runs it: its options and variables are the final ones,
-//! and it says plainly that it does nothing yet.
+//! The binary as an operator runs it: its help, its environment variables, its errors.
+
+use std::path::Path;
+use std::process::Command;
+
+use clap::CommandFactory;
+use nodegrace_core::testing::{
+    check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
+};
+use out_of_service_gc::cli::Args;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_out-of-service-gc");
 
 #[test]
-fn options_follow_the_scheme_and_the_run_stops_with_a_clear_message() -> anyhow::Result<()> {
-    nodegrace_core::testing::check_skeleton_binary(
-        env!("CARGO_BIN_EXE_out-of-service-gc"),
-        "out-of-service-gc",
-        9453,
-    )
+fn help_shows_the_programs_own_admin_port_and_the_chart_uses_it() -> anyhow::Result<()> {
+    let values =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/out-of-service-gc/values.yaml");
+    check_help_and_chart_port(BINARY, 9453, &values)
+}
+
+#[test]
+fn every_flag_reads_its_nodegrace_variable() -> anyhow::Result<()> {
+    check_env_follows_flags(&Args::command())
+}
+
+#[test]
+fn the_api_limits_default_to_one_node_in_one_burst() -> anyhow::Result<()> {
+    let help = String::from_utf8(Command::new(BINARY).arg("--help").output()?.stdout)?;
+    for default in [
+        "[default: 100]",
+        "[default: 300]",
+        "[default: true]",
+        "[default: none]",
+    ] {
+        anyhow::ensure!(help.contains(default), "{default} missing from:\n{help}");
+    }
+    Ok(())
+}
+
+#[test]
+fn logs_in_a_pipe_are_plain_and_each_cause_is_printed_once() -> anyhow::Result<()> {
+    check_plain_one_line_error(BINARY, &[])
+}
+
+#[test]
+fn bad_durations_and_provider_options_name_the_flag() -> anyhow::Result<()> {
+    let output = Command::new(BINARY)
+        .args(["--auto-taint-after=soon"])
+        .output()?;
+    let stderr = String::from_utf8(output.stderr)?;
+    anyhow::ensure!(output.status.code() == Some(2), "{stderr}");
+    anyhow::ensure!(stderr.contains("--auto-taint-after"), "{stderr}");
+
+    let runtime = tokio::runtime::Runtime::new()?;
+    let sim = runtime.block_on(kube_sim::KubeSim::start(kube_sim::SimOptions::default()))?;
+    let output = Command::new(BINARY)
+        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
+        .args(["--admin-listen=127.0.0.1:0", "--instance-provider=exec"])
+        .output()?;
+    let stderr = String::from_utf8(output.stderr)?;
+    anyhow::ensure!(output.status.code() == Some(1), "{stderr}");
+    anyhow::ensure!(
+        stderr.contains("--instance-provider=exec needs --instance-provider-command"),
+        "{stderr}"
+    );
+    Ok(())
 }

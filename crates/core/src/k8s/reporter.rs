@@ -36,6 +36,9 @@ pub enum ConditionGuard {
     /// Only over a current condition with this status: clearing a stale `True` must not add a
     /// condition where there was none.
     OnlyReplacing(&'static str),
+    /// Only over a current condition of the type, whatever its status: a final word for a
+    /// condition this program wrote, never a new condition on a node it never looked after.
+    OnlyExisting,
 }
 
 impl ConditionGuard {
@@ -43,6 +46,7 @@ impl ConditionGuard {
         match self {
             Self::Always => true,
             Self::OnlyReplacing(status) => existing.is_some_and(|c| c.status == status),
+            Self::OnlyExisting => existing.is_some(),
         }
     }
 }

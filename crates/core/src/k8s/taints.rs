@@ -52,15 +52,30 @@ async fn modify_taints(
     node: &str,
     mut change: impl FnMut(&mut Vec<Taint>) -> bool,
 ) -> Result<bool, kube::Error> {
+    change_taints(nodes, node, |_, taints| change(taints)).await
+}
+
+/// Changes a node's taints as `change` decides from the node just read (so a decision that
+/// depends on the node's state, like "only while it is NotReady", is made on the very version
+/// that gets written). Returns whether the node changed.
+pub async fn change_taints(
+    nodes: &Api<Node>,
+    node: &str,
+    mut change: impl FnMut(&Node, &mut Vec<Taint>) -> bool,
+) -> Result<bool, kube::Error> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let mut current = nodes.get(node).await?;
-        let spec = current.spec.get_or_insert_with(Default::default);
-        let mut taints = spec.taints.take().unwrap_or_default();
-        if !change(&mut taints) {
+        let mut taints = current
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.taints.clone())
+            .unwrap_or_default();
+        if !change(&current, &mut taints) {
             return Ok(false);
         }
+        let spec = current.spec.get_or_insert_with(Default::default);
         spec.taints = (!taints.is_empty()).then_some(taints);
         // `current` carries the resourceVersion we read: a concurrent write makes this a 409.
         match nodes.replace(node, &PostParams::default(), &current).await {

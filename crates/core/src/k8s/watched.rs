@@ -84,6 +84,19 @@ where
         counters: WatchCounters,
         trim: fn(&mut K),
     ) -> Self {
+        Self::start_observed(api, config, counters, trim, |_| {})
+    }
+
+    /// Like [`start_trimmed`](Self::start_trimmed), calling `observe` with every object the
+    /// watch applies or deletes (after the cache has it), so a program can tell *which* object
+    /// changed instead of rescanning all of them.
+    pub fn start_observed(
+        api: Api<K>,
+        config: watcher::Config,
+        counters: WatchCounters,
+        trim: fn(&mut K),
+        observe: impl Fn(&K) + Send + 'static,
+    ) -> Self {
         let (store, writer) = reflector::store();
         let (notify, changes) = watch::channel(0u64);
         let events =
@@ -95,6 +108,12 @@ where
                     () = notify.closed() => return,
                     event = events.next() => match event {
                         Some(Ok(event)) => {
+                            if let watcher::Event::Apply(object)
+                                | watcher::Event::Delete(object)
+                                | watcher::Event::InitApply(object) = &event
+                            {
+                                observe(object);
+                            }
                             if let (
                                 watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_),
                                 Some(counter),
@@ -128,6 +147,15 @@ where
 
     pub fn state(&self) -> Vec<Arc<K>> {
         self.store.state()
+    }
+
+    /// The cached object named `name` (in `namespace`, for namespaced kinds).
+    pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<K>> {
+        let mut reference = reflector::ObjectRef::new(name);
+        if let Some(namespace) = namespace {
+            reference = reference.within(namespace);
+        }
+        self.store.get(&reference)
     }
 
     /// Waits for the next change after the last one this clone saw.

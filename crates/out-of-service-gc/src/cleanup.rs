@@ -1,0 +1,702 @@
+//! One out-of-service node's cleanup: each pass reads the Node and its heartbeat Lease from the
+//! API (never the cache), then force-deletes the pods that do not tolerate the taint, deletes
+//! the VolumeAttachments no remaining pod uses, reports, and — with `--auto-untaint` — removes
+//! the taint once the node is back and clean. Passes are idempotent: a new leader, or a pass
+//! after an error, simply does what is still to do.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Taint};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use nodegrace_core::k8s::api_errors::{ApiErrorClass, classify_delete, status_code};
+use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::nodes::node_reference;
+use nodegrace_core::k8s::pods::is_terminal;
+use nodegrace_core::k8s::reporter::{ConditionGuard, Reporter};
+use nodegrace_core::k8s::taints::change_taints;
+use nodegrace_core::k8s::watched::{WatchCounters, Watched};
+use serde_json::json;
+
+use crate::fresh::Fresh;
+use crate::guard::{Heartbeat, heartbeat, window};
+use crate::metrics::Metrics;
+use crate::qualify::{
+    EXPECTED_EFFECT, NodeStatus, OUT_OF_SERVICE_TAINT, PodVerdict, node_status, pod_verdict,
+    ready_since,
+};
+use crate::status::{DISRUPTION_REASON, Phase, plural};
+
+const ACTION: &str = "OutOfServiceCleanup";
+/// Force actions in flight at once for one node.
+const CONCURRENCY: usize = 64;
+
+/// What every node's cleanup shares.
+pub struct Shared {
+    pub client: Client,
+    pub reporter: Reporter,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    pub attachments: Watched<VolumeAttachment>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub liveness_guard: bool,
+    pub guard_window: Option<Duration>,
+    pub auto_untaint: bool,
+}
+
+/// The node as the API has it right now.
+#[derive(Debug, Clone)]
+struct LiveView {
+    node: Option<Arc<Node>>,
+    heartbeat: Heartbeat,
+    window: Duration,
+}
+
+impl LiveView {
+    fn status(&self) -> NodeStatus {
+        self.node
+            .as_deref()
+            .map_or(NodeStatus::InService, node_status)
+    }
+
+    /// Whether force actions may go on: out of service, and no recent heartbeat when guarded.
+    fn permits_force(&self, guarded: bool) -> bool {
+        matches!(self.status(), NodeStatus::OutOfService(_))
+            && !(guarded && matches!(self.heartbeat, Heartbeat::Recent { .. }))
+    }
+}
+
+/// After a pass: stop looking after the node, or wait (for a change, or at most this long).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Finished,
+    Wait(Option<Duration>),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl PassError {
+    fn api(what: impl Into<String>, source: kube::Error) -> Self {
+        Self::Api {
+            what: what.into(),
+            source,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        let Self::Api { source, .. } = self;
+        match status_code(source) {
+            Some(403) => "forbidden",
+            Some(429) => "throttled",
+            Some(500..) => "server",
+            Some(_) => "api",
+            None => "unreachable",
+        }
+    }
+}
+
+/// What was said already, so a pass that finds the same state says nothing new.
+#[derive(Debug, Default)]
+struct Said {
+    effect_warned: bool,
+    refused_at: Option<Timestamp>,
+    started: bool,
+    done: bool,
+    /// This cleanup saw the node tainted and NotReady: a later Ready means it came back.
+    saw_out_of_service: bool,
+}
+
+#[derive(Debug)]
+enum Deleted {
+    Yes,
+    AlreadyGone,
+    /// The live read said the node no longer qualifies.
+    Skipped,
+}
+
+pub struct NodeCleanup {
+    shared: Arc<Shared>,
+    node: String,
+    pods: Watched<Pod>,
+    live: Fresh<LiveView>,
+    said: Mutex<Said>,
+}
+
+impl std::fmt::Debug for NodeCleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeCleanup")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Only what the decisions read is cached.
+fn trim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    pod.metadata.annotations = None;
+    if let Some(status) = pod.status.as_mut() {
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+        status.conditions = None;
+    }
+}
+
+impl NodeCleanup {
+    /// Starts watching the pods bound to `node` (and only those).
+    pub fn new(shared: Arc<Shared>, node: &str) -> Self {
+        let pods = Watched::start_trimmed(
+            Api::all(shared.client.clone()),
+            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+            WatchCounters::default(),
+            trim_pod,
+        );
+        Self {
+            shared,
+            node: node.to_owned(),
+            pods,
+            live: Fresh::default(),
+            said: Mutex::default(),
+        }
+    }
+
+    pub fn pods(&self) -> &Watched<Pod> {
+        &self.pods
+    }
+
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    fn said(&self) -> std::sync::MutexGuard<'_, Said> {
+        self.said.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn reporter(&self) -> &Reporter {
+        &self.shared.reporter
+    }
+
+    fn report(&self, phase: &Phase) {
+        let guard = if *phase == Phase::TaintRemoved {
+            // Clearing never adds a condition where this controller never wrote one.
+            ConditionGuard::OnlyExisting
+        } else {
+            ConditionGuard::Always
+        };
+        self.reporter()
+            .condition(&self.node, phase.condition(), guard);
+    }
+
+    fn node_event(&self, warning: bool, reason: &str, note: String) {
+        let reference = node_reference(&self.node);
+        let event = if warning {
+            EventReport::warning(reference, reason, ACTION, note)
+        } else {
+            EventReport::normal(reference, reason, ACTION, note)
+        };
+        self.reporter().event(event);
+    }
+
+    /// A read of the Node and its Lease that began after the caller asked.
+    async fn read_live(&self) -> Result<LiveView, PassError> {
+        self.live
+            .get(|| async {
+                let nodes: Api<Node> = Api::all(self.shared.client.clone());
+                let node = nodes
+                    .get_opt(&self.node)
+                    .await
+                    .map_err(|error| PassError::api(format!("read node {}", self.node), error))?;
+                let (heartbeat, window) = if self.shared.settings.liveness_guard && node.is_some() {
+                    let leases: Api<Lease> =
+                        Api::namespaced(self.shared.client.clone(), "kube-node-lease");
+                    let lease = leases.get_opt(&self.node).await.map_err(|error| {
+                        PassError::api(format!("read lease kube-node-lease/{}", self.node), error)
+                    })?;
+                    let window = window(lease.as_ref(), self.shared.settings.guard_window);
+                    (heartbeat(lease.as_ref(), Timestamp::now(), window), window)
+                } else {
+                    (Heartbeat::Silent, Duration::ZERO)
+                };
+                Ok(LiveView {
+                    node: node.map(Arc::new),
+                    heartbeat,
+                    window,
+                })
+            })
+            .await
+    }
+
+    /// One pass over the node; see the module comment.
+    pub async fn pass(&self) -> Result<Outcome, PassError> {
+        let view = self.read_live().await?;
+        match view.status() {
+            NodeStatus::InService => {
+                if view.node.is_some() {
+                    self.report(&Phase::TaintRemoved);
+                }
+                Ok(Outcome::Finished)
+            }
+            NodeStatus::TaintedButReady(taint) => self.ready_again(&view, &taint).await,
+            NodeStatus::OutOfService(taint) => self.clean(&view, &taint).await,
+        }
+    }
+
+    async fn clean(&self, view: &LiveView, taint: &Taint) -> Result<Outcome, PassError> {
+        self.said().saw_out_of_service = true;
+        if taint.effect != EXPECTED_EFFECT
+            && !std::mem::replace(&mut self.said().effect_warned, true)
+        {
+            self.node_event(
+                true,
+                "OutOfServiceTaintEffect",
+                format!(
+                    "The {OUT_OF_SERVICE_TAINT} taint has effect {}; {EXPECTED_EFFECT} is \
+                     expected (it also evicts and keeps new pods off). Cleaning up anyway.",
+                    taint.effect
+                ),
+            );
+        }
+        if self.shared.settings.liveness_guard
+            && let Heartbeat::Recent { renewed, until } = view.heartbeat
+        {
+            return Ok(self.refuse(renewed, until, view.window));
+        }
+        self.said().refused_at = None;
+        let now = Timestamp::now();
+        let mut victims = Vec::new();
+        let mut staying = Vec::new();
+        let mut next_due: Option<Timestamp> = None;
+        for pod in self.pods.state() {
+            match pod_verdict(&pod, taint, now) {
+                PodVerdict::ForceDelete => victims.push(pod),
+                PodVerdict::ForceDeleteAt(due) => {
+                    next_due = Some(next_due.map_or(due, |next| next.min(due)));
+                    staying.push(pod);
+                }
+                PodVerdict::Tolerated => staying.push(pod),
+            }
+        }
+        let attachments = self.attachments();
+        if !victims.is_empty() || !attachments.is_empty() {
+            self.report(&Phase::Cleaning {
+                pods: victims.len(),
+                attachments: attachments.len(),
+            });
+            if !std::mem::replace(&mut self.said().started, true) {
+                self.node_event(
+                    false,
+                    "OutOfServiceCleanupStarted",
+                    format!(
+                        "Node is out of service ({}) and not ready: force-deleting {} {} that do \
+                         not tolerate the taint and detaching {} {}",
+                        describe(taint),
+                        victims.len(),
+                        plural(victims.len(), "pod", "pods"),
+                        attachments.len(),
+                        plural(attachments.len(), "volume", "volumes"),
+                    ),
+                );
+            }
+        }
+        let results: Vec<(Arc<Pod>, Result<Deleted, PassError>)> = futures::stream::iter(victims)
+            .map(|pod| async move {
+                let result = self.force_delete(&pod, taint).await;
+                (pod, result)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        let mut first_error = None;
+        let mut skipped = false;
+        for (pod, result) in results {
+            match result {
+                Ok(Deleted::Yes | Deleted::AlreadyGone) => {}
+                Ok(Deleted::Skipped) => skipped = true,
+                Err(error) => {
+                    // Its volumes stay in use until it is gone.
+                    staying.push(pod);
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        if skipped {
+            // The node changed under us: the next pass starts from what it is now.
+            return Ok(Outcome::Wait(Some(Duration::ZERO)));
+        }
+        let detach = self.detach_unused(&staying).await;
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+        let left = detach?;
+        if let Some(due) = next_due {
+            self.report(&Phase::Cleaning {
+                pods: staying.iter().filter(|pod| !is_terminal(pod)).count(),
+                attachments: left,
+            });
+            let wait =
+                Duration::try_from(due.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO);
+            return Ok(Outcome::Wait(Some(wait)));
+        }
+        if left > 0 {
+            self.report(&Phase::Cleaning {
+                pods: 0,
+                attachments: left,
+            });
+            return Ok(Outcome::Wait(None));
+        }
+        self.report(&Phase::Done);
+        if !std::mem::replace(&mut self.said().done, true) {
+            self.node_event(
+                false,
+                "OutOfServiceCleanupDone",
+                "No pod that does not tolerate the taint and no volume attachment is left; \
+                 remove the out-of-service taint once the node is back"
+                    .to_owned(),
+            );
+        }
+        Ok(Outcome::Wait(None))
+    }
+
+    fn refuse(&self, renewed: Timestamp, until: Timestamp, window: Duration) -> Outcome {
+        let message = format!(
+            "The node's Lease in kube-node-lease was renewed at {renewed}, within the liveness \
+             guard window ({}s): its kubelet still heartbeats, so it is partitioned or \
+             rebooting, not shut down. Nothing is force-deleted or detached before {until} \
+             (or set --liveness-guard=false).",
+            window.as_secs()
+        );
+        if self.said().refused_at != Some(renewed) {
+            self.said().refused_at = Some(renewed);
+            self.shared.metrics.refusals.inc();
+            tracing::warn!(node = %self.node, %renewed, %until, "cleanup refused: the node's Lease is recent");
+            self.node_event(true, "OutOfServiceCleanupRefused", message.clone());
+        }
+        self.report(&Phase::Refused(message));
+        let wait =
+            Duration::try_from(until.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO);
+        Outcome::Wait(Some(wait))
+    }
+
+    /// The node's VolumeAttachments, from the cache.
+    fn attachments(&self) -> Vec<Arc<VolumeAttachment>> {
+        self.shared
+            .attachments
+            .state()
+            .into_iter()
+            .filter(|va| va.spec.node_name == self.node)
+            .collect()
+    }
+
+    /// Status patch, then delete, of one pod, each behind a fresh read of the node.
+    async fn force_delete(&self, pod: &Pod, taint: &Taint) -> Result<Deleted, PassError> {
+        let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let uid = pod.uid().unwrap_or_default();
+        if !self
+            .read_live()
+            .await?
+            .permits_force(self.shared.settings.liveness_guard)
+        {
+            self.shared.metrics.stale_skips.inc();
+            tracing::info!(node = %self.node, pod = %format!("{namespace}/{name}"), %uid, "not force-deleting: the node no longer qualifies");
+            return Ok(Deleted::Skipped);
+        }
+        let pods: Api<Pod> = Api::namespaced(self.shared.client.clone(), &namespace);
+        let what = |verb: &str| format!("{verb} pod {namespace}/{name}");
+        if !is_terminal(pod) {
+            let message = format!(
+                "nodegrace out-of-service-gc: node {} is out of service ({}) and not ready",
+                self.node,
+                describe(taint)
+            );
+            // The uid makes the patch fail rather than mark a namesake that replaced the pod.
+            let patch = json!({
+                "metadata": {"uid": uid},
+                "status": {
+                    "phase": "Failed",
+                    "conditions": [{
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": DISRUPTION_REASON,
+                        "message": message,
+                        "lastTransitionTime": Timestamp::now().to_string(),
+                    }],
+                },
+            });
+            if let Err(error) = pods
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+            {
+                match status_code(&error) {
+                    Some(404) => return Ok(Deleted::AlreadyGone),
+                    // 422 on the uid: a namesake stands there now; ours is gone.
+                    Some(409 | 422) if !self.still_there(&pods, &name, &uid).await? => {
+                        return Ok(Deleted::AlreadyGone);
+                    }
+                    _ => return Err(PassError::api(what("mark failed"), error)),
+                }
+            }
+        }
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match pods.delete(&name, &params).await {
+            Ok(_) => {
+                self.shared.metrics.pods_force_deleted.inc();
+                tracing::info!(node = %self.node, pod = %format!("{namespace}/{name}"), %uid, "force-deleted");
+                self.reporter().event(EventReport::warning(
+                    pod_reference(pod),
+                    "ForceDeleted",
+                    ACTION,
+                    format!(
+                        "Force-deleted: node {} is out of service ({}) and not ready, so its \
+                         kubelet cannot finish the pod",
+                        self.node,
+                        describe(taint)
+                    ),
+                ));
+                Ok(Deleted::Yes)
+            }
+            Err(error) if classify_delete(&error) == ApiErrorClass::Gone => {
+                Ok(Deleted::AlreadyGone)
+            }
+            Err(error) => Err(PassError::api(what("delete"), error)),
+        }
+    }
+
+    async fn still_there(&self, pods: &Api<Pod>, name: &str, uid: &str) -> Result<bool, PassError> {
+        let current = pods
+            .get_opt(name)
+            .await
+            .map_err(|error| PassError::api(format!("read pod {name}"), error))?;
+        Ok(current.is_some_and(|pod| pod.uid().as_deref() == Some(uid)))
+    }
+
+    /// Deletes the node's VolumeAttachments whose volume no staying pod uses; returns how many
+    /// of the node's attachments still exist (detaching ones included).
+    async fn detach_unused(&self, staying: &[Arc<Pod>]) -> Result<usize, PassError> {
+        let attachments = self.attachments();
+        if attachments.is_empty() {
+            return Ok(0);
+        }
+        let in_use = self.volumes_in_use(staying).await?;
+        let api: Api<VolumeAttachment> = Api::all(self.shared.client.clone());
+        let mut gone = 0;
+        for attachment in &attachments {
+            if attachment.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let volume = attachment.spec.source.persistent_volume_name.clone();
+            let used = match &volume {
+                Some(volume) => in_use.contains(volume),
+                // An inline volume cannot be traced to a pod: wait until no pod stays.
+                None => staying.iter().any(|pod| !is_terminal(pod)),
+            };
+            if used {
+                continue;
+            }
+            if !self
+                .read_live()
+                .await?
+                .permits_force(self.shared.settings.liveness_guard)
+            {
+                self.shared.metrics.stale_skips.inc();
+                return Ok(attachments.len() - gone);
+            }
+            let name = attachment.name_any();
+            let params = DeleteParams {
+                preconditions: attachment.uid().map(|uid| Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => {
+                    self.shared.metrics.volumes_force_detached.inc();
+                    tracing::info!(node = %self.node, attachment = %name, volume = ?volume, "force-detached");
+                    self.node_event(
+                        false,
+                        "VolumeForceDetached",
+                        format!(
+                            "Deleted VolumeAttachment {name} (volume {}): no pod on this \
+                             out-of-service node uses it",
+                            volume.as_deref().unwrap_or("inline")
+                        ),
+                    );
+                }
+                Err(error) if classify_delete(&error) == ApiErrorClass::Gone => gone += 1,
+                Err(error) => {
+                    return Err(PassError::api(
+                        format!("delete VolumeAttachment {name}"),
+                        error,
+                    ));
+                }
+            }
+        }
+        Ok(attachments.len() - gone)
+    }
+
+    /// The persistent volumes the staying (not terminal) pods use through their claims.
+    async fn volumes_in_use(&self, staying: &[Arc<Pod>]) -> Result<HashSet<String>, PassError> {
+        let mut volumes = HashSet::new();
+        for pod in staying.iter().filter(|pod| !is_terminal(pod)) {
+            let namespace = pod.namespace().unwrap_or_default();
+            let claims: Api<PersistentVolumeClaim> =
+                Api::namespaced(self.shared.client.clone(), &namespace);
+            let names: BTreeSet<&str> = pod
+                .spec
+                .iter()
+                .flat_map(|spec| spec.volumes.iter().flatten())
+                .filter_map(|volume| volume.persistent_volume_claim.as_ref())
+                .map(|claim| claim.claim_name.as_str())
+                .collect();
+            for name in names {
+                let claim = claims.get_opt(name).await.map_err(|error| {
+                    PassError::api(format!("read claim {namespace}/{name}"), error)
+                })?;
+                if let Some(volume) = claim
+                    .and_then(|claim| claim.spec)
+                    .and_then(|spec| spec.volume_name)
+                {
+                    volumes.insert(volume);
+                }
+            }
+        }
+        Ok(volumes)
+    }
+
+    /// The node is tainted and Ready: nothing is forced. With `--auto-untaint`, the taint goes
+    /// once the node came back (it was seen out of service, or turned Ready after the taint was
+    /// added) and nothing from before is left.
+    async fn ready_again(&self, view: &LiveView, taint: &Taint) -> Result<Outcome, PassError> {
+        let Some(node) = view.node.as_deref() else {
+            return Ok(Outcome::Finished);
+        };
+        if !self.shared.settings.auto_untaint {
+            self.report(&Phase::Pending(
+                "The node is Ready: nothing is force-deleted from a Ready node. Remove the \
+                 out-of-service taint once it is clean."
+                    .to_owned(),
+            ));
+            return Ok(Outcome::Wait(None));
+        }
+        let since = ready_since(node);
+        let came_back = match (&taint.time_added, since) {
+            (Some(added), Some(since)) => since > added.0,
+            _ => self.said().saw_out_of_service,
+        };
+        if !came_back {
+            self.report(&Phase::Pending(
+                "The node is Ready and has not been seen down since the taint was added; the \
+                 taint stays until an operator removes it."
+                    .to_owned(),
+            ));
+            return Ok(Outcome::Wait(None));
+        }
+        let before = |created: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| match (
+            created, since,
+        ) {
+            (Some(created), Some(since)) => created.0 <= since,
+            _ => true,
+        };
+        let now = Timestamp::now();
+        let pods_left = self
+            .pods
+            .state()
+            .iter()
+            .filter(|pod| pod_verdict(pod, taint, now) != PodVerdict::Tolerated)
+            .filter(|pod| before(pod.metadata.creation_timestamp.as_ref()))
+            .count();
+        let attachments_left = self
+            .attachments()
+            .iter()
+            .filter(|va| before(va.metadata.creation_timestamp.as_ref()))
+            .count();
+        if pods_left > 0 || attachments_left > 0 {
+            self.report(&Phase::Pending(format!(
+                "The node is Ready again; waiting for {pods_left} {} and {attachments_left} \
+                 volume {} from before to go before removing the taint",
+                plural(pods_left, "pod", "pods"),
+                plural(attachments_left, "attachment", "attachments"),
+            )));
+            return Ok(Outcome::Wait(None));
+        }
+        let nodes: Api<Node> = Api::all(self.shared.client.clone());
+        let removed = change_taints(&nodes, &self.node, |current, taints| {
+            // Decided on the version being written: still Ready, still tainted.
+            if !matches!(node_status(current), NodeStatus::TaintedButReady(_)) {
+                return false;
+            }
+            taints.retain(|t| t.key != OUT_OF_SERVICE_TAINT);
+            true
+        })
+        .await
+        .map_err(|error| {
+            PassError::api(format!("remove the taint from node {}", self.node), error)
+        })?;
+        if !removed {
+            return Ok(Outcome::Wait(Some(Duration::ZERO)));
+        }
+        self.shared.metrics.taints_removed.inc();
+        tracing::info!(node = %self.node, "out-of-service taint removed");
+        self.node_event(
+            false,
+            "OutOfServiceTaintRemoved",
+            format!(
+                "Removed the out-of-service taint ({}): the node is Ready again and nothing \
+                 bound to it before is left",
+                describe(taint)
+            ),
+        );
+        self.report(&Phase::TaintRemoved);
+        Ok(Outcome::Finished)
+    }
+}
+
+fn describe(taint: &Taint) -> String {
+    match taint.value.as_deref() {
+        Some(value) if !value.is_empty() => format!("{}={value}:{}", taint.key, taint.effect),
+        _ => format!("{}:{}", taint.key, taint.effect),
+    }
+}
+
+fn pod_reference(pod: &Pod) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        name: pod.metadata.name.clone(),
+        namespace: pod.metadata.namespace.clone(),
+        uid: pod.metadata.uid.clone(),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,295 @@
+//! Which nodes are out of service, and which of their pods must go: the KEP's rules as pure
+//! functions of the objects.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use nodegrace_core::k8s::nodes::{Readiness, readiness, taint_with_key};
+use nodegrace_core::k8s::tolerations::toleration_time;
+
+/// The taint an operator (or `--auto-taint-after`) puts on a node that is shut down for good.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+/// The effect the KEP asks for: it also makes the taint manager evict and keeps new pods off.
+pub const EXPECTED_EFFECT: &str = "NoExecute";
+
+/// Where a node stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeStatus {
+    /// No out-of-service taint: nothing to do.
+    InService,
+    /// Tainted, but its Ready condition is True: nothing is force-deleted from a Ready node.
+    TaintedButReady(Taint),
+    /// Tainted and Ready is False or Unknown: its pods may be force-deleted.
+    OutOfService(Taint),
+}
+
+pub fn node_status(node: &Node) -> NodeStatus {
+    let Some(taint) = taint_with_key(node, OUT_OF_SERVICE_TAINT) else {
+        return NodeStatus::InService;
+    };
+    match readiness(node) {
+        Readiness::Ready => NodeStatus::TaintedButReady(taint.clone()),
+        Readiness::NotReady | Readiness::Unknown => NodeStatus::OutOfService(taint.clone()),
+    }
+}
+
+/// What happens to one pod bound to an out-of-service node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodVerdict {
+    /// No toleration matches the taint: force-delete it now.
+    ForceDelete,
+    /// A toleration with `tolerationSeconds` matches: force-delete it once that has passed
+    /// since the taint was added, as the taint manager would evict it then.
+    ForceDeleteAt(Timestamp),
+    /// Tolerated for good: left alone.
+    Tolerated,
+}
+
+/// The verdict for `pod` under `taint`, at `now`. `tolerationSeconds` counts from the taint's
+/// `timeAdded` (from `now` when the taint has none), and only for a NoExecute taint, as in the
+/// API: for other effects a matching toleration tolerates forever.
+pub fn pod_verdict(pod: &Pod, taint: &Taint, now: Timestamp) -> PodVerdict {
+    let tolerations = pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.tolerations.as_deref())
+        .unwrap_or_default();
+    match toleration_time(tolerations, taint) {
+        None => PodVerdict::ForceDelete,
+        Some(None) => PodVerdict::Tolerated,
+        Some(Some(_)) if taint.effect != EXPECTED_EFFECT => PodVerdict::Tolerated,
+        Some(Some(seconds)) => {
+            let added = taint.time_added.as_ref().map_or(now, |time| time.0);
+            let until = added.checked_add(seconds).unwrap_or(Timestamp::MAX);
+            if until <= now {
+                PodVerdict::ForceDelete
+            } else {
+                PodVerdict::ForceDeleteAt(until)
+            }
+        }
+    }
+}
+
+/// How long a node has been NotReady (Ready False or Unknown), from the Ready condition's
+/// `lastTransitionTime`; `None` when it is Ready or never said when it changed.
+pub fn not_ready_for(node: &Node, now: Timestamp) -> Option<Duration> {
+    if readiness(node) == Readiness::Ready {
+        return None;
+    }
+    let since = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|condition| condition.type_ == "Ready")?
+        .last_transition_time
+        .as_ref()?
+        .0;
+    Some(Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO))
+}
+
+/// When the node turned Ready (its Ready condition's `lastTransitionTime`), if it is Ready.
+pub fn ready_since(node: &Node) -> Option<Timestamp> {
+    if readiness(node) != Readiness::Ready {
+        return None;
+    }
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|condition| condition.type_ == "Ready")?
+        .last_transition_time
+        .as_ref()
+        .map(|time| time.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(taints: &serde_json::Value, ready: Option<&str>) -> Node {
+        let conditions = ready.map_or(json!([]), |status| {
+            json!([{"type": "Ready", "status": status, "lastTransitionTime": "2026-01-01T00:00:00Z"}])
+        });
+        serde_json::from_value(json!({
+            "metadata": {"name": "n"},
+            "spec": {"taints": taints},
+            "status": {"conditions": conditions},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn qualification_table() {
+        let taint = |value: Option<&str>, effect: &str| {
+            let mut taint = json!({"key": OUT_OF_SERVICE_TAINT, "effect": effect});
+            if let Some(value) = value {
+                taint["value"] = json!(value);
+            }
+            json!([taint])
+        };
+        let taint_variants = [
+            (
+                "NoExecute with a value",
+                taint(Some("nodeshutdown"), "NoExecute"),
+            ),
+            ("NoExecute without value", taint(None, "NoExecute")),
+            ("NoSchedule", taint(Some("x"), "NoSchedule")),
+            ("PreferNoSchedule", taint(None, "PreferNoSchedule")),
+        ];
+        for (name, taints) in &taint_variants {
+            for (ready, out_of_service) in [
+                (Some("True"), false),
+                (Some("False"), true),
+                (Some("Unknown"), true),
+                (None, true),
+            ] {
+                let status = node_status(&node(taints, ready));
+                match status {
+                    NodeStatus::OutOfService(_) => {
+                        assert!(out_of_service, "{name}, Ready {ready:?}: {status:?}");
+                    }
+                    NodeStatus::TaintedButReady(_) => {
+                        assert!(!out_of_service, "{name}, Ready {ready:?}: {status:?}");
+                    }
+                    NodeStatus::InService => panic!("{name}, Ready {ready:?}: lost the taint"),
+                }
+            }
+        }
+        let other = json!([{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]);
+        for ready in [Some("True"), Some("False"), Some("Unknown"), None] {
+            assert_eq!(node_status(&node(&other, ready)), NodeStatus::InService);
+        }
+        assert_eq!(
+            node_status(&node(&json!(null), Some("False"))),
+            NodeStatus::InService
+        );
+    }
+
+    fn pod(tolerations: &serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"spec": {"containers": [], "tolerations": tolerations}}))
+            .unwrap()
+    }
+
+    fn taint(value: Option<&str>, effect: &str, added: Option<&str>) -> Taint {
+        Taint {
+            key: OUT_OF_SERVICE_TAINT.to_owned(),
+            value: value.map(str::to_owned),
+            effect: effect.to_owned(),
+            time_added: added.map(|time| {
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(time.parse().unwrap())
+            }),
+        }
+    }
+
+    #[test]
+    fn tolerations_decide_which_pods_go() {
+        let now: Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
+        let shutdown = taint(
+            Some("nodeshutdown"),
+            "NoExecute",
+            Some("2026-01-01T00:09:00Z"),
+        );
+        let key = OUT_OF_SERVICE_TAINT;
+        let cases = [
+            ("no tolerations", json!([]), PodVerdict::ForceDelete),
+            (
+                "Exists on the key",
+                json!([{"key": key, "operator": "Exists"}]),
+                PodVerdict::Tolerated,
+            ),
+            (
+                "Exists on everything",
+                json!([{"operator": "Exists"}]),
+                PodVerdict::Tolerated,
+            ),
+            (
+                "Equal with the value",
+                json!([{"key": key, "operator": "Equal", "value": "nodeshutdown"}]),
+                PodVerdict::Tolerated,
+            ),
+            (
+                "Equal with another value",
+                json!([{"key": key, "operator": "Equal", "value": "hardwarefailure"}]),
+                PodVerdict::ForceDelete,
+            ),
+            (
+                "Equal without a value",
+                json!([{"key": key, "operator": "Equal"}]),
+                PodVerdict::ForceDelete,
+            ),
+            (
+                "effect NoExecute",
+                json!([{"key": key, "operator": "Exists", "effect": "NoExecute"}]),
+                PodVerdict::Tolerated,
+            ),
+            (
+                "effect NoSchedule only",
+                json!([{"key": key, "operator": "Exists", "effect": "NoSchedule"}]),
+                PodVerdict::ForceDelete,
+            ),
+            (
+                "other key",
+                json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]),
+                PodVerdict::ForceDelete,
+            ),
+            (
+                "tolerationSeconds still running",
+                json!([{"key": key, "operator": "Exists", "tolerationSeconds": 300}]),
+                PodVerdict::ForceDeleteAt("2026-01-01T00:14:00Z".parse().unwrap()),
+            ),
+            (
+                "tolerationSeconds over",
+                json!([{"key": key, "operator": "Exists", "tolerationSeconds": 30}]),
+                PodVerdict::ForceDelete,
+            ),
+            (
+                "the shortest matching tolerationSeconds",
+                json!([
+                    {"key": key, "operator": "Exists", "tolerationSeconds": 3600},
+                    {"operator": "Exists", "tolerationSeconds": 120},
+                ]),
+                PodVerdict::ForceDeleteAt("2026-01-01T00:11:00Z".parse().unwrap()),
+            ),
+        ];
+        for (name, tolerations, expected) in cases {
+            assert_eq!(
+                pod_verdict(&pod(&tolerations), &shutdown, now),
+                expected,
+                "{name}"
+            );
+        }
+        // tolerationSeconds only means something for NoExecute; without timeAdded it counts
+        // from now.
+        let seconds = json!([{"key": key, "operator": "Exists", "tolerationSeconds": 30}]);
+        let no_schedule = taint(None, "NoSchedule", Some("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            pod_verdict(&pod(&seconds), &no_schedule, now),
+            PodVerdict::Tolerated
+        );
+        let unstamped = taint(None, "NoExecute", None);
+        assert_eq!(
+            pod_verdict(&pod(&seconds), &unstamped, now),
+            PodVerdict::ForceDeleteAt("2026-01-01T00:10:30Z".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn not_ready_time_counts_from_the_ready_transition() {
+        let now: Timestamp = "2026-01-01T00:05:00Z".parse().unwrap();
+        let down = node(&json!(null), Some("Unknown"));
+        assert_eq!(not_ready_for(&down, now), Some(Duration::from_secs(300)));
+        assert_eq!(not_ready_for(&node(&json!(null), Some("True")), now), None);
+        assert_eq!(not_ready_for(&node(&json!(null), None), now), None);
+        let up = node(&json!(null), Some("True"));
+        assert_eq!(
+            ready_since(&up),
+            Some("2026-01-01T00:00:00Z".parse().unwrap())
+        );
+        assert_eq!(ready_since(&down), None);
+    }
+}
