@@ -1,0 +1,639 @@
+//! The controller end to end against kube-sim, whose kubelets, node lifecycle, scheduler,
+//! StatefulSets, attach/detach and pod GC follow the real ones: the StatefulSet failover,
+//! tolerations, the liveness guard, the live re-read, auto-untaint and auto-taint, leader
+//! failover mid-cleanup, injected API errors, and a KCM-like pod GC next to it.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use clap::Parser;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kube_sim::faults::{ErrorRule, FailureKind};
+use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use nodegrace_core::program::Started;
+use nodegrace_core::testing::{self, Admin};
+use out_of_service_gc::app;
+use out_of_service_gc::cli::Args;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const TAINT: &str = "node.kubernetes.io/out-of-service";
+
+fn world() -> WorldOptions {
+    WorldOptions {
+        lease_renew_interval: Duration::from_millis(100),
+        node_monitor_grace: Duration::from_millis(600),
+        detach_delay: Duration::from_millis(200),
+        // The KCM-like sweep is out of the way unless a test brings it closer.
+        pod_gc_period: Duration::from_secs(3600),
+        ..WorldOptions::default()
+    }
+}
+
+async fn sim(nodes: usize, world: WorldOptions) -> Result<KubeSim> {
+    Ok(KubeSim::start(SimOptions {
+        nodes,
+        world,
+        ..SimOptions::default()
+    })
+    .await?)
+}
+
+struct Controller {
+    admin: Admin,
+    started: Option<Started<anyhow::Error>>,
+    stop: CancellationToken,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Controller {
+    fn admin(&self) -> Admin {
+        self.admin
+    }
+
+    async fn counter(&self, name: &str) -> Result<f64> {
+        Ok(self
+            .admin()
+            .metric(&format!("{name}_total"))
+            .await?
+            .unwrap_or(0.0))
+    }
+
+    async fn stop(mut self) -> Result<()> {
+        self.stop.cancel();
+        let started = self.started.take().expect("started once");
+        tokio::time::timeout(Duration::from_secs(20), started.wait()).await?
+    }
+}
+
+/// Starts the controller against `sim` with `flags`; the guard window is 1 s unless given.
+async fn controller(sim: &KubeSim, flags: &[&str]) -> Result<Controller> {
+    let window = (!flags
+        .iter()
+        .any(|flag| flag.starts_with("--liveness-guard-window")))
+    .then(|| "--liveness-guard-window=1s".to_owned());
+    let args = Args::try_parse_from(
+        [
+            "out-of-service-gc".to_owned(),
+            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+        ]
+        .into_iter()
+        .chain(window)
+        .chain(flags.iter().map(|flag| (*flag).to_owned())),
+    )?;
+    let stop = CancellationToken::new();
+    let started = app::start(args, stop.clone()).await?;
+    let controller = Controller {
+        admin: Admin {
+            address: started.admin_address,
+            prefix: "nodegrace_out_of_service_gc",
+        },
+        started: Some(started),
+        stop,
+    };
+    let admin = controller.admin();
+    wait_for("the controller to be ready", || admin.is_ready()).await?;
+    Ok(controller)
+}
+
+async fn wait_for<F, Fut>(what: &str, check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    testing::wait_for(what, Duration::from_secs(30), check).await
+}
+
+fn pod(name: &str, node: &str, extra: &serde_json::Value) -> Result<Pod> {
+    let mut pod = json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "app"}]}});
+    if let (Some(target), Some(extra)) = (pod.as_object_mut(), extra.as_object()) {
+        for (key, value) in extra {
+            if let (Some(existing), Some(more)) = (
+                target.get_mut(key).and_then(|v| v.as_object_mut()),
+                value.as_object(),
+            ) {
+                existing.extend(more.clone());
+            } else {
+                target.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    Ok(serde_json::from_value(pod)?)
+}
+
+async fn running_pods(client: &Client, node: &str, count: usize) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let mut names = Vec::new();
+    for index in 0..count {
+        let name = format!("{node}-app-{index}");
+        pods.create(&PostParams::default(), &pod(&name, node, &json!({}))?)
+            .await?;
+        names.push(name);
+    }
+    wait_for("the pods to run", || async {
+        let listed = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await?;
+        Ok(listed
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count()
+            >= count)
+    })
+    .await?;
+    Ok(names)
+}
+
+/// The node's kubelet stops (a hard power-off) and the node is seen NotReady.
+async fn kill(client: &Client, node: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
+            ),
+        )
+        .await?;
+    wait_for("the node to be NotReady", || async {
+        Ok(!ready(&nodes.get(node).await?))
+    })
+    .await
+}
+
+async fn revive(client: &Client, node: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": null}}})),
+        )
+        .await?;
+    Ok(())
+}
+
+fn ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn taint(client: &Client, node: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut current = nodes.get(node).await?;
+    let spec = current.spec.get_or_insert_with(Default::default);
+    let mut taints = spec.taints.take().unwrap_or_default();
+    taints.push(serde_json::from_value(
+        json!({"key": TAINT, "value": "nodeshutdown", "effect": "NoExecute"}),
+    )?);
+    spec.taints = Some(taints);
+    nodes
+        .replace(node, &PostParams::default(), &current)
+        .await?;
+    Ok(())
+}
+
+fn has_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == TAINT))
+}
+
+async fn condition(client: &Client, node: &str) -> Result<Option<(String, String)>> {
+    let node = Api::<Node>::all(client.clone()).get(node).await?;
+    Ok(node
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "OutOfServiceCleanup"))
+        .map(|c| (c.status, c.reason.unwrap_or_default())))
+}
+
+async fn events(client: &Client, reason: &str) -> Result<Vec<Event>> {
+    let all: Api<Event> = Api::all(client.clone());
+    Ok(all
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some(reason))
+        .collect())
+}
+
+async fn pod_names(client: &Client, node: &str) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    Ok(pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|pod| pod.metadata.name)
+        .collect())
+}
+
+#[tokio::test]
+async fn a_statefulset_fails_over_with_its_volume_and_the_node_is_untainted_when_back() -> Result<()>
+{
+    let sim = sim(3, world()).await?;
+    let client = sim.client();
+    let gc = controller(&sim, &["--auto-untaint=true"]).await?;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), "default");
+    sets.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {
+            "replicas": 1,
+            "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"containers": [{"name": "db", "image": "postgres"}]}},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}],
+        },
+    }))?).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let running_on = |pod: Pod| {
+        (pod.status.and_then(|s| s.phase).as_deref() == Some("Running"))
+            .then(|| pod.spec.and_then(|s| s.node_name))
+            .flatten()
+    };
+    wait_for("db-0 to run", || async {
+        Ok(pods.get_opt("db-0").await?.and_then(running_on).is_some())
+    })
+    .await?;
+    let first = pods.get("db-0").await?;
+    let (old_uid, node) = (first.metadata.uid.clone(), running_on(first).unwrap());
+    // A pod that tolerates the taint shares the node, and stays.
+    let tolerating = json!({"spec": {"tolerations": [{"key": TAINT, "operator": "Exists"}]}});
+    pods.create(&PostParams::default(), &pod("agent", &node, &tolerating)?)
+        .await?;
+    kill(&client, &node).await?;
+    taint(&client, &node).await?;
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    wait_for(
+        "db-0 to run again elsewhere with its volume attached there",
+        || async {
+            let Some(pod) = pods.get_opt("db-0").await? else {
+                return Ok(false);
+            };
+            let moved = pod.metadata.uid != old_uid;
+            let Some(new_node) = running_on(pod) else {
+                return Ok(false);
+            };
+            let attached = attachments
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .any(|va| {
+                    va.spec.node_name == new_node && va.status.as_ref().is_some_and(|s| s.attached)
+                });
+            Ok(moved && new_node != node && attached)
+        },
+    )
+    .await?;
+    wait_for(
+        "the dead node's attachments to be gone and the cleanup Done",
+        || async {
+            let left = attachments
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .any(|va| va.spec.node_name == node);
+            Ok(!left
+                && condition(&client, &node)
+                    .await?
+                    .is_some_and(|(_, reason)| reason == "Done"))
+        },
+    )
+    .await?;
+    ensure!(
+        pods.get_opt("agent")
+            .await?
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        "the tolerating pod was touched"
+    );
+    let forced = events(&client, "ForceDeleted").await?;
+    ensure!(
+        forced.len() == 1,
+        "one ForceDeleted event, for db-0: {forced:?}"
+    );
+    ensure!(gc.counter("pods_force_deleted").await? == 1.0);
+    revive(&client, &node).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for("the taint to be removed once the node is back", || async {
+        Ok(!has_taint(&nodes.get(&node).await?))
+    })
+    .await?;
+    ensure!(condition(&client, &node).await? == Some(("False".into(), "TaintRemoved".into())));
+    ensure!(
+        !events(&client, "OutOfServiceTaintRemoved")
+            .await?
+            .is_empty()
+    );
+    gc.stop().await
+}
+
+#[tokio::test]
+async fn a_node_that_still_heartbeats_is_refused_with_an_event() -> Result<()> {
+    let sim = sim(2, world()).await?;
+    let client = sim.client();
+    let gc = controller(&sim, &["--liveness-guard-window=1h"]).await?;
+    let names = running_pods(&client, "node-1", 2).await?;
+    kill(&client, "node-1").await?;
+    taint(&client, "node-1").await?;
+    wait_for("the refusal", || async {
+        Ok(condition(&client, "node-1")
+            .await?
+            .is_some_and(|(_, reason)| reason == "Refused")
+            && !events(&client, "OutOfServiceCleanupRefused")
+                .await?
+                .is_empty())
+    })
+    .await?;
+    let refused = events(&client, "OutOfServiceCleanupRefused").await?;
+    let note = refused[0].message.clone().unwrap_or_default();
+    ensure!(
+        note.contains("renewed at") && note.contains("--liveness-guard=false"),
+        "{note}"
+    );
+    ensure!(gc.counter("refusals").await? == 1.0);
+    ensure!(gc.counter("pods_force_deleted").await? == 0.0);
+    let left = pod_names(&client, "node-1").await?;
+    ensure!(
+        names.iter().all(|name| left.contains(name)),
+        "pods were deleted: {left:?}"
+    );
+    gc.stop().await
+}
+
+/// The node in the API decides, not a cache: a cleanup whose node lost its taint (or never
+/// had it in the API) deletes nothing.
+#[tokio::test]
+async fn a_taint_removed_before_the_action_deletes_nothing() -> Result<()> {
+    use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
+    use nodegrace_core::k8s::watched::{WatchCounters, Watched};
+    use out_of_service_gc::cleanup::{NodeCleanup, Outcome, Settings, Shared};
+    let sim = sim(2, world()).await?;
+    let client = sim.client();
+    running_pods(&client, "node-1", 3).await?;
+    kill(&client, "node-1").await?;
+    taint(&client, "node-1").await?;
+    let (reporter, _flushed) =
+        Reporter::start(ApiSink::new(client.clone(), "out-of-service-gc", "test"));
+    let attachments = Watched::start(
+        Api::all(client.clone()),
+        Default::default(),
+        WatchCounters::default(),
+    );
+    attachments.synced().await?;
+    let shared = std::sync::Arc::new(Shared {
+        client: client.clone(),
+        reporter,
+        metrics: Default::default(),
+        settings: Settings {
+            liveness_guard: false,
+            guard_window: None,
+            auto_untaint: false,
+        },
+        attachments,
+    });
+    let cleanup = NodeCleanup::new(std::sync::Arc::clone(&shared), "node-1");
+    cleanup.pods().synced().await?;
+    ensure!(
+        cleanup.pods().state().len() == 3,
+        "the cache sees the pods to delete"
+    );
+    // The operator takes the taint back after the cleanup saw it.
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            "node-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": null}})),
+        )
+        .await?;
+    ensure!(cleanup.pass().await? == Outcome::Finished);
+    ensure!(
+        pod_names(&client, "node-1").await?.len() == 3,
+        "a pod was deleted"
+    );
+    ensure!(shared.metrics.pods_force_deleted.get() == 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn auto_taint_needs_a_fence_or_a_powered_off_machine() -> Result<()> {
+    let sim = sim(3, world()).await?;
+    let client = sim.client();
+    let gc = controller(&sim, &["--auto-taint-after=1s", "--instance-provider=sim"]).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    // node-1: the kubelet died but the machine runs: never tainted, said once.
+    kill(&client, "node-1").await?;
+    wait_for("the unconfirmed warning", || async {
+        Ok(events(&client, "OutOfServiceNotConfirmed")
+            .await?
+            .iter()
+            .any(|e| e.involved_object.name.as_deref() == Some("node-1")))
+    })
+    .await?;
+    ensure!(
+        !has_taint(&nodes.get("node-1").await?),
+        "tainted without confirmation"
+    );
+    // A fencing agent confirms it.
+    nodes
+        .patch(
+            "node-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"nodegrace.io/fenced": "true"}}})),
+        )
+        .await?;
+    wait_for("node-1 to be tainted", || async {
+        Ok(has_taint(&nodes.get("node-1").await?))
+    })
+    .await?;
+    // node-2: the cloud says its machine is off.
+    sim.world().cloud().reconcile();
+    sim.world().cloud().set_power("node-2", false);
+    wait_for("node-2 to be tainted", || async {
+        Ok(has_taint(&nodes.get("node-2").await?))
+    })
+    .await?;
+    ensure!(
+        !has_taint(&nodes.get("node-0").await?),
+        "a Ready node was tainted"
+    );
+    ensure!(gc.counter("taints_added").await? == 2.0);
+    let taint = nodes
+        .get("node-2")
+        .await?
+        .spec
+        .unwrap()
+        .taints
+        .unwrap()
+        .into_iter()
+        .find(|t| t.key == TAINT)
+        .unwrap();
+    ensure!(
+        taint.effect == "NoExecute" && taint.value.as_deref() == Some("nodeshutdown"),
+        "{taint:?}"
+    );
+    gc.stop().await
+}
+
+#[tokio::test]
+async fn only_the_leader_acts_and_a_new_leader_finishes_the_cleanup() -> Result<()> {
+    let sim = sim(2, world()).await?;
+    let client = sim.client();
+    let election = [
+        "--leader-elect=true",
+        "--leader-election-namespace=default",
+        "--leader-election-lease-duration=2s",
+        "--leader-election-renew-margin=1s",
+    ];
+    // A slow leader, so it is stopped in the middle of the node.
+    let slow: Vec<&str> = election
+        .iter()
+        .copied()
+        .chain([
+            "--leader-election-identity=a",
+            "--api-qps=4",
+            "--api-burst=1",
+        ])
+        .collect();
+    let a = controller(&sim, &slow).await?;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    wait_for("a to lead", || async {
+        Ok(leases
+            .get_opt("out-of-service-gc")
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .as_deref()
+            == Some("a"))
+    })
+    .await?;
+    let fast: Vec<&str> = election
+        .iter()
+        .copied()
+        .chain(["--leader-election-identity=b"])
+        .collect();
+    let b = controller(&sim, &fast).await?;
+    running_pods(&client, "node-1", 12).await?;
+    kill(&client, "node-1").await?;
+    taint(&client, "node-1").await?;
+    wait_for("a to have force-deleted some pods", || async {
+        Ok(a.counter("pods_force_deleted").await? >= 1.0)
+    })
+    .await?;
+    ensure!(
+        b.counter("pods_force_deleted").await? == 0.0,
+        "the follower acted"
+    );
+    a.stop().await?;
+    wait_for("b to finish the node", || async {
+        Ok(pod_names(&client, "node-1").await?.is_empty())
+    })
+    .await?;
+    ensure!(
+        b.counter("pods_force_deleted").await? >= 1.0,
+        "b did not take over"
+    );
+    b.stop().await
+}
+
+#[tokio::test]
+async fn api_errors_are_retried_with_backoff_and_nothing_is_lost() -> Result<()> {
+    let sim = sim(2, world()).await?;
+    let client = sim.client();
+    let gc = controller(&sim, &[]).await?;
+    running_pods(&client, "node-1", 20).await?;
+    kill(&client, "node-1").await?;
+    for (verb, rate) in [("delete", 0.5), ("patch", 0.3)] {
+        sim.faults().add_rule(ErrorRule {
+            verb: verb.into(),
+            resource: "pods".into(),
+            rate,
+            failure: FailureKind::InternalError,
+        });
+    }
+    taint(&client, "node-1").await?;
+    wait_for("every pod to be gone", || async {
+        Ok(pod_names(&client, "node-1").await?.is_empty())
+    })
+    .await?;
+    sim.faults().clear();
+    let errors = gc.admin().get("/metrics").await?;
+    ensure!(
+        errors.contains("nodegrace_out_of_service_gc_errors_total{kind=\"server\"}"),
+        "no error was counted:\n{errors}"
+    );
+    ensure!(gc.counter("pods_force_deleted").await? == 20.0);
+    wait_for("the cleanup to be Done", || async {
+        Ok(condition(&client, "node-1")
+            .await?
+            .is_some_and(|(_, reason)| reason == "Done"))
+    })
+    .await?;
+    gc.stop().await
+}
+
+#[tokio::test]
+async fn next_to_the_pod_gc_sweep_there_are_no_errors_and_no_double_work() -> Result<()> {
+    let sim = sim(
+        2,
+        WorldOptions {
+            pod_gc_period: Duration::from_millis(50),
+            ..world()
+        },
+    )
+    .await?;
+    let client = sim.client();
+    let gc = controller(&sim, &[]).await?;
+    running_pods(&client, "node-1", 30).await?;
+    kill(&client, "node-1").await?;
+    taint(&client, "node-1").await?;
+    wait_for("every pod to be gone", || async {
+        Ok(pod_names(&client, "node-1").await?.is_empty())
+    })
+    .await?;
+    wait_for("the cleanup to be Done", || async {
+        Ok(condition(&client, "node-1")
+            .await?
+            .is_some_and(|(_, reason)| reason == "Done"))
+    })
+    .await?;
+    let metrics = gc.admin().get("/metrics").await?;
+    ensure!(
+        !metrics.contains("errors_total{"),
+        "errors next to the sweep:\n{metrics}"
+    );
+    let forced = events(&client, "ForceDeleted").await?;
+    let mut pods: Vec<String> = forced
+        .iter()
+        .filter_map(|e| e.involved_object.name.clone())
+        .collect();
+    let count = pods.len();
+    pods.sort();
+    pods.dedup();
+    ensure!(
+        pods.len() == count,
+        "a pod was reported force-deleted twice"
+    );
+    ensure!(count as f64 == gc.counter("pods_force_deleted").await?);
+    gc.stop().await
+}
