@@ -60,12 +60,10 @@ impl Controller {
         self.admin
     }
 
-    async fn counter(&self, name: &str) -> Result<f64> {
-        Ok(self
-            .admin()
-            .metric(&format!("{name}_total"))
-            .await?
-            .unwrap_or(0.0))
+    /// A counter's value; 0 before it was first exported.
+    async fn counter(&self, name: &str) -> Result<u64> {
+        let value = self.admin().metric(&format!("{name}_total")).await?;
+        Ok(value.map_or(0, |value| value.round() as u64))
     }
 
     async fn stop(mut self) -> Result<()> {
@@ -330,7 +328,7 @@ async fn a_statefulset_fails_over_with_its_volume_and_the_node_is_untainted_when
         forced.len() == 1,
         "one ForceDeleted event, for db-0: {forced:?}"
     );
-    ensure!(gc.counter("pods_force_deleted").await? == 1.0);
+    ensure!(gc.counter("pods_force_deleted").await? == 1);
     revive(&client, &node).await?;
     let nodes: Api<Node> = Api::all(client.clone());
     wait_for("the taint to be removed once the node is back", || async {
@@ -369,8 +367,8 @@ async fn a_node_that_still_heartbeats_is_refused_with_an_event() -> Result<()> {
         note.contains("renewed at") && note.contains("--liveness-guard=false"),
         "{note}"
     );
-    ensure!(gc.counter("refusals").await? == 1.0);
-    ensure!(gc.counter("pods_force_deleted").await? == 0.0);
+    ensure!(gc.counter("refusals").await? == 1);
+    ensure!(gc.counter("pods_force_deleted").await? == 0);
     let left = pod_names(&client, "node-1").await?;
     ensure!(
         names.iter().all(|name| left.contains(name)),
@@ -395,14 +393,14 @@ async fn a_taint_removed_before_the_action_deletes_nothing() -> Result<()> {
         Reporter::start(ApiSink::new(client.clone(), "out-of-service-gc", "test"));
     let attachments = Watched::start(
         Api::all(client.clone()),
-        Default::default(),
+        kube::runtime::watcher::Config::default(),
         WatchCounters::default(),
     );
     attachments.synced().await?;
     let shared = std::sync::Arc::new(Shared {
         client: client.clone(),
         reporter,
-        metrics: Default::default(),
+        metrics: out_of_service_gc::metrics::Metrics::default(),
         settings: Settings {
             liveness_guard: false,
             guard_window: None,
@@ -476,7 +474,7 @@ async fn auto_taint_needs_a_fence_or_a_powered_off_machine() -> Result<()> {
         !has_taint(&nodes.get("node-0").await?),
         "a Ready node was tainted"
     );
-    ensure!(gc.counter("taints_added").await? == 2.0);
+    ensure!(gc.counter("taints_added").await? == 2);
     let taint = nodes
         .get("node-2")
         .await?
@@ -537,11 +535,11 @@ async fn only_the_leader_acts_and_a_new_leader_finishes_the_cleanup() -> Result<
     kill(&client, "node-1").await?;
     taint(&client, "node-1").await?;
     wait_for("a to have force-deleted some pods", || async {
-        Ok(a.counter("pods_force_deleted").await? >= 1.0)
+        Ok(a.counter("pods_force_deleted").await? >= 1)
     })
     .await?;
     ensure!(
-        b.counter("pods_force_deleted").await? == 0.0,
+        b.counter("pods_force_deleted").await? == 0,
         "the follower acted"
     );
     a.stop().await?;
@@ -550,7 +548,7 @@ async fn only_the_leader_acts_and_a_new_leader_finishes_the_cleanup() -> Result<
     })
     .await?;
     ensure!(
-        b.counter("pods_force_deleted").await? >= 1.0,
+        b.counter("pods_force_deleted").await? >= 1,
         "b did not take over"
     );
     b.stop().await
@@ -582,7 +580,7 @@ async fn api_errors_are_retried_with_backoff_and_nothing_is_lost() -> Result<()>
         errors.contains("nodegrace_out_of_service_gc_errors_total{kind=\"server\"}"),
         "no error was counted:\n{errors}"
     );
-    ensure!(gc.counter("pods_force_deleted").await? == 20.0);
+    ensure!(gc.counter("pods_force_deleted").await? == 20);
     wait_for("the cleanup to be Done", || async {
         Ok(condition(&client, "node-1")
             .await?
@@ -634,6 +632,6 @@ async fn next_to_the_pod_gc_sweep_there_are_no_errors_and_no_double_work() -> Re
         pods.len() == count,
         "a pod was reported force-deleted twice"
     );
-    ensure!(count as f64 == gc.counter("pods_force_deleted").await?);
+    ensure!(count as u64 == gc.counter("pods_force_deleted").await?);
     gc.stop().await
 }
