@@ -99,6 +99,10 @@ pub enum PassError {
         #[source]
         source: kube::Error,
     },
+    /// Some force actions of the pass failed, others landed: worth retrying soon, not after a
+    /// backoff that grew while the node was being worked through.
+    #[error("{0} (other actions of the pass succeeded)")]
+    Partial(Box<PassError>),
 }
 
 impl PassError {
@@ -110,7 +114,10 @@ impl PassError {
     }
 
     pub fn kind(&self) -> &'static str {
-        let Self::Api { source, .. } = self;
+        let source = match self {
+            Self::Api { source, .. } => source,
+            Self::Partial(inner) => return inner.kind(),
+        };
         match status_code(source) {
             Some(403) => "forbidden",
             Some(429) => "throttled",
@@ -333,9 +340,10 @@ impl NodeCleanup {
             .await;
         let mut first_error = None;
         let mut skipped = false;
+        let mut progressed = false;
         for (pod, result) in results {
             match result {
-                Ok(Deleted::Yes | Deleted::AlreadyGone) => {}
+                Ok(Deleted::Yes | Deleted::AlreadyGone) => progressed = true,
                 Ok(Deleted::Skipped) => skipped = true,
                 Err(error) => {
                     // Its volumes stay in use until it is gone.
@@ -350,7 +358,11 @@ impl NodeCleanup {
         }
         let detach = self.detach_unused(&staying).await;
         if let Some(error) = first_error {
-            return Err(error);
+            return Err(if progressed {
+                PassError::Partial(Box::new(error))
+            } else {
+                error
+            });
         }
         let left = detach?;
         if let Some(due) = next_due {

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use crate::cleanup::{NodeCleanup, Outcome, Shared};
+use crate::cleanup::{NodeCleanup, Outcome, PassError, Shared};
 use crate::qualify::OUT_OF_SERVICE_TAINT;
 use crate::tainting::{Attempt, AutoTaint, due_at};
 
@@ -191,7 +191,10 @@ async fn look_after(
                 wait
             }
             Err(error) => {
-                failures += 1;
+                failures = match error {
+                    PassError::Partial(_) => 1,
+                    PassError::Api { .. } => failures + 1,
+                };
                 let delay = BACKOFF.delay(failures);
                 tracing::warn!(node = %name, error = %Chain(&error), retry_in = ?delay, "cleanup pass failed");
                 cleanup.shared().metrics.error(error.kind());
