@@ -14,6 +14,9 @@ pub enum Which {
     Shutdown,
     /// shutdown-inhibitor-agent: block/unblock latency, unrelated watch events, RSS.
     Inhibitor,
+    /// out-of-service-gc: taint → pods force-deleted (1 and 100 nodes), StatefulSet failover vs
+    /// the pod GC sweep, RSS at 5,000 nodes / 150,000 pods.
+    Oos,
 }
 
 pub fn run(which: &Which) -> Result<()> {
@@ -21,6 +24,7 @@ pub fn run(which: &Which) -> Result<()> {
         Which::Sim => ("kube-sim", "sim"),
         Which::Shutdown => ("graceful-shutdown-agent", "shutdown"),
         Which::Inhibitor => ("shutdown-inhibitor-agent", "inhibitor"),
+        Which::Oos => ("out-of-service-gc", "oos"),
     };
     run_command(cargo().args(["bench", "--package", package, "--bench", bench]))
 }
