@@ -308,17 +308,12 @@ pub fn update(
         if let Some(uid) = object["metadata"]["uid"]
             .as_str()
             .filter(|uid| !uid.is_empty())
-            && current["metadata"]["uid"].as_str() != Some(uid)
         {
-            let actual = current["metadata"]["uid"].as_str().unwrap_or_default();
-            return Err(ApiError::conflict(
-                &kind.group,
-                &kind.plural,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
-                ),
-            ));
+            let precondition = crate::store::Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            };
+            precondition.check(kind, name, current)?;
         }
         schema.admit(kind, &mut object, Some(current), query)?;
         if bookkeeping == Bookkeeping::Record {
