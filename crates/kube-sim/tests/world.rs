@@ -298,6 +298,56 @@ async fn budgets_track_healthy_pods_and_replicasets_replace_pods_elsewhere() -> 
 }
 
 #[tokio::test]
+async fn the_scheduler_follows_required_and_preferred_node_affinity() -> Result<()> {
+    let sim = sim(3).await?;
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let hostname = |operator: &str, values: &[&str]| {
+        json!({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": operator, "values": values}]})
+    };
+    let affinity = json!({"spec": {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [hostname("NotIn", &["node-0"])]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "preference": hostname("In", &["node-2"])}],
+    }}}});
+    // However loaded node-2 gets, the preference keeps winning over the load.
+    for index in 0..3 {
+        pods.create(
+            &PostParams::default(),
+            &pod(&format!("preferring-{index}"), None, &affinity)?,
+        )
+        .await?;
+    }
+    let nowhere = json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [hostname("In", &["node-9"])]}}}}});
+    pods.create(&PostParams::default(), &pod("nowhere", None, &nowhere)?)
+        .await?;
+    wait_until("the preferring pods on node-2", || async {
+        let placed: Vec<Option<String>> = pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.name.as_deref() != Some("nowhere"))
+            .map(|p| p.spec.and_then(|s| s.node_name))
+            .collect();
+        Ok(placed.len() == 3 && placed.iter().all(|node| node.as_deref() == Some("node-2")))
+    })
+    .await?;
+    wait_until("the scheduler to find no node for the pod no node suits", || async {
+        let nowhere = pods.get("nowhere").await?;
+        ensure!(
+            nowhere.spec.and_then(|s| s.node_name).is_none(),
+            "a pod whose required affinity no node meets was bound"
+        );
+        Ok(nowhere
+            .status
+            .and_then(|s| s.conditions)
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")))
+    })
+    .await
+}
+
+#[tokio::test]
 async fn daemonsets_cover_tolerated_nodes() -> Result<()> {
     let sim = sim(3).await?;
     let client = sim.client();

@@ -10,6 +10,7 @@ mod disruption;
 mod events;
 mod gc;
 mod kubelet;
+mod node_affinity;
 mod node_lifecycle;
 mod pod_gc;
 mod provisioner;

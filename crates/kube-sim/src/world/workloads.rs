@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::node_affinity;
 use crate::conditions::{is_ready, tolerations_for};
 use crate::store::strategy::now_rfc3339;
 use crate::store::{Change, DeleteOptions, Part, Store};
@@ -46,7 +47,7 @@ pub fn fits(spec: &Value, node: &Value) -> bool {
             .iter()
             .all(|(key, value)| node["metadata"]["labels"][key] == *value)
     });
-    taints_ok && selector_ok
+    taints_ok && selector_ok && node_affinity::required_by(spec, node)
 }
 
 fn controller_uid(pod: &Value) -> Option<&str> {
@@ -255,10 +256,14 @@ fn schedule(store: &Store, pods: &[Arc<Value>], nodes: &[Arc<Value>]) {
         let chosen = nodes
             .iter()
             .filter(|node| fits(spec, node))
+            // Node affinity preferences before load: the default scheduler profile weighs the
+            // NodeAffinity score twice the resource scores.
             .min_by_key(|node| {
-                load.get(text(&node["metadata"]["name"]))
+                let load = load
+                    .get(text(&node["metadata"]["name"]))
                     .copied()
-                    .unwrap_or(0)
+                    .unwrap_or(0);
+                (std::cmp::Reverse(node_affinity::preference(spec, node)), load)
             });
         let (namespace, name) = (
             text(&pod["metadata"]["namespace"]),
