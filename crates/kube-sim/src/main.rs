@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -42,6 +43,13 @@ enum Command {
         /// `kubectl logs` shows their output. Repeatable. Example: 'busybox:*=/bin'.
         #[arg(long = "run-image", value_name = "PATTERN=DIR")]
         run_images: Vec<kube_sim::ImageRule>,
+        /// How long a node's Lease may go unrenewed before the node turns Ready=Unknown
+        /// (kube-controller-manager's flag of the same name).
+        #[arg(long, default_value = "40s", value_parser = duration)]
+        node_monitor_grace_period: Duration,
+        /// How often each running kubelet renews its node's Lease.
+        #[arg(long, default_value = "10s", value_parser = duration)]
+        node_lease_renew_interval: Duration,
     },
 }
 
@@ -58,6 +66,8 @@ async fn main() -> Result<()> {
         pods_per_node,
         tls,
         run_images,
+        node_monitor_grace_period,
+        node_lease_renew_interval,
     } = Cli::parse().command;
     let sim = KubeSim::start(SimOptions {
         listen,
@@ -66,6 +76,8 @@ async fn main() -> Result<()> {
         pods_per_node,
         world: kube_sim::WorldOptions {
             run_images,
+            node_monitor_grace: node_monitor_grace_period,
+            lease_renew_interval: node_lease_renew_interval,
             ..kube_sim::WorldOptions::default()
         },
         ..SimOptions::default()
@@ -81,4 +93,39 @@ async fn main() -> Result<()> {
     }
     sim.stop();
     Ok(())
+}
+
+/// `500ms`, `10s`, `2m`: a whole number above zero and a unit.
+fn duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a whole number and a unit (ms, s, m), like 10s"))?;
+    if number == 0 {
+        return Err(format!("{text:?}: must be more than zero"));
+    }
+    match unit {
+        "ms" => Ok(Duration::from_millis(number)),
+        "s" => Ok(Duration::from_secs(number)),
+        "m" => Ok(Duration::from_secs(number.saturating_mul(60))),
+        _ => Err(format!("{text:?}: the unit must be ms, s or m, like 10s")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_a_unit() {
+        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("6s"), Ok(Duration::from_secs(6)));
+        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["6", "s", "1h", "-1s", "1.5s", "", "0s"] {
+            assert!(duration(bad).is_err(), "{bad}");
+        }
+    }
 }
