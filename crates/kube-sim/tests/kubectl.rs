@@ -862,3 +862,40 @@ fn conformance_logs_of_containers_run_as_processes() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn serve_flags_set_the_lease_renewal_and_the_node_monitor_grace() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start_with(
+        1,
+        &[
+            "--node-lease-renew-interval=200ms",
+            "--node-monitor-grace-period=1s",
+        ],
+    )?;
+    let renewed = || {
+        sim.jsonpath(
+            &["lease", "-n", "kube-node-lease", "node-0"],
+            "{.spec.renewTime}",
+        )
+    };
+    let first = renewed()?;
+    // Both deadlines are far shorter than the real defaults (10 s renewal, 40 s grace).
+    sim.wait_for("a second renewal", Duration::from_secs(5), |_| {
+        Ok(renewed()? != first)
+    })?;
+    sim.ok(&[
+        "annotate",
+        "node",
+        "node-0",
+        "sim.nodegrace.io/kubelet=stopped",
+    ])?;
+    sim.wait_for("node-0 to turn Unknown", Duration::from_secs(20), |sim| {
+        Ok(sim.jsonpath(
+            &["node", "node-0"],
+            r#"{.status.conditions[?(@.type=="Ready")].status}"#,
+        )? == "Unknown")
+    })
+}
