@@ -29,14 +29,26 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl Cluster {
-    /// Starts `kube-sim serve` with `nodes` Ready nodes (node-0…) and connects to it.
-    pub async fn start(kube_sim: &Path, nodes: usize, work_dir: &Path) -> Result<Self> {
+    /// Starts `kube-sim serve` with `nodes` Ready nodes (node-0…), whose kubelets renew their
+    /// Lease every `renew_interval` and count as down after `grace` without, and connects to it.
+    pub async fn start(
+        kube_sim: &Path,
+        nodes: usize,
+        renew_interval: Duration,
+        grace: Duration,
+        work_dir: &Path,
+    ) -> Result<Self> {
         let kubeconfig = work_dir.join("kubeconfig");
         let args = vec![
             "serve".to_owned(),
             "--listen=127.0.0.1:0".to_owned(),
             format!("--kubeconfig-out={}", kubeconfig.display()),
             format!("--nodes={nodes}"),
+            format!(
+                "--node-lease-renew-interval={}ms",
+                renew_interval.as_millis()
+            ),
+            format!("--node-monitor-grace-period={}ms", grace.as_millis()),
         ];
         let log = work_dir.join("logs/kube-sim.log");
         let mut process = Guarded::spawn("kube-sim", kube_sim, &args, &[], &log)?;

@@ -1,7 +1,6 @@
 //! The demo's world, set up once before the acts: kube-sim with its workloads, one machine (a
 //! real elogind) per node, and the agents installed from their charts and running as processes.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -25,8 +24,17 @@ pub const NODES: usize = 3;
 pub const AGENTS_NAMESPACE: &str = "nodegrace";
 pub const GRACEFUL_SHUTDOWN_AGENT: &str = "graceful-shutdown-agent";
 pub const SHUTDOWN_INHIBITOR_AGENT: &str = "shutdown-inhibitor-agent";
-/// The node agents, installed in this order.
-const AGENT_CHARTS: [&str; 2] = [SHUTDOWN_INHIBITOR_AGENT, GRACEFUL_SHUTDOWN_AGENT];
+pub const OUT_OF_SERVICE_GC: &str = "out-of-service-gc";
+/// The charts, installed in this order.
+const CHARTS: [&str; 3] = [
+    SHUTDOWN_INHIBITOR_AGENT,
+    GRACEFUL_SHUTDOWN_AGENT,
+    OUT_OF_SERVICE_GC,
+];
+/// The demo's machines renew their node Lease every second and count as down after 6 s of
+/// silence (the real 10 s and 40 s would make the audience wait).
+pub const NODE_LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(1);
+pub const NODE_MONITOR_GRACE_PERIOD: Duration = Duration::from_secs(6);
 const WORKLOADS: &str = include_str!("../demo/workloads.yaml");
 /// Kinds a chart renders that kube-sim does not serve yet (it has no RBAC; every request is
 /// allowed). Listed, not silently dropped.
@@ -52,6 +60,7 @@ pub struct Stage {
     /// The graceful agent's priority groups as its chart configured them: (priority, period).
     pub shutdown_groups: Vec<(i32, Duration)>,
     pub work_dir: PathBuf,
+    binaries: ImageBinaries,
 }
 
 impl Stage {
@@ -64,7 +73,14 @@ impl Stage {
         std::fs::create_dir_all(work_dir.join("logs"))?;
         timeline.heading("Setting up: a cluster, its workloads, one machine per node, the agents");
         let kube_sim = inputs.binaries.binary_for("kube-sim")?;
-        let cluster = Cluster::start(&kube_sim, NODES, work_dir).await?;
+        let cluster = Cluster::start(
+            &kube_sim,
+            NODES,
+            NODE_LEASE_RENEW_INTERVAL,
+            NODE_MONITOR_GRACE_PERIOD,
+            work_dir,
+        )
+        .await?;
         timeline.event(&format!(
             "kube-sim serving {NODES} Ready nodes (pid {})",
             cluster.pid()
@@ -102,8 +118,9 @@ impl Stage {
             cluster,
             shutdown_groups: Vec::new(),
             work_dir: work_dir.clone(),
+            binaries: inputs.binaries.clone(),
         };
-        stage.install_agents(inputs).await?;
+        stage.install_charts(inputs).await?;
         Ok(stage)
     }
 
@@ -126,8 +143,8 @@ impl Stage {
             .with_context(|| format!("no {program} runs on {node}"))
     }
 
-    /// `helm install` of each agent chart, then its DaemonSet's pods started on their machines.
-    async fn install_agents(&mut self, inputs: &Inputs) -> Result<()> {
+    /// `helm install` of each chart, then its workload's pods started on their machines.
+    async fn install_charts(&mut self, inputs: &Inputs) -> Result<()> {
         let client = self.client().clone();
         Api::<Namespace>::all(client.clone())
             .create(
@@ -135,7 +152,7 @@ impl Stage {
                 &serde_json::from_value(json!({"metadata": {"name": AGENTS_NAMESPACE}}))?,
             )
             .await?;
-        for program in AGENT_CHARTS {
+        for program in CHARTS {
             let values = inputs.values_dir.join(format!("{program}.values.yaml"));
             let objects = chart::render(
                 &inputs.helm,
@@ -163,55 +180,69 @@ impl Stage {
             if program == GRACEFUL_SHUTDOWN_AGENT {
                 self.shutdown_groups = shutdown_groups(&objects)?;
             }
-            self.start_daemon_pods(inputs, program).await?;
+            self.start_chart_pods(program, expected_pods(&objects))
+                .await?;
         }
-        self.wait_until_agents_ready().await?;
+        self.wait_until_ready(0).await?;
         self.timeline.show(&format!(
-            "kubectl -n {AGENTS_NAMESPACE} get daemonsets,pods -o wide"
+            "kubectl -n {AGENTS_NAMESPACE} get daemonsets,deployments,pods -o wide"
         ));
         Ok(())
     }
 
-    async fn start_daemon_pods(&mut self, inputs: &Inputs, program: &str) -> Result<()> {
+    /// Waits until the chart's workload has `expected` pods bound to nodes, then starts them.
+    async fn start_chart_pods(&mut self, program: &str, expected: usize) -> Result<()> {
         let pods: Api<Pod> = Api::namespaced(self.client().clone(), AGENTS_NAMESPACE);
         let selector = format!("app.kubernetes.io/name={program}");
         let bound = poll_for(READY_TIMEOUT, || async {
-            let listed = pods
+            let listed: Vec<Pod> = pods
                 .list(&ListParams::default().labels(&selector))
                 .await
                 .ok()?
-                .items;
-            let nodes: BTreeSet<_> = listed
-                .iter()
-                .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                .items
+                .into_iter()
+                .filter(|pod| {
+                    pod.metadata.deletion_timestamp.is_none()
+                        && pod
+                            .spec
+                            .as_ref()
+                            .is_some_and(|spec| spec.node_name.is_some())
+                })
                 .collect();
-            (nodes.len() == NODES).then_some(listed)
+            (listed.len() == expected).then_some(listed)
         })
         .await;
         let Some(bound) = bound else {
             bail!(
-                "the {program} DaemonSet has no pod on every node after {READY_TIMEOUT:?} (label {selector})"
+                "the {program} chart has not {expected} pods bound to nodes after {READY_TIMEOUT:?} (label {selector})"
             );
         };
         for pod in &bound {
-            let pod = serde_json::to_value(pod)?;
-            let node = self.node(pod["spec"]["nodeName"].as_str().unwrap_or_default())?;
-            let process = kubelet::start(
-                self.cluster.client(),
-                &pod,
-                node,
-                &inputs.binaries,
-                self.cluster.kubeconfig(),
-            )
-            .await?;
-            self.pods.push(process);
+            self.start_pod(pod).await?;
         }
         Ok(())
     }
 
-    async fn wait_until_agents_ready(&mut self) -> Result<()> {
+    /// What the node's kubelet does for a pod of ours: runs its process on the node's machine.
+    async fn start_pod(&mut self, pod: &Pod) -> Result<()> {
+        let pod = serde_json::to_value(pod)?;
+        let node = self.node(pod["spec"]["nodeName"].as_str().unwrap_or_default())?;
+        let process = kubelet::start(
+            self.cluster.client(),
+            &pod,
+            node,
+            &self.binaries,
+            self.cluster.kubeconfig(),
+        )
+        .await?;
+        self.pods.push(process);
+        Ok(())
+    }
+
+    /// Waits until the processes from `first` on pass their readiness probes.
+    async fn wait_until_ready(&mut self, first: usize) -> Result<()> {
         let started = self.timeline.elapsed();
-        for index in 0..self.pods.len() {
+        for index in first..self.pods.len() {
             let ready = poll_until(READY_TIMEOUT, || {
                 let exited = self.pods[index].has_exited();
                 let target = self.pods[index].readiness.clone();
@@ -243,8 +274,8 @@ impl Stage {
             }
         }
         self.timeline.event(&format!(
-            "{} agent processes ready (readiness probes pass) after {}",
-            self.pods.len(),
+            "{} processes of our pods ready (readiness probes pass) after {}",
+            self.pods.len() - first,
             seconds(self.timeline.elapsed().saturating_sub(started))
         ));
         Ok(())
@@ -271,6 +302,41 @@ impl Stage {
             .await
             .with_context(|| format!("stop {node}'s kubelet"))?;
         Ok(())
+    }
+
+    /// The machine behind `node` boots again: a fresh elogind, its kubelet reporting again,
+    /// and the processes of our pods still bound to it started anew, as a kubelet restarts its
+    /// pods' containers after a reboot.
+    pub async fn power_on(&mut self, node: &str) -> Result<()> {
+        let index = self
+            .nodes
+            .iter()
+            .position(|host| host.name() == node)
+            .with_context(|| format!("no machine for {node}"))?;
+        let address_index = u8::try_from(index).context("too many machines")?;
+        self.nodes[index] = NodeHost::boot(node, address_index, &self.work_dir).await?;
+        Api::<Node>::all(self.client().clone())
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": null}}}),
+                ),
+            )
+            .await
+            .with_context(|| format!("restart {node}'s kubelet"))?;
+        let ours: Vec<Pod> = Api::<Pod>::namespaced(self.client().clone(), AGENTS_NAMESPACE)
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await?
+            .items
+            .into_iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .collect();
+        let first = self.pods.len();
+        for pod in &ours {
+            self.start_pod(pod).await?;
+        }
+        self.wait_until_ready(first).await
     }
 
     /// Stops everything, agents first, then the machines, then the cluster.
@@ -317,6 +383,21 @@ async fn wait_for_running_pods(client: &Client, expected: usize) -> Result<()> {
         bail!("the workloads did not reach {expected} Running pods within {READY_TIMEOUT:?}");
     }
     Ok(())
+}
+
+/// How many pods the rendered workloads make: one per node for a DaemonSet, the replicas of
+/// a Deployment.
+fn expected_pods(objects: &[Value]) -> usize {
+    objects
+        .iter()
+        .map(|object| match kind_of(object) {
+            "DaemonSet" => NODES,
+            "Deployment" => object["spec"]["replicas"]
+                .as_u64()
+                .map_or(1, |replicas| replicas as usize),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// `shutdownGracePeriodByPodPriority` from the rendered ConfigMap, lowest priority first.

@@ -10,11 +10,12 @@ use clap::Args;
 
 use crate::{cargo, helm, project_root, run_command, setup, target_dir};
 
-/// The release binaries the demo runs: the cluster, the agents, the demo itself.
-const PACKAGES: [&str; 4] = [
+/// The release binaries the demo runs: the cluster, our programs, the demo itself.
+const PACKAGES: [&str; 5] = [
     "kube-sim",
     "graceful-shutdown-agent",
     "shutdown-inhibitor-agent",
+    "out-of-service-gc",
     "nodegrace-e2e",
 ];
 
@@ -24,7 +25,7 @@ pub struct DemoArgs {
     /// Ctrl-C stops it.
     #[arg(long)]
     keep: bool,
-    /// Play only this act (repeatable): lease-blocks-shutdown, priority-shutdown.
+    /// Play only this act (repeatable): lease-blocks-shutdown, priority-shutdown, out-of-service.
     #[arg(long = "act", value_name = "SLUG")]
     acts: Vec<String>,
 }

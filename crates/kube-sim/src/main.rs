@@ -101,9 +101,9 @@ fn duration(text: &str) -> Result<Duration, String> {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?}: expected a whole number and a unit (ms, s, m), like 10s"))?;
+    let number: u64 = number.parse().map_err(|_| {
+        format!("{text:?}: expected a whole number and a unit (ms, s, m), like 10s")
+    })?;
     if number == 0 {
         return Err(format!("{text:?}: must be more than zero"));
     }

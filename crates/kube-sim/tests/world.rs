@@ -301,9 +301,7 @@ async fn budgets_track_healthy_pods_and_replicasets_replace_pods_elsewhere() -> 
 async fn the_scheduler_follows_required_and_preferred_node_affinity() -> Result<()> {
     let sim = sim(3).await?;
     let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
-    let hostname = |operator: &str, values: &[&str]| {
-        json!({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": operator, "values": values}]})
-    };
+    let hostname = |operator: &str, values: &[&str]| json!({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": operator, "values": values}]});
     let affinity = json!({"spec": {"affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [hostname("NotIn", &["node-0"])]},
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "preference": hostname("In", &["node-2"])}],
@@ -331,19 +329,22 @@ async fn the_scheduler_follows_required_and_preferred_node_affinity() -> Result<
         Ok(placed.len() == 3 && placed.iter().all(|node| node.as_deref() == Some("node-2")))
     })
     .await?;
-    wait_until("the scheduler to find no node for the pod no node suits", || async {
-        let nowhere = pods.get("nowhere").await?;
-        ensure!(
-            nowhere.spec.and_then(|s| s.node_name).is_none(),
-            "a pod whose required affinity no node meets was bound"
-        );
-        Ok(nowhere
-            .status
-            .and_then(|s| s.conditions)
-            .into_iter()
-            .flatten()
-            .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")))
-    })
+    wait_until(
+        "the scheduler to find no node for the pod no node suits",
+        || async {
+            let nowhere = pods.get("nowhere").await?;
+            ensure!(
+                nowhere.spec.and_then(|s| s.node_name).is_none(),
+                "a pod whose required affinity no node meets was bound"
+            );
+            Ok(nowhere
+                .status
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")))
+        },
+    )
     .await
 }
 

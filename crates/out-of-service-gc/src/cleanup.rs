@@ -32,7 +32,7 @@ use crate::qualify::{
     EXPECTED_EFFECT, NodeStatus, OUT_OF_SERVICE_TAINT, PodVerdict, node_status, pod_verdict,
     ready_since,
 };
-use crate::status::{DISRUPTION_REASON, Phase, plural};
+use crate::status::{DISRUPTION_REASON, Phase, after_cleanup, plural};
 
 const ACTION: &str = "OutOfServiceCleanup";
 /// Force actions in flight at once for one node.
@@ -381,14 +381,16 @@ impl NodeCleanup {
             });
             return Ok(Outcome::Wait(None));
         }
-        self.report(&Phase::Done);
+        let auto_untaint = self.shared.settings.auto_untaint;
+        self.report(&Phase::Done { auto_untaint });
         if !std::mem::replace(&mut self.said().done, true) {
             self.node_event(
                 false,
                 "OutOfServiceCleanupDone",
-                "No pod that does not tolerate the taint and no volume attachment is left; \
-                 remove the out-of-service taint once the node is back"
-                    .to_owned(),
+                format!(
+                    "No pod that does not tolerate the taint and no volume attachment is left; {}",
+                    after_cleanup(auto_untaint)
+                ),
             );
         }
         Ok(Outcome::Wait(None))

@@ -20,8 +20,8 @@ pub enum Phase {
     Refused(String),
     /// Pods are being force-deleted and volumes detached.
     Cleaning { pods: usize, attachments: usize },
-    /// Nothing left on the node.
-    Done,
+    /// Nothing left on the node; with `auto_untaint`, the taint goes once the node is back.
+    Done { auto_untaint: bool },
     /// The taint is gone.
     TaintRemoved,
 }
@@ -41,12 +41,15 @@ impl Phase {
                     plural(*attachments, "attachment", "attachments")
                 ),
             ),
-            Self::Done => ConditionSpec::new(
+            Self::Done { auto_untaint } => ConditionSpec::new(
                 CONDITION,
                 "True",
                 "Done",
-                "No pod that does not tolerate the out-of-service taint and no volume \
-                 attachment is left on this node; remove the taint once the node is back",
+                format!(
+                    "No pod that does not tolerate the out-of-service taint and no volume \
+                     attachment is left on this node; {}",
+                    after_cleanup(*auto_untaint)
+                ),
             ),
             Self::TaintRemoved => ConditionSpec::new(
                 CONDITION,
@@ -55,6 +58,15 @@ impl Phase {
                 "The node has no out-of-service taint",
             ),
         }
+    }
+}
+
+/// What happens to the taint once the node is clean.
+pub fn after_cleanup(auto_untaint: bool) -> &'static str {
+    if auto_untaint {
+        "the taint is removed once the node is Ready again"
+    } else {
+        "remove the taint once the node is back"
     }
 }
 
@@ -78,7 +90,20 @@ mod tests {
             condition.message,
             "1 pod to force-delete and 2 volume attachments left"
         );
-        assert_eq!(Phase::Done.condition().reason, "Done");
+        let done = Phase::Done {
+            auto_untaint: false,
+        }
+        .condition();
+        assert_eq!(done.reason, "Done");
+        assert!(
+            done.message
+                .ends_with("remove the taint once the node is back")
+        );
+        let done = Phase::Done { auto_untaint: true }.condition();
+        assert!(
+            done.message
+                .ends_with("removed once the node is Ready again")
+        );
         assert_eq!(Phase::Refused("x".into()).condition().status, "False");
     }
 }

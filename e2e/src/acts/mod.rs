@@ -3,6 +3,7 @@
 //! says what did not happen. Adding an act is one module and one line in [`ALL`].
 
 mod lease_blocks_shutdown;
+mod out_of_service;
 mod priority_shutdown;
 
 use anyhow::Result;
@@ -20,7 +21,11 @@ pub struct Act {
 
 /// In playing order: later acts may build on what earlier ones left (node-1 is off after the
 /// shutdown act).
-pub const ALL: &[Act] = &[lease_blocks_shutdown::ACT, priority_shutdown::ACT];
+pub const ALL: &[Act] = &[
+    lease_blocks_shutdown::ACT,
+    priority_shutdown::ACT,
+    out_of_service::ACT,
+];
 
 pub fn find(slug: &str) -> Option<&'static Act> {
     ALL.iter().find(|act| act.slug == slug)

@@ -152,7 +152,10 @@ mod tests {
             {"key": "disk", "operator": "In", "values": ["hdd"]},
         ]});
         assert!(!required_by(&requiring(&json!([both])), &a));
-        let either = json!([expression("zone", "In", &["1"]), expression("disk", "In", &["hdd"])]);
+        let either = json!([
+            expression("zone", "In", &["1"]),
+            expression("disk", "In", &["hdd"])
+        ]);
         assert!(required_by(&requiring(&either), &a));
         assert!(required_by(&requiring(&either), &b));
     }
@@ -169,7 +172,9 @@ mod tests {
     fn fields_match_the_node_name_only() {
         let a = node("a", &json!({}));
         let by_name = |operator: &str, key: &str| {
-            requiring(&json!([{"matchFields": [{"key": key, "operator": operator, "values": ["a"]}]}]))
+            requiring(
+                &json!([{"matchFields": [{"key": key, "operator": operator, "values": ["a"]}]}]),
+            )
         };
         assert!(required_by(&by_name("In", "metadata.name"), &a));
         assert!(!required_by(&by_name("NotIn", "metadata.name"), &a));

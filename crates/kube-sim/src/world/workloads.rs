@@ -263,7 +263,10 @@ fn schedule(store: &Store, pods: &[Arc<Value>], nodes: &[Arc<Value>]) {
                     .get(text(&node["metadata"]["name"]))
                     .copied()
                     .unwrap_or(0);
-                (std::cmp::Reverse(node_affinity::preference(spec, node)), load)
+                (
+                    std::cmp::Reverse(node_affinity::preference(spec, node)),
+                    load,
+                )
             });
         let (namespace, name) = (
             text(&pod["metadata"]["namespace"]),
