@@ -83,6 +83,12 @@ impl Sim {
         self.ok(&args)
     }
 
+    /// Stops `node`'s simulated kubelet, as a machine losing power stops it.
+    fn stop_kubelet(&self, node: &str) -> Result<()> {
+        self.ok(&["annotate", "node", node, "sim.nodegrace.io/kubelet=stopped"])?;
+        Ok(())
+    }
+
     fn apply(&self, yaml: &str) -> Result<String> {
         let path = self
             .dir
@@ -787,12 +793,7 @@ fn conformance_statefulset_replaces_a_pod_only_after_it_is_gone() -> Result<()> 
     sim.apply(WORKLOADS)?;
     sim.ok(&["rollout", "status", "statefulset/db", "--timeout=60s"])?;
     let old = sim.jsonpath(&["pod", "db-0"], "{.metadata.uid}")?;
-    sim.ok(&[
-        "annotate",
-        "node",
-        "node-0",
-        "sim.nodegrace.io/kubelet=stopped",
-    ])?;
+    sim.stop_kubelet("node-0")?;
     sim.ok(&["delete", "pod", "db-0", "--wait=false"])?;
     // Scaling up makes the controller look at the set again; db-2 must wait behind db-0.
     sim.ok(&["scale", "statefulset", "db", "--replicas=3"])?;
@@ -886,12 +887,7 @@ fn serve_flags_set_the_lease_renewal_and_the_node_monitor_grace() -> Result<()> 
     sim.wait_for("a second renewal", Duration::from_secs(5), |_| {
         Ok(renewed()? != first)
     })?;
-    sim.ok(&[
-        "annotate",
-        "node",
-        "node-0",
-        "sim.nodegrace.io/kubelet=stopped",
-    ])?;
+    sim.stop_kubelet("node-0")?;
     sim.wait_for("node-0 to turn Unknown", Duration::from_secs(20), |sim| {
         Ok(sim.jsonpath(
             &["node", "node-0"],
