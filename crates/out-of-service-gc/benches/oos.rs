@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use nodegrace_core::k8s::taints::change_taints;
 use serde_json::json;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_out-of-service-gc");
@@ -129,15 +130,17 @@ async fn kill(client: &Client, nodes: &[String]) -> Result<()> {
 }
 
 async fn taint(client: &Client, node: &str) -> Result<()> {
-    let api: Api<Node> = Api::all(client.clone());
-    let mut current = api.get(node).await?;
-    let spec = current.spec.get_or_insert_with(Default::default);
-    let mut taints = spec.taints.take().unwrap_or_default();
-    taints.push(serde_json::from_value(
-        json!({"key": TAINT, "value": "nodeshutdown", "effect": "NoExecute"}),
-    )?);
-    spec.taints = Some(taints);
-    api.replace(node, &PostParams::default(), &current).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    change_taints(&nodes, node, |_, taints| {
+        taints.push(Taint {
+            key: TAINT.to_owned(),
+            value: Some("nodeshutdown".to_owned()),
+            effect: "NoExecute".to_owned(),
+            time_added: None,
+        });
+        true
+    })
+    .await?;
     Ok(())
 }
 

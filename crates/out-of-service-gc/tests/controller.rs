@@ -8,12 +8,13 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use clap::Parser;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::faults::{ErrorRule, FailureKind};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use nodegrace_core::k8s::taints::change_taints;
 use nodegrace_core::program::Started;
 use nodegrace_core::testing::{self, Admin};
 use out_of_service_gc::app;
@@ -192,16 +193,16 @@ fn ready(node: &Node) -> bool {
 
 async fn taint(client: &Client, node: &str) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let mut current = nodes.get(node).await?;
-    let spec = current.spec.get_or_insert_with(Default::default);
-    let mut taints = spec.taints.take().unwrap_or_default();
-    taints.push(serde_json::from_value(
-        json!({"key": TAINT, "value": "nodeshutdown", "effect": "NoExecute"}),
-    )?);
-    spec.taints = Some(taints);
-    nodes
-        .replace(node, &PostParams::default(), &current)
-        .await?;
+    change_taints(&nodes, node, |_, taints| {
+        taints.push(Taint {
+            key: TAINT.to_owned(),
+            value: Some("nodeshutdown".to_owned()),
+            effect: "NoExecute".to_owned(),
+            time_added: None,
+        });
+        true
+    })
+    .await?;
     Ok(())
 }
 
