@@ -42,6 +42,9 @@ enum Task {
     Charts,
     /// Runs kube-rs's own cluster tests (kube and kube-client 5.0.0) against a fresh kube-sim.
     PeerTests,
+    /// Writes the NodeDisruptionBudget CRD, generated from its Rust types, into the
+    /// termination-controller chart (a test fails while the chart's copy is stale).
+    Crd,
 }
 
 fn main() -> Result<()> {
@@ -52,7 +55,37 @@ fn main() -> Result<()> {
         Task::Bench { which } => bench::run(&which),
         Task::Charts => helm::check_charts(),
         Task::PeerTests => peer_tests::run(),
+        Task::Crd => write_crd(),
     }
+}
+
+/// Where the chart keeps the generated CRD.
+const CRD_PATH: &str = "charts/termination-controller/crds/nodedisruptionbudgets.nodegrace.io.yaml";
+
+fn write_crd() -> Result<()> {
+    let output = cargo()
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "termination-controller",
+            "--example",
+            "crd",
+        ])
+        .current_dir(project_root())
+        .output()
+        .context("could not run the CRD generator")?;
+    if !output.status.success() {
+        bail!(
+            "the CRD generator failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let path = project_root().join(CRD_PATH);
+    std::fs::write(&path, &output.stdout)
+        .with_context(|| format!("could not write {}", path.display()))?;
+    println!("wrote {CRD_PATH}");
+    Ok(())
 }
 
 /// The workspace root, wherever cargo was invoked from.

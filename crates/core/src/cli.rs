@@ -172,8 +172,8 @@ pub enum InstanceProviderKind {
     None,
     /// kube-sim's cloud (`/sim/v1/instances` on the API server's address).
     Sim,
-    /// A command: `<command> state <providerID>` prints running, stopped or terminated;
-    /// `<command> terminate <providerID>` exits 0 once the cloud accepted.
+    /// A command: `<command> state <providerID> <node>` prints running, stopped or
+    /// terminated; `<command> terminate <providerID> <node>` exits 0 once the cloud accepted.
     Exec,
 }
 
@@ -185,7 +185,7 @@ pub struct InstanceArgs {
     #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER", value_enum, default_value_t = InstanceProviderKind::None)]
     pub instance_provider: InstanceProviderKind,
     /// For --instance-provider=exec: the command, run as `<command> state|terminate
-    /// <providerID>`.
+    /// <providerID> <node>`.
     #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER_COMMAND")]
     pub instance_provider_command: Option<PathBuf>,
     /// For --instance-provider=exec: how long one call may take before it is killed (a
@@ -198,7 +198,7 @@ pub struct InstanceArgs {
 pub enum InstanceArgsError {
     #[error(
         "--instance-provider=exec needs --instance-provider-command: the command to run as \
-         `<command> state|terminate <providerID>`"
+         `<command> state|terminate <providerID> <node>`"
     )]
     MissingCommand,
     #[error(

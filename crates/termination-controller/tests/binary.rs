@@ -1,11 +1,106 @@
-//! The skeleton binary as an operator runs it: its options and variables are the final ones,
-//! and it says plainly that it does nothing yet.
+//! The binary as an operator runs it: its help, its environment variables, its errors.
+
+use std::path::Path;
+use std::process::Command;
+
+use clap::CommandFactory;
+use nodegrace_core::testing::{
+    check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
+};
+use termination_controller::cli::Args;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
 
 #[test]
-fn options_follow_the_scheme_and_the_run_stops_with_a_clear_message() -> anyhow::Result<()> {
-    nodegrace_core::testing::check_skeleton_binary(
-        env!("CARGO_BIN_EXE_termination-controller"),
-        "termination-controller",
-        9454,
-    )
+fn help_shows_the_programs_own_admin_port_and_the_chart_uses_it() -> anyhow::Result<()> {
+    let values = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../charts/termination-controller/values.yaml");
+    check_help_and_chart_port(BINARY, 9454, &values)
+}
+
+#[test]
+fn every_flag_reads_its_nodegrace_variable() -> anyhow::Result<()> {
+    check_env_follows_flags(&Args::command())
+}
+
+#[test]
+fn help_states_the_defaults_the_docs_promise() -> anyhow::Result<()> {
+    let help = String::from_utf8(Command::new(BINARY).arg("--help").output()?.stdout)?;
+    for default in [
+        "--eviction-qps <EVICTION_QPS>",
+        "[default: 50]",
+        "[default: 100]",
+        "[default: 16]",
+        "[default: 100ms]",
+        "[default: 10s]",
+        "[default: 5m]",
+        "[default: none]",
+        "--drain-timeout",
+        "--not-ready-timeout",
+        "--node-selector",
+    ] {
+        anyhow::ensure!(help.contains(default), "{default} missing from:\n{help}");
+    }
+    Ok(())
+}
+
+#[test]
+fn logs_in_a_pipe_are_plain_and_each_cause_is_printed_once() -> anyhow::Result<()> {
+    check_plain_one_line_error(BINARY, &[])
+}
+
+#[test]
+fn bad_flags_name_the_flag_and_the_fix() -> anyhow::Result<()> {
+    for (flag, expected) in [
+        ("--drain-timeout=soon", "--drain-timeout"),
+        ("--node-selector=zone in x", "key in (a,b)"),
+    ] {
+        let output = Command::new(BINARY).arg(flag).output()?;
+        let stderr = String::from_utf8(output.stderr)?;
+        anyhow::ensure!(output.status.code() == Some(2), "{flag}: {stderr}");
+        anyhow::ensure!(stderr.contains(expected), "{flag}: {stderr}");
+    }
+    let runtime = tokio::runtime::Runtime::new()?;
+    let sim = runtime.block_on(kube_sim::KubeSim::start(kube_sim::SimOptions::default()))?;
+    for (flags, expected) in [
+        (
+            &["--eviction-qps=0"][..],
+            "--eviction-qps must be a positive number",
+        ),
+        (
+            &["--eviction-burst=0"][..],
+            "--eviction-burst must be at least 1",
+        ),
+        (
+            &["--eviction-backoff-min=20s", "--eviction-backoff-max=10s"][..],
+            "--eviction-backoff-min must be more than 0 and at most --eviction-backoff-max",
+        ),
+        (
+            &["--instance-provider=exec"][..],
+            "--instance-provider=exec needs --instance-provider-command",
+        ),
+    ] {
+        let output = Command::new(BINARY)
+            .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
+            .arg("--admin-listen=127.0.0.1:0")
+            .args(flags)
+            .output()?;
+        let stderr = String::from_utf8(output.stderr)?;
+        anyhow::ensure!(output.status.code() == Some(1), "{flags:?}: {stderr}");
+        anyhow::ensure!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
+    Ok(())
+}
+
+#[test]
+fn the_charts_crd_is_the_one_the_types_generate() -> anyhow::Result<()> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../charts/termination-controller/crds/nodedisruptionbudgets.nodegrace.io.yaml");
+    let shipped = std::fs::read_to_string(&path)?;
+    anyhow::ensure!(
+        shipped == termination_controller::api::crd_yaml(),
+        "{} is stale: run `cargo xtask crd`",
+        path.display()
+    );
+    Ok(())
 }

@@ -1,6 +1,7 @@
-//! Any cloud through a command the operator provides: `<command> state <providerID>` prints
-//! `running`, `stopped` or `terminated`; `<command> terminate <providerID>` exits 0 once the
-//! cloud accepted the request. A non-zero exit is a transient failure (tried again later), with
+//! Any cloud through a command the operator provides: `<command> state <providerID> [<node>]`
+//! prints `running`, `stopped` or `terminated`; `<command> terminate <providerID> [<node>]`
+//! exits 0 once the cloud accepted the request (the node's name comes last when the id was
+//! read from a Node, so a script can look the machine up by either). A non-zero exit is a transient failure (tried again later), with
 //! the command's stderr in the error; a command that does not finish within the timeout is
 //! killed and counts as failed.
 
@@ -28,6 +29,7 @@ impl ExecInstances {
         let shown = format!("{} {verb} {id}", self.command.display());
         let child = tokio::process::Command::new(&self.command)
             .args([verb, id.as_str()])
+            .args(id.node())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

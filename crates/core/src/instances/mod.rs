@@ -12,9 +12,13 @@ pub use sim::SimInstances;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Node;
 
-/// A node's `spec.providerID`, e.g. `aws:///eu-west-1a/i-0abc` or `sim:///node-1`.
+/// A node's `spec.providerID`, e.g. `aws:///eu-west-1a/i-0abc` or `sim:///node-1`, with the
+/// name of the node it was read from (an `exec` provider's command gets both).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ProviderId(String);
+pub struct ProviderId {
+    id: String,
+    node: Option<String>,
+}
 
 impl ProviderId {
     /// The machine of `node`; an error names the missing field, since nothing can be
@@ -24,7 +28,10 @@ impl ProviderId {
             .as_ref()
             .and_then(|spec| spec.provider_id.as_deref())
             .filter(|id| !id.trim().is_empty())
-            .map(|id| Self(id.to_owned()))
+            .map(|id| Self {
+                id: id.to_owned(),
+                node: node.metadata.name.clone(),
+            })
             .ok_or_else(|| InstanceError::NoProviderId {
                 node: node.metadata.name.clone().unwrap_or_default(),
             })
@@ -32,17 +39,22 @@ impl ProviderId {
 
     /// The scheme before `://`, which says which provider owns the machine.
     pub fn scheme(&self) -> Option<&str> {
-        self.0.split_once("://").map(|(scheme, _)| scheme)
+        self.id.split_once("://").map(|(scheme, _)| scheme)
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.id
+    }
+
+    /// The node the id was read from, when it was read from one.
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_deref()
     }
 
     /// The part after `<scheme>://` with leading slashes trimmed (`sim:///n1` → `n1`), when the
     /// id has that scheme.
     pub fn machine(&self, scheme: &str) -> Option<&str> {
-        self.0
+        self.id
             .strip_prefix(scheme)?
             .strip_prefix("://")
             .map(|rest| rest.trim_start_matches('/'))
@@ -51,13 +63,16 @@ impl ProviderId {
 
     /// An id as a provider answers it (tests, and providers' own lookups).
     pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
+        Self {
+            id: id.into(),
+            node: None,
+        }
     }
 }
 
 impl std::fmt::Display for ProviderId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.id)
     }
 }
 
@@ -135,6 +150,7 @@ mod tests {
         assert_eq!(id.as_str(), "sim:///n1");
         assert_eq!(id.machine("sim"), Some("n1"));
         assert_eq!(id.machine("aws"), None);
+        assert_eq!(id.node(), Some("n1"));
         for spec in [json!({}), json!({"providerID": " "})] {
             let node: Node =
                 serde_json::from_value(json!({"metadata": {"name": "n2"}, "spec": spec})).unwrap();

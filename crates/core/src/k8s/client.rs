@@ -34,7 +34,21 @@ pub enum ClientError {
 }
 
 /// Builds a client from the flags; `user_agent` names the program in the API server's logs.
+/// It retries 429/503/504 answers itself (kube's default policy).
 pub async fn client(args: &KubeArgs, user_agent: &str) -> Result<Client, ClientError> {
+    build(args, user_agent, true).await
+}
+
+/// Like [`client`], without kube's retry of 429/503/504: for a caller whose 429 means
+/// something (an eviction refused by a budget) and who schedules its own retry.
+pub async fn client_without_retries(
+    args: &KubeArgs,
+    user_agent: &str,
+) -> Result<Client, ClientError> {
+    build(args, user_agent, false).await
+}
+
+async fn build(args: &KubeArgs, user_agent: &str, retries: bool) -> Result<Client, ClientError> {
     let limiter = rate_limiter(args.api_qps, args.api_burst)?;
     let mut config = match &args.kubeconfig {
         Some(path) => {
@@ -65,6 +79,7 @@ pub async fn client(args: &KubeArgs, user_agent: &str) -> Result<Client, ClientE
         }
         None => Config::infer().await.map_err(ClientError::Infer)?,
     };
+    config.default_retry = retries;
     config.headers.push((
         http::header::USER_AGENT,
         http::HeaderValue::from_str(&format!("nodegrace-{user_agent}"))

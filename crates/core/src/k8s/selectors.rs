@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SelectorError {
@@ -19,6 +19,81 @@ pub enum SelectorError {
         operator: String,
         needs: &'static str,
     },
+}
+
+/// Parses a selector in kubectl's `-l` syntax (`pool=a,zone in (x,y),!spot,tier!=db`) into a
+/// `LabelSelector`; an empty text selects everything.
+pub fn parse_selector(text: &str) -> Result<LabelSelector, String> {
+    let mut terms = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0;
+    for (index, character) in text.char_indices() {
+        match character {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                terms.push(&text[start..index]);
+                start = index + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&text[start..]);
+    let mut selector = LabelSelector::default();
+    let requirement =
+        |key: &str, operator: &str, values: Option<Vec<String>>| LabelSelectorRequirement {
+            key: key.trim().to_owned(),
+            operator: operator.to_owned(),
+            values,
+        };
+    for term in terms
+        .iter()
+        .map(|term| term.trim())
+        .filter(|term| !term.is_empty())
+    {
+        let invalid = || {
+            format!(
+                "{term:?} is not a label selector term; use key=value, key!=value, key, !key, \
+                 key in (a,b) or key notin (a,b)"
+            )
+        };
+        let set = |rest: &str| -> Option<Vec<String>> {
+            let inner = rest.trim().strip_prefix('(')?.strip_suffix(')')?;
+            let values: Vec<String> = inner
+                .split(',')
+                .map(|value| value.trim().to_owned())
+                .collect();
+            values
+                .iter()
+                .all(|value| !value.is_empty())
+                .then_some(values)
+        };
+        let expression = if let Some((key, value)) = term.split_once("!=") {
+            requirement(key, "NotIn", Some(vec![value.trim().to_owned()]))
+        } else if let Some((key, value)) = term.split_once("==").or_else(|| term.split_once('=')) {
+            selector
+                .match_labels
+                .get_or_insert_with(BTreeMap::new)
+                .insert(key.trim().to_owned(), value.trim().to_owned());
+            continue;
+        } else if let Some((key, rest)) = term.split_once(" notin ") {
+            requirement(key, "NotIn", Some(set(rest).ok_or_else(invalid)?))
+        } else if let Some((key, rest)) = term.split_once(" in ") {
+            requirement(key, "In", Some(set(rest).ok_or_else(invalid)?))
+        } else if let Some(key) = term.strip_prefix('!') {
+            requirement(key, "DoesNotExist", None)
+        } else {
+            requirement(term, "Exists", None)
+        };
+        if expression.key.is_empty() || expression.key.contains(char::is_whitespace) {
+            return Err(invalid());
+        }
+        selector
+            .match_expressions
+            .get_or_insert_with(Vec::new)
+            .push(expression);
+    }
+    Ok(selector)
 }
 
 /// Whether `labels` satisfy `selector`. An empty selector (no labels, no expressions) selects
@@ -131,6 +206,29 @@ mod tests {
                 "{value}"
             );
         }
+    }
+
+    #[test]
+    fn kubectl_selector_syntax_parses_into_a_label_selector() {
+        let parsed = parse_selector("pool=a, zone in (x, y),!spot,tier!=db,gpu").unwrap();
+        let node = |pairs: &[(&str, &str)]| selector_matches(&parsed, &labels(pairs)).unwrap();
+        assert!(node(&[("pool", "a"), ("zone", "y"), ("gpu", "1")]));
+        assert!(!node(&[
+            ("pool", "a"),
+            ("zone", "y"),
+            ("gpu", "1"),
+            ("spot", "")
+        ]));
+        assert!(!node(&[("pool", "a"), ("zone", "z"), ("gpu", "1")]));
+        assert!(!node(&[
+            ("pool", "a"),
+            ("zone", "x"),
+            ("gpu", "1"),
+            ("tier", "db")
+        ]));
+        assert_eq!(parse_selector(" ").unwrap(), LabelSelector::default());
+        let error = parse_selector("zone in x").unwrap_err();
+        assert!(error.contains("key in (a,b)"), "{error}");
     }
 
     #[test]

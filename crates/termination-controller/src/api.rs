@@ -1,0 +1,108 @@
+//! The NodeDisruptionBudget API (`nodedisruptionbudgets.nodegrace.io/v1alpha1`) and the names
+//! this controller writes onto nodes and reads from pods.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Holds a managed Node until its machine is terminated.
+pub const FINALIZER: &str = "nodegrace.io/termination";
+/// Keeps new pods off a node being drained (with `spec.unschedulable`).
+pub const DISRUPTED_TAINT: &str = "nodegrace.io/disrupted";
+/// Takes the node out of external load balancers' backends (service controller).
+pub const EXCLUDE_FROM_LOAD_BALANCERS: &str =
+    "node.kubernetes.io/exclude-from-external-load-balancers";
+/// On a pod, as a label or an annotation: `"true"` never evicts it, a duration (`"30m"`) not
+/// before that long after it started. The node waits for such pods to be gone.
+pub const DO_NOT_EVICT: &str = "nodegrace.io/do-not-evict";
+
+/// A PodDisruptionBudget for nodes: how many of the nodes it selects must stay available while
+/// nodes are deleted. A node being deleted waits until every budget selecting it grants its
+/// disruption.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "nodegrace.io",
+    version = "v1alpha1",
+    kind = "NodeDisruptionBudget",
+    shortname = "ndb",
+    status = "NodeDisruptionBudgetStatus",
+    derive = "PartialEq",
+    printcolumn = r#"{"name":"Min Available","type":"string","jsonPath":".spec.minAvailable"}"#,
+    printcolumn = r#"{"name":"Max Unavailable","type":"string","jsonPath":".spec.maxUnavailable"}"#,
+    printcolumn = r#"{"name":"Allowed Disruptions","type":"integer","jsonPath":".status.disruptionsAllowed"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("has(self.minAvailable) != has(self.maxUnavailable)").message("set exactly one of spec.minAvailable and spec.maxUnavailable"))]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDisruptionBudgetSpec {
+    /// The nodes this budget covers. Unlike a PodDisruptionBudget's, a null or an empty
+    /// selector selects no nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// How many of the selected nodes (a number, or a percentage rounded up) must stay
+    /// available after a disruption. Exactly one of minAvailable and maxUnavailable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<IntOrString>,
+    /// How many of the selected nodes (a number, or a percentage rounded up) may be
+    /// unavailable after a disruption. Exactly one of minAvailable and maxUnavailable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+}
+
+/// Observed like a PodDisruptionBudget's status. Grants are recorded in `disruptedNodes`
+/// through updates that carry the resourceVersion, so two writers never take the same unit.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDisruptionBudgetStatus {
+    /// The generation of the spec these numbers were computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Nodes the selector selects.
+    #[serde(default)]
+    pub expected_nodes: i32,
+    /// Selected nodes that are Ready and not disrupted.
+    #[serde(default)]
+    pub current_available: i32,
+    /// How many must stay available.
+    #[serde(default)]
+    pub desired_available: i32,
+    /// How many more nodes may be disrupted now.
+    #[serde(default)]
+    pub disruptions_allowed: i32,
+    /// The grants: node name → when its disruption was granted. A grant ends when its node
+    /// is gone (or, for a node that was never deleted, two minutes after it was given).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub disrupted_nodes: BTreeMap<String, Time>,
+    /// `DisruptionAllowed`: True when a disruption may be granted now; False with reason
+    /// `InsufficientNodes` or `InvalidSpec`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl NodeDisruptionBudget {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    pub fn grants(&self) -> Option<&BTreeMap<String, Time>> {
+        self.status.as_ref().map(|status| &status.disrupted_nodes)
+    }
+
+    pub fn has_granted(&self, node: &str) -> bool {
+        self.grants()
+            .is_some_and(|grants| grants.contains_key(node))
+    }
+}
+
+/// The CRD as the chart installs it (`cargo xtask crd` writes it there).
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let crd = NodeDisruptionBudget::crd();
+    let body = serde_yaml_ng::to_string(&crd).unwrap_or_default();
+    format!(
+        "# Generated from crates/termination-controller/src/api.rs by `cargo xtask crd`; do not edit.\n{body}"
+    )
+}

@@ -1,0 +1,225 @@
+//! Assembling the controller and running it until SIGTERM.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use governor::{Quota, RateLimiter};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::Api;
+use kube::runtime::watcher;
+use nodegrace_core::admin::Readiness;
+use nodegrace_core::cli::CommonArgs;
+use nodegrace_core::controller::Backoff;
+use nodegrace_core::k8s::client;
+use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
+use nodegrace_core::k8s::watched::{WatchCounters, Watched};
+use nodegrace_core::leader::Leadership;
+use nodegrace_core::program::{self, Started};
+use nodegrace_core::telemetry::program_registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::NodeDisruptionBudget;
+use crate::cli::Args;
+use crate::controller::{Controller, Dirty};
+use crate::grants::Budgets;
+use crate::metrics::Metrics;
+use crate::shared::{Settings, Shared};
+
+pub const PROGRAM: &str = "termination-controller";
+
+/// Runs the controller until `stop` is cancelled.
+pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
+    start(args, stop).await?.wait().await
+}
+
+fn trim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_in_use = None;
+        status.volumes_attached = None;
+        status.node_info = None;
+        status.addresses = None;
+        status.capacity = None;
+        status.allocatable = None;
+        status.daemon_endpoints = None;
+    }
+}
+
+fn trim_budget(pdb: &mut PodDisruptionBudget) {
+    pdb.metadata.managed_fields = None;
+    if let Some(status) = pdb.status.as_mut() {
+        status.disrupted_pods = None;
+        status.conditions = None;
+    }
+}
+
+fn trim_attachment(attachment: &mut VolumeAttachment) {
+    attachment.metadata.managed_fields = None;
+    attachment.status = None;
+}
+
+fn trim_ndb(budget: &mut NodeDisruptionBudget) {
+    budget.metadata.managed_fields = None;
+}
+
+/// Starts the admin server, then the controller in a task of its own.
+pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow::Error>> {
+    // Every option is used here: a new flag that nothing reads does not compile.
+    let Args {
+        common: CommonArgs {
+            kube,
+            log: _,
+            admin,
+        },
+        leader,
+        instances,
+        node_selector,
+        eviction_qps,
+        eviction_burst,
+        eviction_concurrency,
+        eviction_backoff_min,
+        eviction_backoff_max,
+        drain_timeout,
+        volume_detach_timeout,
+        not_ready_timeout,
+    } = args;
+    if !(eviction_qps.is_finite() && eviction_qps > 0.0) {
+        bail!(
+            "--eviction-qps must be a positive number of requests per second, got {eviction_qps}"
+        );
+    }
+    let Some(burst) = NonZeroU32::new(eviction_burst) else {
+        bail!("--eviction-burst must be at least 1");
+    };
+    if eviction_concurrency == 0 {
+        bail!("--eviction-concurrency must be at least 1");
+    }
+    if eviction_backoff_min.is_zero() || eviction_backoff_min > eviction_backoff_max {
+        bail!(
+            "--eviction-backoff-min must be more than 0 and at most --eviction-backoff-max \
+             (got {eviction_backoff_min:?} and {eviction_backoff_max:?})"
+        );
+    }
+    let quota = Quota::with_period(std::time::Duration::from_secs_f64(1.0 / eviction_qps))
+        .context("--eviction-qps is too high")?
+        .allow_burst(burst);
+    let eviction_limiter = Arc::new(RateLimiter::direct(quota));
+    let settings = Settings {
+        node_selector,
+        eviction_concurrency,
+        eviction_backoff: Backoff {
+            first: eviction_backoff_min,
+            longest: eviction_backoff_max,
+        },
+        drain_timeout,
+        volume_detach_timeout,
+        not_ready_timeout,
+    };
+    let election = leader.config(PROGRAM);
+    let mut registry = program_registry(PROGRAM);
+    let metrics = Metrics::register(&mut registry);
+    let readiness = Readiness::new();
+    let synced = readiness.gate("caches-synced");
+    let started = program::start(admin.admin_listen, registry, readiness, async move {
+        let client = client::client(&kube, PROGRAM)
+            .await
+            .context("build the Kubernetes client")?;
+        let evictions = client::client_without_retries(&kube, PROGRAM)
+            .await
+            .context("build the Kubernetes client")?;
+        let provider = instances
+            .provider(&client)
+            .context("invalid instance provider options")?;
+        // Events and conditions go through a client of their own, so reporting never takes a
+        // place in line from an eviction.
+        let reporting = client::client(&kube, PROGRAM)
+            .await
+            .context("build the Kubernetes client")?;
+        let identity = election
+            .as_ref()
+            .map_or_else(|| PROGRAM.to_owned(), |config| config.identity.clone());
+        let (reporter, flushed) = Reporter::start(ApiSink::new(reporting, PROGRAM, &identity));
+        let dirty = Arc::new(Dirty::default());
+        let nodes = {
+            let dirty = Arc::clone(&dirty);
+            Watched::start_observed(
+                Api::<Node>::all(client.clone()),
+                watcher::Config::default(),
+                WatchCounters::default(),
+                trim_node,
+                move |node: &Node| dirty.mark(node.metadata.name.as_deref().unwrap_or_default()),
+            )
+        };
+        let ndbs = Watched::start_trimmed(
+            Api::<NodeDisruptionBudget>::all(client.clone()),
+            watcher::Config::default(),
+            WatchCounters::default(),
+            trim_ndb,
+        );
+        let pdbs = Watched::start_trimmed(
+            Api::<PodDisruptionBudget>::all(client.clone()),
+            watcher::Config::default(),
+            WatchCounters::default(),
+            trim_budget,
+        );
+        let attachments = Watched::start_trimmed(
+            Api::<VolumeAttachment>::all(client.clone()),
+            watcher::Config::default(),
+            WatchCounters::default(),
+            trim_attachment,
+        );
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            synced = async {
+                nodes.synced().await?;
+                ndbs.synced().await?;
+                pdbs.synced().await?;
+                attachments.synced().await
+            } => {
+                synced.context("watch nodes, NodeDisruptionBudgets, PodDisruptionBudgets and VolumeAttachments")?;
+            }
+        }
+        synced.set(true);
+        let controller = Controller {
+            shared: Arc::new(Shared {
+                client: client.clone(),
+                evictions,
+                eviction_limiter,
+                reporter,
+                metrics,
+                settings,
+                budgets: Budgets {
+                    api: Api::all(client.clone()),
+                    cache: ndbs,
+                    nodes,
+                },
+                pdbs,
+                attachments,
+                provider,
+                program: PROGRAM,
+            }),
+            dirty,
+        };
+        let result = if let Some(config) = election {
+            let mut leadership = Leadership::start(client, &config)
+                .await
+                .context("join the leader election")?;
+            let result = leadership
+                .run_while_leader(&stop, |acting| controller.run(acting))
+                .await;
+            leadership.resign().await;
+            result.context("leader election")
+        } else {
+            controller.run(stop.clone()).await;
+            Ok(())
+        };
+        drop(controller);
+        flushed.wait().await;
+        result
+    });
+    started.await.context("start the admin server")
+}

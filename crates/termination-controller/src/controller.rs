@@ -1,0 +1,302 @@
+//! The leader's loop: a termination task per deleting node that carries our finalizer; the
+//! finalizer added to managed nodes on sight; budgets' status kept current; and, with
+//! `--not-ready-timeout`, a timer per NotReady node. Watches report which node changed, so
+//! the loop never rescans the cluster for one change.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use nodegrace_core::error_chain::Chain;
+use nodegrace_core::k8s::api_errors::status_code;
+use nodegrace_core::k8s::conditions::node_condition;
+use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::nodes::node_reference;
+use nodegrace_core::k8s::watched::Watched;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::time::{DelayQueue, delay_queue};
+
+use crate::api::{FINALIZER, NodeDisruptionBudget};
+use crate::grants::refresh_statuses;
+use crate::metrics::NdbLabel;
+use crate::shared::Shared;
+use crate::termination::{Finished, NodeTermination, has_finalizer, ours, remove_finalizer};
+
+/// Budget statuses are recomputed at most this often: nodes change all the time (heartbeats),
+/// and one pass covers every change since the last.
+const STATUS_REFRESH_PAUSE: Duration = Duration::from_millis(200);
+
+/// Names of nodes that changed since the loop last looked.
+#[derive(Debug, Default)]
+pub struct Dirty {
+    names: Mutex<HashSet<String>>,
+    notify: Notify,
+}
+
+impl Dirty {
+    pub fn mark(&self, name: &str) {
+        self.names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned());
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> HashSet<String> {
+        std::mem::take(&mut *self.names.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+#[derive(Debug)]
+pub struct Controller {
+    pub shared: Arc<Shared>,
+    pub dirty: Arc<Dirty>,
+}
+
+/// What the finalizer bookkeeping did.
+enum Bookkeeping {
+    Done(String),
+    Failed(String),
+}
+
+impl Controller {
+    /// Runs until `acting` is cancelled (leadership lost, or the program stopping).
+    pub async fn run(&self, acting: CancellationToken) {
+        let statuses = tokio::spawn(keep_statuses(
+            Arc::clone(&self.shared),
+            acting.child_token(),
+        ));
+        self.look_after_nodes(&acting).await;
+        acting.cancel();
+        let _ = statuses.await;
+    }
+
+    async fn look_after_nodes(&self, acting: &CancellationToken) {
+        let shared = &self.shared;
+        let (poke, poked) = watch::channel(());
+        let mut workers: HashSet<String> = HashSet::new();
+        let mut running: JoinSet<(String, Finished)> = JoinSet::new();
+        let mut bookkeeping: JoinSet<Bookkeeping> = JoinSet::new();
+        let mut in_bookkeeping: HashSet<String> = HashSet::new();
+        let mut checks: DelayQueue<String> = DelayQueue::new();
+        let mut scheduled: HashMap<String, delay_queue::Key> = HashMap::new();
+        let mut budgets = shared.budgets.cache.clone();
+        let mut pdbs = shared.pdbs.clone();
+        for node in shared.nodes().state() {
+            self.dirty
+                .mark(node.metadata.name.as_deref().unwrap_or_default());
+        }
+        loop {
+            for name in self.dirty.take() {
+                let Some(node) = shared.nodes().get(None, &name) else {
+                    continue;
+                };
+                if ours(&node) {
+                    if workers.insert(name.clone()) {
+                        let task = NodeTermination::new(Arc::clone(shared), &name);
+                        let wake = poked.clone();
+                        let stop = acting.child_token();
+                        let owned = name.clone();
+                        running.spawn(async move { (owned, task.run(wake, stop).await) });
+                    }
+                } else if node.metadata.deletion_timestamp.is_none()
+                    && shared.settings.manages(&node) != has_finalizer(&node)
+                    && in_bookkeeping.insert(name.clone())
+                {
+                    let client = shared.client.clone();
+                    let add = shared.settings.manages(&node);
+                    let owned = name.clone();
+                    bookkeeping.spawn(async move { set_finalizer(&client, owned, add).await });
+                }
+                if let Some(timeout) = shared.settings.not_ready_timeout {
+                    if let Some(key) = scheduled.remove(&name) {
+                        checks.remove(&key);
+                    }
+                    let managed = shared.settings.manages(&node);
+                    if let Some(due) = not_ready_due(&node, timeout, managed) {
+                        let wait = Duration::try_from(due.duration_since(Timestamp::now()))
+                            .unwrap_or(Duration::ZERO);
+                        scheduled.insert(name.clone(), checks.insert(name, wait));
+                    }
+                }
+            }
+            shared.metrics.nodes_terminating.set(workers.len() as i64);
+            // Any node, budget or PDB change may let a waiting node or queue go on.
+            poke.send_replace(());
+            tokio::select! {
+                () = acting.cancelled() => break,
+                () = self.dirty.notify.notified() => {}
+                changed = budgets.changed() => if changed.is_err() { break },
+                changed = pdbs.changed() => if changed.is_err() { break },
+                Some(finished) = running.join_next() => {
+                    if let Ok((name, _)) = finished {
+                        workers.remove(&name);
+                        self.dirty.mark(&name);
+                    }
+                }
+                Some(done) = bookkeeping.join_next() => {
+                    if let Ok(Bookkeeping::Done(name) | Bookkeeping::Failed(name)) = done {
+                        in_bookkeeping.remove(&name);
+                    }
+                }
+                Some(expired) = checks.next() => {
+                    let name = expired.into_inner();
+                    scheduled.remove(&name);
+                    if let Some(node) = shared.nodes().get(None, &name) {
+                        delete_not_ready(shared, &node).await;
+                    }
+                }
+            }
+        }
+        running.shutdown().await;
+    }
+}
+
+/// When a managed, not deleting node that is NotReady reaches the timeout.
+fn not_ready_due(node: &Node, timeout: Duration, managed: bool) -> Option<Timestamp> {
+    if !managed || node.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let ready = node_condition(node, "Ready")?;
+    if ready.status == "True" {
+        return None;
+    }
+    let since = ready.last_transition_time.as_ref()?.0;
+    since
+        .checked_add(jiff::SignedDuration::try_from(timeout).ok()?)
+        .ok()
+}
+
+async fn delete_not_ready(shared: &Shared, node: &Node) {
+    let Some(timeout) = shared.settings.not_ready_timeout else {
+        return;
+    };
+    let due = not_ready_due(node, timeout, shared.settings.manages(node));
+    if due.is_none_or(|due| due > Timestamp::now()) {
+        return;
+    }
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let api: Api<Node> = Api::all(shared.client.clone());
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: node.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => shared.reporter.event(EventReport::warning(
+            node_reference(name),
+            "NotReadyTimeout",
+            "Delete",
+            format!(
+                "Deleted: NotReady for longer than --not-ready-timeout ({}s); its termination starts",
+                timeout.as_secs()
+            ),
+        )),
+        Err(error) if matches!(status_code(&error), Some(404 | 409)) => {}
+        Err(error) => {
+            shared.metrics.error("api");
+            tracing::warn!(node = name, error = %Chain(&error), "could not delete the NotReady node");
+        }
+    }
+}
+
+/// Adds our finalizer to a managed node, or removes it from a node no longer managed. The add
+/// is a strategic merge (finalizers merge as a set), so it never replaces other finalizers.
+async fn set_finalizer(client: &kube::Client, name: String, add: bool) -> Bookkeeping {
+    let api: Api<Node> = Api::all(client.clone());
+    let result = if add {
+        let patch = serde_json::json!({"metadata": {"finalizers": [FINALIZER]}});
+        api.patch(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .map(drop)
+            .map_err(crate::termination::StepError::from)
+    } else {
+        remove_finalizer(client, &name).await
+    };
+    match result {
+        Ok(()) => Bookkeeping::Done(name),
+        Err(error) => {
+            tracing::warn!(node = name, error = %Chain(&error), "could not update the node's finalizer; retried on its next change");
+            Bookkeeping::Failed(name)
+        }
+    }
+}
+
+/// Keeps every NodeDisruptionBudget's status current while leading: after budget and node
+/// changes, and when an unused grant expires.
+async fn keep_statuses(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut budgets: Watched<NodeDisruptionBudget> = shared.budgets.cache.clone();
+    let mut nodes = shared.nodes().clone();
+    let mut failures = 0;
+    loop {
+        let metrics = &shared.metrics;
+        let result = refresh_statuses(&shared.budgets, |name, allowed| {
+            metrics
+                .ndb_disruptions_allowed
+                .get_or_create(&NdbLabel {
+                    ndb: name.to_owned(),
+                })
+                .set(i64::from(allowed));
+        })
+        .await;
+        if let Err(error) = result {
+            failures += 1;
+            shared.metrics.error("api");
+            let delay = nodegrace_core::controller::Backoff::default().delay(failures);
+            tracing::warn!(error = %Chain(&error), retry_in = ?delay, "could not update NodeDisruptionBudget status");
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(delay) => continue,
+            }
+        }
+        failures = 0;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(STATUS_REFRESH_PAUSE) => {}
+        }
+        let expiry = next_grant_expiry(&shared);
+        tokio::select! {
+            () = stop.cancelled() => return,
+            changed = budgets.changed() => if changed.is_err() { return },
+            changed = nodes.changed() => if changed.is_err() { return },
+            () = async {
+                match expiry {
+                    Some(wait) => tokio::time::sleep(wait).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
+    }
+}
+
+/// How long until the first grant of a node that is not being deleted expires.
+fn next_grant_expiry(shared: &Shared) -> Option<Duration> {
+    let now = Timestamp::now();
+    shared
+        .budgets
+        .cache
+        .state()
+        .iter()
+        .filter_map(|budget| budget.grants().cloned())
+        .flatten()
+        .filter(|(node, _)| {
+            shared
+                .nodes()
+                .get(None, node)
+                .is_some_and(|node| node.metadata.deletion_timestamp.is_none())
+        })
+        .map(|(_, granted)| {
+            let age = now.duration_since(granted.0).unsigned_abs();
+            crate::grants::UNUSED_GRANT_EXPIRY.saturating_sub(age) + Duration::from_secs(1)
+        })
+        .min()
+}

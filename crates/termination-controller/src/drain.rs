@@ -1,0 +1,566 @@
+//! Draining one node: tier by tier, each PodDisruptionBudget's pods through their queue, woken
+//! by the node's pods (a watch of that node only), the budgets' status, the answers and the
+//! queues' timers.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
+use kube::runtime::watcher;
+use nodegrace_core::k8s::api_errors::status_code;
+use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::nodes::node_reference;
+use nodegrace_core::k8s::selectors::pdbs_for_pod;
+use nodegrace_core::k8s::watched::{WatchCounters, WatchEnded, Watched};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::explain::{budget_blocks, grouped};
+use crate::metrics::{CodeLabel, PdbLabel, ReasonLabel};
+use crate::queues::{BudgetView, Outcome, Queue, QueueKey};
+use crate::shared::Shared;
+use crate::tiers::{Disposition, Tier, disposition};
+
+/// The kubelet's default when a pod names no grace period.
+const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// The shortest grace a deadline deletion gives.
+const MIN_GRACE: Duration = Duration::from_secs(1);
+
+/// What the drain is waiting for, for the node's `Terminating` condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waiting {
+    DoNotEvict(String),
+    Pods { tier: Tier, message: String },
+}
+
+fn trim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    if let Some(status) = pod.status.as_mut() {
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+        status.conditions = None;
+    }
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.containers.clear();
+        spec.init_containers = None;
+    }
+}
+
+fn pod_name(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+fn grace(pod: &Pod) -> Duration {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.termination_grace_period_seconds)
+        .map_or(DEFAULT_GRACE, |seconds| {
+            Duration::from_secs(seconds.max(0).unsigned_abs())
+        })
+}
+
+struct Answer {
+    key: QueueKey,
+    pod: Arc<Pod>,
+    outcome: Outcome,
+}
+
+/// One node's drain.
+pub struct Drain {
+    shared: Arc<Shared>,
+    node: String,
+    deadline: Option<Timestamp>,
+    pods: Watched<Pod>,
+    queues: HashMap<QueueKey, Queue>,
+    evicted: HashSet<String>,
+    deleted_at_deadline: HashSet<String>,
+    requests: JoinSet<Answer>,
+    started_tiers: HashSet<Tier>,
+}
+
+impl std::fmt::Debug for Drain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drain")
+            .field("node", &self.node)
+            .field("evicted", &self.evicted.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drain {
+    /// Starts watching the node's pods; `deleted` is when the node's deletion was asked.
+    pub fn start(shared: Arc<Shared>, node: &str, deleted: Option<Timestamp>) -> Self {
+        let pods = Watched::start_trimmed(
+            Api::<Pod>::all(shared.client.clone()),
+            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+            WatchCounters::default(),
+            trim_pod,
+        );
+        let deadline = shared
+            .settings
+            .drain_timeout
+            .zip(deleted)
+            .and_then(|(timeout, deleted)| {
+                deleted
+                    .checked_add(jiff::SignedDuration::try_from(timeout).ok()?)
+                    .ok()
+            });
+        Self {
+            shared,
+            node: node.to_owned(),
+            deadline,
+            pods,
+            queues: HashMap::new(),
+            evicted: HashSet::new(),
+            deleted_at_deadline: HashSet::new(),
+            requests: JoinSet::new(),
+            started_tiers: HashSet::new(),
+        }
+    }
+
+    /// Pods the drain leaves on the node (skipped ones); their volumes may stay attached.
+    pub fn left_alone(&self) -> Vec<Arc<Pod>> {
+        let now = Timestamp::now();
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|pod| matches!(disposition(pod, now), Disposition::Skip(_)))
+            .collect()
+    }
+
+    /// Drains until every pod that must go is gone. `report` hears what it waits for.
+    pub async fn run(
+        &mut self,
+        wake: &mut watch::Receiver<()>,
+        stop: &CancellationToken,
+        mut report: impl FnMut(&Waiting),
+    ) -> Result<(), WatchEnded> {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            synced = self.pods.synced() => synced?,
+        }
+        let mut pod_changes = self.pods.clone();
+        loop {
+            let next_timer = match self.step() {
+                Step::Done => return Ok(()),
+                Step::Wait { waiting, timer } => {
+                    report(&waiting);
+                    timer
+                }
+            };
+            let sleep = async {
+                match next_timer {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                changed = wake.changed() => if changed.is_err() { return Ok(()) },
+                changed = pod_changes.changed() => changed?,
+                Some(answer) = self.requests.join_next() => {
+                    if let Ok(answer) = answer {
+                        self.answered(answer);
+                    }
+                }
+                () = sleep => {}
+            }
+        }
+    }
+
+    fn step(&mut self) -> Step {
+        let now = Instant::now();
+        let wall = Timestamp::now();
+        let mut tiers: BTreeMap<Tier, Vec<Arc<Pod>>> = BTreeMap::new();
+        let mut protected: Vec<(Arc<Pod>, Option<Timestamp>)> = Vec::new();
+        for pod in self.pods.state() {
+            match disposition(&pod, wall) {
+                Disposition::Skip(_) => {}
+                Disposition::DoNotEvict { until } => protected.push((pod, until)),
+                Disposition::Evict(tier) => tiers.entry(tier).or_default().push(pod),
+            }
+        }
+        let mut timers: Vec<Instant> = Vec::new();
+        if let Some(deadline) = self.deadline {
+            let remaining = protected
+                .iter()
+                .map(|(pod, _)| pod)
+                .chain(tiers.values().flatten());
+            if let Some(next) =
+                self.delete_at_deadline(remaining.cloned().collect(), deadline, wall)
+            {
+                timers.push(now + next);
+            }
+        }
+        if !protected.is_empty() {
+            let wakes = protected.iter().filter_map(|(_, until)| *until).min();
+            if let Some(until) = wakes {
+                let wait = Duration::try_from(until.duration_since(wall)).unwrap_or_default();
+                timers.push(now + wait);
+            }
+            let message = grouped(protected.iter().map(|(pod, until)| {
+                let why = match until {
+                    None => {
+                        "nodegrace.io/do-not-evict; the node waits until they are gone".to_owned()
+                    }
+                    Some(until) => format!("nodegrace.io/do-not-evict until {until}"),
+                };
+                (pod_name(pod), why)
+            }));
+            return Step::Wait {
+                waiting: Waiting::DoNotEvict(message),
+                timer: timers.into_iter().min(),
+            };
+        }
+        let Some((&tier, pods)) = tiers.iter().next() else {
+            return Step::Done;
+        };
+        if self.started_tiers.insert(tier) {
+            self.shared.reporter.event(EventReport::normal(
+                node_reference(&self.node),
+                "DrainingTier",
+                "Drain",
+                format!("Evicting {} {}", pods.len(), tier.label()),
+            ));
+        }
+        let budgets = self.shared.pdbs.state();
+        let mut pending: BTreeMap<QueueKey, Vec<Arc<Pod>>> = BTreeMap::new();
+        let mut leaving: Vec<(String, String)> = Vec::new();
+        for pod in pods {
+            if pod.metadata.deletion_timestamp.is_some() || self.evicted.contains(&uid(pod)) {
+                leaving.push((pod_name(pod), "terminating".to_owned()));
+                continue;
+            }
+            let covering = pdbs_for_pod(pod, budgets.iter().map(AsRef::as_ref));
+            pending
+                .entry(QueueKey::of(pod, &covering))
+                .or_default()
+                .push(Arc::clone(pod));
+        }
+        let mut depth: HashMap<String, i64> = HashMap::new();
+        let unbudgeted_in_flight = self
+            .queues
+            .iter()
+            .filter(|(key, queue)| matches!(key, QueueKey::Unbudgeted { .. }) && queue.in_flight())
+            .count();
+        let mut unbudgeted_slots = self
+            .shared
+            .settings
+            .eviction_concurrency
+            .saturating_sub(unbudgeted_in_flight);
+        let mut blocked: Vec<(String, String)> = Vec::new();
+        for (key, mut waiting) in pending {
+            *depth.entry(key.label()).or_default() += waiting.len() as i64;
+            waiting.sort_by_key(|pod| pod_name(pod));
+            let budget = key
+                .budget()
+                .and_then(|(namespace, name)| self.shared.pdbs.get(Some(namespace), name));
+            let view = budget.as_deref().map(BudgetView::of);
+            let queue = self.queues.entry(key.clone()).or_default();
+            let unbudgeted = matches!(key, QueueKey::Unbudgeted { .. });
+            if queue.due(now, view.as_ref()) && (!unbudgeted || unbudgeted_slots > 0) {
+                if unbudgeted {
+                    unbudgeted_slots -= 1;
+                }
+                queue.sent();
+                let pod = Arc::clone(&waiting[0]);
+                let shared = Arc::clone(&self.shared);
+                let key = key.clone();
+                self.requests.spawn(async move {
+                    let outcome = evict(&shared, &pod).await;
+                    Answer { key, pod, outcome }
+                });
+            } else if let Some(at) = queue.wakes_at() {
+                timers.push(at);
+            }
+            if queue.refusals() > 0
+                || matches!(key, QueueKey::Budget { ref names, .. } if names.len() > 1)
+            {
+                let why = match (&key, budget.as_deref()) {
+                    (QueueKey::Budget { names, .. }, _) if names.len() > 1 => format!(
+                        "PDBs {} all cover it; the Eviction API refuses a pod with more than one budget",
+                        names.join(", ")
+                    ),
+                    (_, Some(pdb)) => budget_blocks(pdb),
+                    _ => "eviction refused; retrying".to_owned(),
+                };
+                blocked.extend(waiting.iter().map(|pod| (pod_name(pod), why.clone())));
+            }
+        }
+        for (label, pods) in depth {
+            self.shared
+                .metrics
+                .queue_depth
+                .get_or_create(&PdbLabel { pdb: label })
+                .set(pods);
+        }
+        let left = tiers.values().map(Vec::len).sum::<usize>();
+        let mut message = format!("{left} pod(s) left, draining {}", tier.label());
+        let details = grouped(blocked.into_iter().chain(leaving));
+        if !details.is_empty() {
+            message.push('\n');
+            message.push_str(&details);
+        }
+        Step::Wait {
+            waiting: Waiting::Pods { tier, message },
+            timer: timers.into_iter().min(),
+        }
+    }
+
+    fn answered(&mut self, answer: Answer) {
+        let Answer { key, pod, outcome } = answer;
+        let budget = key
+            .budget()
+            .and_then(|(namespace, name)| self.shared.pdbs.get(Some(namespace), name));
+        let view = budget.as_deref().map(BudgetView::of);
+        let Some(queue) = self.queues.get_mut(&key) else {
+            return;
+        };
+        let warn = queue.answered(
+            &outcome,
+            Instant::now(),
+            view.as_ref(),
+            self.shared.settings.eviction_backoff,
+            rand::random::<f64>(),
+        );
+        let refusals = queue.refusals();
+        match outcome {
+            Outcome::Evicted => {
+                self.evicted.insert(uid(&pod));
+                self.shared
+                    .metrics
+                    .pods_drained
+                    .get_or_create(&ReasonLabel { reason: "evicted" })
+                    .inc();
+                self.shared.reporter.event(EventReport::normal(
+                    pod_reference(&pod),
+                    "Evicted",
+                    "Evict",
+                    format!("Evicted: node {} is being terminated", self.node),
+                ));
+            }
+            Outcome::Refused { .. } if warn => {
+                let why = budget.as_deref().map_or_else(
+                    || "its budget allows no disruption".to_owned(),
+                    budget_blocks,
+                );
+                let note = format!(
+                    "Eviction of {} refused {refusals} times in a row: {why}",
+                    pod_key(&pod)
+                );
+                self.shared.reporter.event(EventReport::warning(
+                    pod_reference(&pod),
+                    "EvictionBlocked",
+                    "Evict",
+                    note.clone(),
+                ));
+                self.shared.reporter.event(EventReport::warning(
+                    node_reference(&self.node),
+                    "EvictionBlocked",
+                    "Drain",
+                    note,
+                ));
+            }
+            Outcome::MultipleBudgets if warn => {
+                let note = format!(
+                    "Pod {} is covered by PodDisruptionBudgets {}: the Eviction API refuses it \
+                     until only one covers it; retrying every {}s",
+                    pod_key(&pod),
+                    key.label(),
+                    crate::queues::MISCONFIGURED_RETRY.as_secs()
+                );
+                self.shared.reporter.event(EventReport::warning(
+                    pod_reference(&pod),
+                    "EvictionMisconfigured",
+                    "Evict",
+                    note.clone(),
+                ));
+                self.shared.reporter.event(EventReport::warning(
+                    node_reference(&self.node),
+                    "EvictionMisconfigured",
+                    "Drain",
+                    note,
+                ));
+            }
+            _ => {}
+        }
+    }
+
+    /// Deletes pods whose time has come under the drain deadline: at `deadline − grace`, with
+    /// the grace cut to the time left (≥ 1 s). Returns when the next one is due.
+    fn delete_at_deadline(
+        &mut self,
+        pods: Vec<Arc<Pod>>,
+        deadline: Timestamp,
+        now: Timestamp,
+    ) -> Option<Duration> {
+        let mut next: Option<Duration> = None;
+        for pod in pods {
+            if self.deleted_at_deadline.contains(&uid(&pod)) {
+                continue;
+            }
+            let left = Duration::try_from(deadline.duration_since(now)).unwrap_or_default();
+            let grace = grace(&pod);
+            if let Some(due_in) = left.checked_sub(grace).filter(|due_in| !due_in.is_zero()) {
+                next = Some(next.map_or(due_in, |next| next.min(due_in)));
+                continue;
+            }
+            let cut = left.max(MIN_GRACE);
+            self.deleted_at_deadline.insert(uid(&pod));
+            let shared = Arc::clone(&self.shared);
+            let node = self.node.clone();
+            tokio::spawn(async move { delete_now(&shared, &node, &pod, cut).await });
+        }
+        next
+    }
+}
+
+enum Step {
+    Done,
+    Wait {
+        waiting: Waiting,
+        timer: Option<Instant>,
+    },
+}
+
+pub fn pod_reference(pod: &Pod) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        name: pod.metadata.name.clone(),
+        namespace: pod.metadata.namespace.clone(),
+        uid: pod.metadata.uid.clone(),
+        ..Default::default()
+    }
+}
+
+fn preconditions(pod: &Pod) -> Preconditions {
+    Preconditions {
+        uid: pod.metadata.uid.clone(),
+        resource_version: None,
+    }
+}
+
+/// One eviction: through the shared limiter, with the pod's UID as precondition (a namesake
+/// created since is never evicted by mistake).
+async fn evict(shared: &Shared, pod: &Pod) -> Outcome {
+    shared.eviction_limiter.until_ready().await;
+    let api: Api<Pod> = Api::namespaced(
+        shared.evictions.clone(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    let params = EvictParams {
+        delete_options: Some(DeleteParams {
+            preconditions: Some(preconditions(pod)),
+            ..DeleteParams::default()
+        }),
+        post_options: PostParams::default(),
+    };
+    let result = api.evict(&pod_name(pod), &params).await;
+    let code = match &result {
+        Ok(_) => "201".to_owned(),
+        Err(error) => {
+            status_code(error).map_or_else(|| "error".to_owned(), |code| code.to_string())
+        }
+    };
+    shared
+        .metrics
+        .eviction_requests
+        .get_or_create(&CodeLabel { code })
+        .inc();
+    match result {
+        Ok(_) => Outcome::Evicted,
+        Err(kube::Error::Api(status)) => match status.code {
+            404 | 409 => Outcome::Gone,
+            429 => Outcome::Refused {
+                retry_after: status
+                    .details
+                    .as_ref()
+                    .map(|details| details.retry_after_seconds)
+                    .filter(|seconds| *seconds > 0)
+                    .map(|seconds| Duration::from_secs(u64::from(seconds))),
+            },
+            500 if status.message.contains("more than one PodDisruptionBudget") => {
+                Outcome::MultipleBudgets
+            }
+            _ => {
+                tracing::warn!(
+                    pod = pod_key(pod),
+                    code = status.code,
+                    message = status.message,
+                    "eviction failed"
+                );
+                shared.metrics.error("evict");
+                Outcome::Failed
+            }
+        },
+        Err(error) => {
+            tracing::warn!(pod = pod_key(pod), error = %nodegrace_core::error_chain::Chain(&error), "eviction failed");
+            shared.metrics.error("evict");
+            Outcome::Failed
+        }
+    }
+}
+
+/// The drain deadline's delete: no budget asked, grace cut short; retried until it lands or
+/// the pod is gone.
+async fn delete_now(shared: &Shared, node: &str, pod: &Pod, grace: Duration) {
+    let api: Api<Pod> = Api::namespaced(
+        shared.client.clone(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    let params = DeleteParams {
+        grace_period_seconds: Some(u32::try_from(grace.as_secs()).unwrap_or(u32::MAX).max(1)),
+        preconditions: Some(preconditions(pod)),
+        ..DeleteParams::default()
+    };
+    let mut failures = 0;
+    loop {
+        match api.delete(&pod_name(pod), &params).await {
+            Ok(_) => break,
+            Err(error) if matches!(status_code(&error), Some(404 | 409)) => return,
+            Err(error) => {
+                failures += 1;
+                shared.metrics.error("delete");
+                tracing::warn!(pod = pod_key(pod), error = %nodegrace_core::error_chain::Chain(&error), "deleting at the drain deadline failed; retrying");
+                tokio::time::sleep(shared.settings.eviction_backoff.delay(failures)).await;
+            }
+        }
+    }
+    shared
+        .metrics
+        .pods_drained
+        .get_or_create(&ReasonLabel {
+            reason: "drain-deadline",
+        })
+        .inc();
+    let note = format!(
+        "Deleted with a {}s grace period: node {node}'s drain deadline (--drain-timeout) is \
+         reached, budgets and do-not-evict no longer hold it",
+        grace.as_secs()
+    );
+    shared.reporter.event(EventReport::warning(
+        pod_reference(pod),
+        "DrainDeadline",
+        "Delete",
+        note,
+    ));
+}

@@ -1,0 +1,350 @@
+//! NodeDisruptionBudget grants and status. A grant is an entry in the budget's
+//! `status.disruptedNodes`, written by an update that carries the resourceVersion the decision
+//! was made on: of two writers (two controllers, two nodes, later the webhook) deciding on the
+//! same version, one gets a 409, re-reads, and sees the unit taken.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::Api;
+use kube::api::PostParams;
+use nodegrace_core::k8s::api_errors::status_code;
+use nodegrace_core::k8s::nodes::{Readiness, readiness};
+use nodegrace_core::k8s::watched::Watched;
+
+use crate::api::{FINALIZER, NodeDisruptionBudget, NodeDisruptionBudgetStatus};
+use crate::budget::{Limit, NodeFacts, Numbers, SpecError, may_grant, numbers, selects};
+
+/// How long a grant for a node that was never deleted is kept (the disruption controller's
+/// `DeletionTimeout` for `disruptedPods`): a grant taken by an admission that did not go
+/// through must not hold the budget forever.
+pub const UNUSED_GRANT_EXPIRY: Duration = Duration::from_secs(120);
+/// Conflicts retried within one attempt before the caller is told to come back.
+const CONFLICT_RETRIES: usize = 5;
+
+pub const CONDITION: &str = "DisruptionAllowed";
+
+pub fn facts(node: &Node) -> NodeFacts<'_> {
+    static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+    let deleting = node.metadata.deletion_timestamp.is_some();
+    NodeFacts {
+        name: node.metadata.name.as_deref().unwrap_or_default(),
+        labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+        ready: readiness(node) == Readiness::Ready,
+        deleting,
+        awaits_grants: deleting
+            && node
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|finalizer| finalizer == FINALIZER),
+    }
+}
+
+/// Whether `budget` covers `node`. A budget whose selector cannot be read covers every node:
+/// it fails closed, and its condition says what to fix.
+pub fn covers(budget: &NodeDisruptionBudget, node: &NodeFacts<'_>) -> bool {
+    selects(&budget.spec, node.labels).unwrap_or(true)
+}
+
+/// Why a node is not granted by one budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    Exhausted(Numbers),
+    Invalid(SpecError),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Exhausted(numbers) => write!(f, "{numbers}"),
+            Self::Invalid(error) => write!(f, "the budget is invalid and holds its nodes: {error}"),
+        }
+    }
+}
+
+/// The answer for a node: granted by every budget covering it, or waiting on `budget`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Granted { budgets: Vec<String> },
+    Waiting { budget: String, refusal: Refusal },
+}
+
+/// What the budget numbers are computed from.
+#[derive(Debug, Clone)]
+pub struct Budgets {
+    pub api: Api<NodeDisruptionBudget>,
+    pub cache: Watched<NodeDisruptionBudget>,
+    pub nodes: Watched<Node>,
+}
+
+impl Budgets {
+    /// The budgets covering `node`, by name: grants are taken in this order, so two nodes
+    /// covered by the same two budgets never hold one each while waiting for the other.
+    pub fn covering(&self, node: &NodeFacts<'_>) -> Vec<Arc<NodeDisruptionBudget>> {
+        let mut covering: Vec<_> = self
+            .cache
+            .state()
+            .into_iter()
+            .filter(|budget| covers(budget, node))
+            .collect();
+        covering.sort_by(|a, b| a.name().cmp(b.name()));
+        covering
+    }
+
+    /// Takes the grants `node` still lacks, in name order, stopping at the first budget that
+    /// refuses (the grants already taken are kept: the node is next in line for them).
+    pub async fn acquire(&self, node: &Node) -> Result<Verdict, kube::Error> {
+        let facts = facts(node);
+        let mut budgets = Vec::new();
+        for budget in self.covering(&facts) {
+            if !budget.has_granted(facts.name)
+                && let Some(refusal) = self.grant(&budget, &facts).await?
+            {
+                return Ok(Verdict::Waiting {
+                    budget: budget.name().to_owned(),
+                    refusal,
+                });
+            }
+            budgets.push(budget.name().to_owned());
+        }
+        Ok(Verdict::Granted { budgets })
+    }
+
+    async fn grant(
+        &self,
+        cached: &NodeDisruptionBudget,
+        node: &NodeFacts<'_>,
+    ) -> Result<Option<Refusal>, kube::Error> {
+        let mut budget = cached.clone();
+        for _ in 0..CONFLICT_RETRIES {
+            if budget.has_granted(node.name) {
+                return Ok(None);
+            }
+            let limit = match Limit::of(&budget.spec) {
+                Ok(limit) => limit,
+                Err(error) => return Ok(Some(Refusal::Invalid(error))),
+            };
+            let nodes = self.nodes.state();
+            let numbers = budget_numbers(&budget, limit, &nodes);
+            if !may_grant(numbers, node) {
+                return Ok(Some(Refusal::Exhausted(numbers)));
+            }
+            let mut status = budget.status.clone().unwrap_or_default();
+            status
+                .disrupted_nodes
+                .insert(node.name.to_owned(), Time(Timestamp::now()));
+            budget.status = Some(status);
+            budget.status = Some(status_for(&budget, &nodes, Timestamp::now()));
+            match self
+                .api
+                .replace_status(budget.name(), &PostParams::default(), &budget)
+                .await
+            {
+                Ok(_) => return Ok(None),
+                Err(error) if status_code(&error) == Some(409) => {
+                    budget = self.api.get_status(cached.name()).await?;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(kube::Error::Api(Box::new(
+            kube::core::Status::failure(
+                &format!(
+                    "NodeDisruptionBudget {} kept changing while a grant was taken; retrying",
+                    cached.name()
+                ),
+                "Conflict",
+            )
+            .with_code(409),
+        )))
+    }
+}
+
+fn budget_numbers(budget: &NodeDisruptionBudget, limit: Limit, nodes: &[Arc<Node>]) -> Numbers {
+    let selected: Vec<NodeFacts<'_>> = nodes
+        .iter()
+        .map(|node| facts(node))
+        .filter(|node| covers(budget, node))
+        .collect();
+    numbers(limit, &selected, |name| budget.has_granted(name))
+}
+
+/// The status `budget` should have: grants of gone nodes (and unused expired ones) dropped,
+/// numbers recomputed, the condition set (its transition time kept while it holds).
+pub fn status_for(
+    budget: &NodeDisruptionBudget,
+    nodes: &[Arc<Node>],
+    now: Timestamp,
+) -> NodeDisruptionBudgetStatus {
+    let old = budget.status.clone().unwrap_or_default();
+    let mut status = NodeDisruptionBudgetStatus {
+        observed_generation: budget.metadata.generation,
+        disrupted_nodes: old
+            .disrupted_nodes
+            .iter()
+            .filter(|(name, granted)| {
+                nodes
+                    .iter()
+                    .find(|node| node.metadata.name.as_deref() == Some(name.as_str()))
+                    .is_some_and(|node| {
+                        node.metadata.deletion_timestamp.is_some()
+                            || now.duration_since(granted.0).unsigned_abs() < UNUSED_GRANT_EXPIRY
+                    })
+            })
+            .map(|(name, granted)| (name.clone(), granted.clone()))
+            .collect(),
+        ..NodeDisruptionBudgetStatus::default()
+    };
+    let pruned = NodeDisruptionBudget {
+        status: Some(status.clone()),
+        ..budget.clone()
+    };
+    let (state, reason, message) = match Limit::of(&budget.spec) {
+        Ok(limit) => {
+            let numbers = budget_numbers(&pruned, limit, nodes);
+            status.expected_nodes = numbers.expected;
+            status.current_available = numbers.available;
+            status.desired_available = numbers.desired;
+            status.disruptions_allowed = numbers.allowed;
+            if numbers.allowed > 0 {
+                ("True", "SufficientNodes", numbers.to_string())
+            } else {
+                ("False", "InsufficientNodes", numbers.to_string())
+            }
+        }
+        Err(error) => (
+            "False",
+            "InvalidSpec",
+            format!("{error}; every node it may cover waits until it is fixed"),
+        ),
+    };
+    let transition = old
+        .conditions
+        .iter()
+        .find(|condition| condition.type_ == CONDITION && condition.status == state)
+        .map_or_else(
+            || Time(now),
+            |condition| condition.last_transition_time.clone(),
+        );
+    status.conditions = vec![Condition {
+        type_: CONDITION.to_owned(),
+        status: state.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: budget.metadata.generation,
+        last_transition_time: transition,
+    }];
+    status
+}
+
+/// Brings every budget's status up to date; a 409 is left to the next change (the watch
+/// delivers the newer version, which triggers another pass).
+pub async fn refresh_statuses(
+    budgets: &Budgets,
+    allowed: impl Fn(&str, i32),
+) -> Result<(), kube::Error> {
+    let nodes = budgets.nodes.state();
+    let now = Timestamp::now();
+    for budget in budgets.cache.state() {
+        let status = status_for(&budget, &nodes, now);
+        allowed(budget.name(), status.disruptions_allowed);
+        if budget.status.as_ref() == Some(&status) {
+            continue;
+        }
+        let mut updated = (*budget).clone();
+        updated.status = Some(status);
+        match budgets
+            .api
+            .replace_status(budget.name(), &PostParams::default(), &updated)
+            .await
+        {
+            Ok(_) => {}
+            Err(error) if matches!(status_code(&error), Some(404 | 409)) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(name: &str, ready: bool, deleting: bool) -> Arc<Node> {
+        let mut value = json!({
+            "metadata": {"name": name, "labels": {"pool": "a"}},
+            "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]},
+        });
+        if deleting {
+            value["metadata"]["deletionTimestamp"] = json!("2026-11-23T10:00:00Z");
+            value["metadata"]["finalizers"] = json!([FINALIZER]);
+        }
+        Arc::new(serde_json::from_value(value).unwrap())
+    }
+
+    fn budget(spec: &serde_json::Value, grants: &serde_json::Value) -> NodeDisruptionBudget {
+        serde_json::from_value(json!({
+            "apiVersion": "nodegrace.io/v1alpha1", "kind": "NodeDisruptionBudget",
+            "metadata": {"name": "pool-a", "generation": 2},
+            "spec": spec,
+            "status": {"disruptedNodes": grants},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn status_prunes_gone_and_expired_grants_and_counts_the_rest() {
+        let now: Timestamp = "2026-11-23T10:10:00Z".parse().unwrap();
+        let nodes = [
+            node("a", true, true),
+            node("b", true, false),
+            node("c", true, false),
+            node("d", true, false),
+        ];
+        let budget = budget(
+            &json!({"selector": {"matchLabels": {"pool": "a"}}, "maxUnavailable": 1}),
+            &json!({
+                "a": "2026-11-23T10:00:00Z",       // deleting: kept
+                "b": "2026-11-23T10:00:00Z",       // never deleted, 10 min old: expired
+                "c": "2026-11-23T10:09:30Z",       // never deleted yet, fresh: kept
+                "gone": "2026-11-23T10:00:00Z",    // no such node: dropped
+            }),
+        );
+        let status = status_for(&budget, &nodes, now);
+        assert_eq!(
+            status.disrupted_nodes.keys().collect::<Vec<_>>(),
+            ["a", "c"]
+        );
+        assert_eq!(status.observed_generation, Some(2));
+        assert_eq!(
+            (
+                status.expected_nodes,
+                status.current_available,
+                status.desired_available,
+                status.disruptions_allowed
+            ),
+            (4, 2, 3, 0)
+        );
+        assert_eq!(status.conditions[0].reason, "InsufficientNodes");
+    }
+
+    #[test]
+    fn an_invalid_budget_says_so_and_covers_nodes_it_cannot_read() {
+        let budget = budget(
+            &json!({"selector": {"matchExpressions": [{"key": "pool", "operator": "Gt"}]}, "minAvailable": 1, "maxUnavailable": 1}),
+            &json!({}),
+        );
+        let status = status_for(&budget, &[node("a", true, false)], Timestamp::now());
+        assert_eq!(status.conditions[0].status, "False");
+        assert_eq!(status.conditions[0].reason, "InvalidSpec");
+        assert!(status.conditions[0].message.contains("exactly one"));
+        assert!(covers(&budget, &facts(&node("a", true, false))));
+    }
+}

@@ -1,0 +1,66 @@
+//! What every node's termination shares: clients, caches, limits, reporting.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::DefaultDirectRateLimiter;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use nodegrace_core::controller::Backoff;
+use nodegrace_core::instances::InstanceProvider;
+use nodegrace_core::k8s::reporter::Reporter;
+use nodegrace_core::k8s::selectors::selector_matches;
+use nodegrace_core::k8s::watched::Watched;
+
+use crate::grants::Budgets;
+use crate::metrics::Metrics;
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub node_selector: LabelSelector,
+    pub eviction_concurrency: usize,
+    pub eviction_backoff: Backoff,
+    pub drain_timeout: Option<Duration>,
+    pub volume_detach_timeout: Duration,
+    pub not_ready_timeout: Option<Duration>,
+}
+
+impl Settings {
+    /// Whether the controller manages `node` (adds its finalizer).
+    pub fn manages(&self, node: &Node) -> bool {
+        let empty = std::collections::BTreeMap::new();
+        let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+        selector_matches(&self.node_selector, labels).unwrap_or(false)
+    }
+}
+
+pub struct Shared {
+    pub client: kube::Client,
+    /// Evictions only: kube's own 429 retry is off, a refusal is the queue's business.
+    pub evictions: kube::Client,
+    pub eviction_limiter: Arc<DefaultDirectRateLimiter>,
+    pub reporter: Reporter,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    pub budgets: Budgets,
+    pub pdbs: Watched<PodDisruptionBudget>,
+    pub attachments: Watched<VolumeAttachment>,
+    pub provider: Option<Arc<dyn InstanceProvider>>,
+    pub program: &'static str,
+}
+
+impl Shared {
+    pub fn nodes(&self) -> &Watched<Node> {
+        &self.budgets.nodes
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
