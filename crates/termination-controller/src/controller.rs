@@ -82,7 +82,10 @@ impl Controller {
         let shared = &self.shared;
         let (poke, poked) = watch::channel(());
         let mut workers: HashSet<String> = HashSet::new();
-        let mut running: JoinSet<(String, Finished)> = JoinSet::new();
+        // Nodes (by uid) whose finalizer a task removed: the cache may still show them with
+        // it for a moment, and they must not get a second task.
+        let mut released: HashSet<String> = HashSet::new();
+        let mut running: JoinSet<(String, String, Finished)> = JoinSet::new();
         let mut bookkeeping: JoinSet<Bookkeeping> = JoinSet::new();
         let mut in_bookkeeping: HashSet<String> = HashSet::new();
         let mut checks: DelayQueue<String> = DelayQueue::new();
@@ -98,13 +101,14 @@ impl Controller {
                 let Some(node) = shared.nodes().get(None, &name) else {
                     continue;
                 };
+                let uid = node.metadata.uid.clone().unwrap_or_default();
                 if ours(&node) {
-                    if workers.insert(name.clone()) {
+                    if !released.contains(&uid) && workers.insert(name.clone()) {
                         let task = NodeTermination::new(Arc::clone(shared), &name);
                         let wake = poked.clone();
                         let stop = acting.child_token();
                         let owned = name.clone();
-                        running.spawn(async move { (owned, task.run(wake, stop).await) });
+                        running.spawn(async move { (owned, uid, task.run(wake, stop).await) });
                     }
                 } else if node.metadata.deletion_timestamp.is_none()
                     && shared.settings.manages(&node) != has_finalizer(&node)
@@ -136,10 +140,16 @@ impl Controller {
                 changed = budgets.changed() => if changed.is_err() { break },
                 changed = pdbs.changed() => if changed.is_err() { break },
                 Some(finished) = running.join_next() => {
-                    if let Ok((name, _)) = finished {
+                    if let Ok((name, uid, finished)) = finished {
                         workers.remove(&name);
+                        if finished == Finished::Released {
+                            released.insert(uid);
+                        }
                         self.dirty.mark(&name);
                     }
+                    // Forget released nodes once they are gone from the cache.
+                    let present: HashSet<String> = shared.nodes().state().iter().filter_map(|node| node.metadata.uid.clone()).collect();
+                    released.retain(|uid| present.contains(uid));
                 }
                 Some(done) = bookkeeping.join_next() => {
                     if let Ok(Bookkeeping::Done(name) | Bookkeeping::Failed(name)) = done {

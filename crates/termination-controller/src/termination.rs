@@ -381,7 +381,9 @@ impl NodeTermination {
             let state = provider.state(&id).await;
             match state {
                 Ok(InstanceState::Terminated) => {
-                    self.shared.metrics.instances_terminated.inc();
+                    if !self.announced.contains("terminated") {
+                        self.shared.metrics.instances_terminated.inc();
+                    }
                     self.announce(
                         "terminated",
                         false,

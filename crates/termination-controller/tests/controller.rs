@@ -1,0 +1,832 @@
+//! The controller end to end against kube-sim, whose kubelets, scheduler, workloads, disruption
+//! controller, Eviction API, attach/detach and cloud follow the real ones: `kubectl delete
+//! node` under PodDisruptionBudgets and NodeDisruptionBudgets, do-not-evict, a restart
+//! mid-drain, and injected API errors.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use clap::Parser;
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, CustomResourceExt};
+use kube_sim::faults::{ErrorRule, FailureKind};
+use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use nodegrace_core::program::Started;
+use nodegrace_core::testing::{self, Admin};
+use serde_json::json;
+use termination_controller::api::{FINALIZER, NodeDisruptionBudget};
+use termination_controller::app;
+use termination_controller::cli::Args;
+use tokio_util::sync::CancellationToken;
+
+fn world() -> WorldOptions {
+    WorldOptions {
+        lease_renew_interval: Duration::from_millis(100),
+        node_monitor_grace: Duration::from_secs(2),
+        detach_delay: Duration::from_millis(200),
+        pod_gc_period: Duration::from_secs(3600),
+        ..WorldOptions::default()
+    }
+}
+
+async fn sim(nodes: usize) -> Result<KubeSim> {
+    let sim = KubeSim::start(SimOptions {
+        nodes,
+        world: world(),
+        ..SimOptions::default()
+    })
+    .await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(sim.client());
+    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
+        .await?;
+    Ok(sim)
+}
+
+struct Controller {
+    admin: Admin,
+    started: Option<Started<anyhow::Error>>,
+    stop: CancellationToken,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Controller {
+    async fn stop(mut self) -> Result<()> {
+        self.stop.cancel();
+        let started = self.started.take().context("started once")?;
+        tokio::time::timeout(Duration::from_secs(20), started.wait()).await?
+    }
+
+    async fn counter(&self, name: &str) -> Result<u64> {
+        let value = self.admin.metric(&format!("{name}_total")).await?;
+        Ok(value.map_or(0, |value| value.round() as u64))
+    }
+}
+
+async fn controller(sim: &KubeSim, flags: &[&str]) -> Result<Controller> {
+    let args = Args::try_parse_from(
+        [
+            "termination-controller".to_owned(),
+            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+            "--leader-elect=false".to_owned(),
+            "--instance-provider=sim".to_owned(),
+            "--eviction-backoff-max=1s".to_owned(),
+        ]
+        .into_iter()
+        .chain(flags.iter().map(|flag| (*flag).to_owned())),
+    )?;
+    let stop = CancellationToken::new();
+    let started = app::start(args, stop.clone()).await?;
+    let admin = Admin {
+        address: started.admin_address,
+        prefix: "nodegrace_termination_controller",
+    };
+    wait_for("the controller to be ready", || admin.is_ready()).await?;
+    Ok(Controller {
+        admin,
+        started: Some(started),
+        stop,
+    })
+}
+
+async fn wait_for<F, Fut>(what: &str, check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    testing::wait_for(what, Duration::from_secs(60), check).await
+}
+
+async fn create(client: &Client, body: serde_json::Value) -> Result<()> {
+    let kind = body["kind"].as_str().unwrap_or_default().to_owned();
+    let namespace = body["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_owned();
+    let (group, version) = match body["apiVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .split_once('/')
+    {
+        Some((group, version)) => (group.to_owned(), version.to_owned()),
+        None => (
+            String::new(),
+            body["apiVersion"].as_str().unwrap_or_default().to_owned(),
+        ),
+    };
+    let gvk = kube::core::GroupVersionKind::gvk(&group, &version, &kind);
+    let resource = kube::core::ApiResource::from_gvk(&gvk);
+    let object: kube::core::DynamicObject = serde_json::from_value(body)?;
+    let api: Api<kube::core::DynamicObject> = if kind == "NodeDisruptionBudget" {
+        Api::all_with(client.clone(), &resource)
+    } else {
+        Api::namespaced_with(client.clone(), &namespace, &resource)
+    };
+    api.create(&PostParams::default(), &object).await?;
+    Ok(())
+}
+
+/// A Deployment of `replicas` whose pods take `ready` to be Ready and `stop` to stop, under a
+/// PDB with `budget` (a JSON fragment such as `{"maxUnavailable": 1}`).
+async fn deployment(
+    client: &Client,
+    name: &str,
+    replicas: i32,
+    budget: Option<serde_json::Value>,
+    template_extra: &serde_json::Value,
+) -> Result<()> {
+    let mut template = json!({
+        "metadata": {"labels": {"app": name}, "annotations": {
+            "sim.nodegrace.io/ready-after-seconds": "0.3",
+            "sim.nodegrace.io/stop-seconds": "0.1",
+        }},
+        "spec": {"containers": [{"name": "c", "image": "app"}]},
+    });
+    merge(&mut template, template_extra);
+    create(client, json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template},
+    }))
+    .await?;
+    if let Some(budget) = budget {
+        let mut spec = json!({"selector": {"matchLabels": {"app": name}}});
+        merge(&mut spec, &budget);
+        create(
+            client,
+            json!({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": spec,
+            }),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(patch)) => {
+            for (key, value) in patch {
+                merge(
+                    base.entry(key.clone()).or_insert(serde_json::Value::Null),
+                    value,
+                );
+            }
+        }
+        (base, patch) => *base = patch.clone(),
+    }
+}
+
+async fn ready_pods(client: &Client, app: &str) -> Result<usize> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| {
+            pod.status
+                .iter()
+                .flat_map(|status| status.conditions.iter().flatten())
+                .any(|condition| condition.type_ == "Ready" && condition.status == "True")
+        })
+        .count())
+}
+
+async fn wait_ready(client: &Client, app: &str, count: usize) -> Result<()> {
+    wait_for(&format!("{count} {app} pods Ready"), || async move {
+        Ok(ready_pods(client, app).await? >= count)
+    })
+    .await
+}
+
+async fn has_finalizer(client: &Client, node: &str) -> Result<bool> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes.get_opt(node).await?.is_some_and(|node| {
+        node.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER)
+    }))
+}
+
+async fn node_gone(client: &Client, node: &str) -> Result<bool> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes.get_opt(node).await?.is_none())
+}
+
+async fn pods_on(client: &Client, node: &str) -> Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    Ok(pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?
+        .items)
+}
+
+fn terminate_calls(sim: &KubeSim, node: &str) -> u32 {
+    sim.world()
+        .cloud()
+        .instances()
+        .iter()
+        .find(|instance| instance.node == node)
+        .map_or(0, |instance| instance.terminate_calls)
+}
+
+/// What the test saw happen, in order: pods starting to terminate and going, per node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    Leaving(String),
+    Gone(String),
+    AttachmentGone(String),
+    Cordoned(String),
+}
+
+fn record(client: &Client) -> Arc<Mutex<Vec<(Timestamp, Seen)>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let pods: Api<Pod> = Api::all(client.clone());
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut leaving = std::collections::HashSet::new();
+        let mut events =
+            std::pin::pin!(watcher(pods, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            let mut log = log.lock().expect("log");
+            match event {
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    if pod.metadata.deletion_timestamp.is_some() && leaving.insert(name.clone()) {
+                        log.push((Timestamp::now(), Seen::Leaving(name)));
+                    }
+                }
+                watcher::Event::Delete(pod) => {
+                    log.push((
+                        Timestamp::now(),
+                        Seen::Gone(pod.metadata.name.unwrap_or_default()),
+                    ));
+                }
+                _ => {}
+            }
+        }
+    });
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut events =
+            std::pin::pin!(watcher(attachments, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Delete(attachment)) = event {
+                log.lock().expect("log").push((
+                    Timestamp::now(),
+                    Seen::AttachmentGone(attachment.metadata.name.unwrap_or_default()),
+                ));
+            }
+        }
+    });
+    let nodes: Api<Node> = Api::all(client.clone());
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut cordoned = std::collections::HashSet::new();
+        let mut events =
+            std::pin::pin!(watcher(nodes, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Apply(node)) = event {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                let unschedulable = node.spec.and_then(|spec| spec.unschedulable) == Some(true);
+                if unschedulable && cordoned.insert(name.clone()) {
+                    log.lock()
+                        .expect("log")
+                        .push((Timestamp::now(), Seen::Cordoned(name)));
+                }
+            }
+        }
+    });
+    seen
+}
+
+/// The node's terminate-request annotation, as soon as it appears.
+fn terminate_stamp(client: &Client, node: &str) -> Arc<Mutex<Option<Timestamp>>> {
+    let stamp = Arc::new(Mutex::new(None));
+    let nodes: Api<Node> = Api::all(client.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let found = Arc::clone(&stamp);
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(nodes, config).default_backoff());
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Apply(node)) = event
+                && let Some(at) = node
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(termination_controller::termination::TERMINATE_REQUESTED))
+                    .and_then(|at| at.parse().ok())
+            {
+                found.lock().expect("stamp").get_or_insert(at);
+            }
+        }
+    });
+    stamp
+}
+
+async fn delete_node(client: &Client, node: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes.delete(node, &DeleteParams::default()).await?;
+    Ok(())
+}
+
+async fn finalizer_on_every_node(client: &Client, count: usize) -> Result<()> {
+    for index in 0..count {
+        let node = format!("node-{index}");
+        wait_for(&format!("the finalizer on {node}"), || {
+            let node = node.clone();
+            async move { has_finalizer(client, &node).await }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_node_is_drained_in_tiers_within_its_budgets_then_terminated_and_released()
+-> Result<()> {
+    let sim = sim(3).await?;
+    let client = sim.client();
+    deployment(
+        &client,
+        "web",
+        6,
+        Some(json!({"maxUnavailable": 1})),
+        &json!({}),
+    )
+    .await?;
+    deployment(
+        &client,
+        "api",
+        3,
+        Some(json!({"minAvailable": 2})),
+        &json!({}),
+    )
+    .await?;
+    deployment(&client, "loose", 3, None, &json!({})).await?;
+    deployment(
+        &client,
+        "dns",
+        3,
+        Some(json!({"maxUnavailable": 1})),
+        &json!({"spec": {"priorityClassName": "system-cluster-critical"}}),
+    )
+    .await?;
+    create(
+        &client,
+        json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "logs", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "logs"}}, "template": {
+                "metadata": {"labels": {"app": "logs"}},
+                "spec": {"containers": [{"name": "c", "image": "logs"}]}}},
+        }),
+    )
+    .await?;
+    // A bare pod with a claim on the node: its volume must detach before the machine goes.
+    create(
+        &client,
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .await?;
+    create(
+        &client,
+        json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "worker", "namespace": "default", "labels": {"app": "worker"}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "app"}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}),
+    )
+    .await?;
+    for (app, count) in [
+        ("web", 6),
+        ("api", 3),
+        ("loose", 3),
+        ("dns", 3),
+        ("logs", 3),
+        ("worker", 1),
+    ] {
+        wait_ready(&client, app, count).await?;
+    }
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    wait_for("the worker's volume attached to node-1", || async {
+        Ok(attachments
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|a| a.spec.node_name == "node-1"))
+    })
+    .await?;
+    let controller = controller(&sim, &[]).await?;
+    finalizer_on_every_node(&client, 3).await?;
+    let on_node: BTreeMap<String, String> = pods_on(&client, "node-1")
+        .await?
+        .into_iter()
+        .map(|pod| {
+            let app = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app"))
+                .cloned()
+                .unwrap_or_default();
+            (pod.metadata.name.unwrap_or_default(), app)
+        })
+        .collect();
+    let seen = record(&client);
+    let requested_at = terminate_stamp(&client, "node-1");
+    delete_node(&client, "node-1").await?;
+    wait_for("node-1 to be gone", || node_gone(&client, "node-1")).await?;
+
+    let log = seen.lock().expect("log").clone();
+    let tier = |app: &str| match app {
+        "logs" => 1,
+        "dns" => 2,
+        _ => 0,
+    };
+    let mut last_gone = [None::<Timestamp>; 3];
+    let mut first_leaving = [None::<Timestamp>; 3];
+    for (at, event) in &log {
+        match event {
+            Seen::Leaving(pod) if on_node.contains_key(pod) => {
+                let slot = &mut first_leaving[tier(&on_node[pod])];
+                slot.get_or_insert(*at);
+            }
+            Seen::Gone(pod) if on_node.contains_key(pod) => {
+                last_gone[tier(&on_node[pod])] = Some(*at);
+            }
+            _ => {}
+        }
+    }
+    for (earlier, later) in [(0, 1), (1, 2)] {
+        if let (Some(gone), Some(leaving)) = (last_gone[earlier], first_leaving[later]) {
+            ensure!(
+                gone <= leaving,
+                "tier {later} started at {leaving} before tier {earlier} was gone at {gone}: {log:?}"
+            );
+        }
+    }
+    ensure!(
+        first_leaving[1].is_some(),
+        "the DaemonSet pod was drained: {log:?}"
+    );
+    let gone: Vec<&String> = on_node.keys().collect();
+    for pod in &gone {
+        ensure!(
+            log.iter().any(|(_, e)| e == &Seen::Gone((*pod).clone())),
+            "{pod} left node-1"
+        );
+    }
+    let violations = sim.world().audit().violations();
+    ensure!(violations.is_empty(), "PDB violations: {violations:?}");
+    ensure!(
+        terminate_calls(&sim, "node-1") == 1,
+        "terminated exactly once"
+    );
+    let detached = log.iter().find_map(|(at, e)| {
+        matches!(e, Seen::AttachmentGone(name) if name.ends_with("-node-1")).then_some(*at)
+    });
+    let detached = detached.context("the worker's VolumeAttachment was deleted")?;
+
+    let cordoned = log
+        .iter()
+        .find_map(|(at, e)| (e == &Seen::Cordoned("node-1".into())).then_some(*at));
+    ensure!(
+        cordoned.is_some_and(|cordoned| cordoned <= first_leaving[0].unwrap_or(cordoned)),
+        "cordoned before the first eviction"
+    );
+    // The machine went after the volume: the terminate request is stamped on the node.
+    let requested = requested_at
+        .lock()
+        .expect("stamp")
+        .context("the terminate request was stamped")?;
+    ensure!(
+        detached <= requested,
+        "volume detached at {detached}, machine terminated at {requested}"
+    );
+    ensure!(controller.counter("instances_terminated").await? == 1);
+    ensure!(controller.counter("nodes_drained").await? == 1);
+    for app in ["web", "api", "dns"] {
+        wait_ready(&client, app, 3).await?;
+    }
+    controller.stop().await
+}
+
+async fn condition(client: &Client, node: &str, type_: &str) -> Result<Option<(String, String)>> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes.get_opt(node).await?.and_then(|node| {
+        node.status?
+            .conditions?
+            .into_iter()
+            .find(|condition| condition.type_ == type_)
+            .map(|condition| {
+                (
+                    condition.reason.unwrap_or_default(),
+                    condition.message.unwrap_or_default(),
+                )
+            })
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_do_not_evict_pod_holds_the_cordoned_node_until_it_is_gone() -> Result<()> {
+    let sim = sim(2).await?;
+    let client = sim.client();
+    deployment(
+        &client,
+        "web",
+        2,
+        Some(json!({"maxUnavailable": 1})),
+        &json!({}),
+    )
+    .await?;
+    create(&client, json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "batch", "namespace": "default", "labels": {"nodegrace.io/do-not-evict": "true"}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "app"}]}})).await?;
+    wait_ready(&client, "web", 2).await?;
+    let _controller = controller(&sim, &[]).await?;
+    finalizer_on_every_node(&client, 2).await?;
+    delete_node(&client, "node-1").await?;
+    wait_for("node-1 to wait for its do-not-evict pod", || async {
+        Ok(condition(&client, "node-1", "Terminating")
+            .await?
+            .is_some_and(|(reason, message)| {
+                reason == "BlockedByDoNotEvict"
+                    && message.contains("Pod batch: nodegrace.io/do-not-evict")
+            }))
+    })
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = nodes.get("node-1").await?;
+    ensure!(
+        node.spec.and_then(|spec| spec.unschedulable) == Some(true),
+        "cordoned while it waits"
+    );
+    let web_left = pods_on(&client, "node-1")
+        .await?
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_some())
+        .count();
+    ensure!(
+        web_left == 0,
+        "nothing is evicted while a do-not-evict pod holds the node"
+    );
+    ensure!(terminate_calls(&sim, "node-1") == 0);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.delete("batch", &DeleteParams::default()).await?;
+    wait_for("node-1 to be gone", || node_gone(&client, "node-1")).await?;
+    ensure!(terminate_calls(&sim, "node-1") == 1);
+    ensure!(sim.world().audit().violations().is_empty());
+    Ok(())
+}
+
+async fn ndb(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
+    create(
+        client,
+        json!({
+            "apiVersion": "nodegrace.io/v1alpha1", "kind": "NodeDisruptionBudget",
+            "metadata": {"name": name}, "spec": spec,
+        }),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_max_unavailable_one_three_deleted_nodes_go_one_at_a_time() -> Result<()> {
+    let sim = sim(5).await?;
+    let client = sim.client();
+    ndb(
+        &client,
+        "all",
+        json!({"selector": {"matchLabels": {"kubernetes.io/os": "linux"}}, "maxUnavailable": 1}),
+    )
+    .await?;
+    // Pods that take a while to stop keep each drain open long enough to overlap.
+    deployment(
+        &client,
+        "web",
+        5,
+        None,
+        &json!({"metadata": {"annotations": {"sim.nodegrace.io/stop-seconds": "0.5"}}}),
+    )
+    .await?;
+    wait_ready(&client, "web", 5).await?;
+    let _controller = controller(&sim, &[]).await?;
+    finalizer_on_every_node(&client, 5).await?;
+    // Watch the grants: never two at once.
+    let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
+    let most = Arc::new(Mutex::new(0usize));
+    let watched = Arc::clone(&most);
+    let watch_budgets = budgets.clone();
+    tokio::spawn(async move {
+        let mut events =
+            std::pin::pin!(watcher(watch_budgets, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Apply(budget)) = event {
+                let grants = budget.grants().map_or(0, BTreeMap::len);
+                let mut most = watched.lock().expect("most");
+                *most = (*most).max(grants);
+            }
+        }
+    });
+    for node in ["node-1", "node-2", "node-3"] {
+        delete_node(&client, node).await?;
+    }
+    wait_for("one node waiting for the budget", || async {
+        Ok(condition(&client, "node-2", "Terminating")
+            .await?
+            .is_some_and(|(reason, message)| {
+                reason == "AwaitingBudget" && message.contains("NodeDisruptionBudget all")
+            })
+            || condition(&client, "node-3", "Terminating")
+                .await?
+                .is_some_and(|(reason, _)| reason == "AwaitingBudget"))
+    })
+    .await?;
+    for node in ["node-1", "node-2", "node-3"] {
+        wait_for(&format!("{node} to be gone"), || node_gone(&client, node)).await?;
+    }
+    let most = *most.lock().expect("most");
+    ensure!(most == 1, "at most one grant at a time, saw {most}");
+    wait_for(
+        "grants of gone nodes dropped and the numbers recounted",
+        || async {
+            let status = budgets.get("all").await?.status.unwrap_or_default();
+            Ok(status.disrupted_nodes.is_empty()
+                && (status.expected_nodes, status.disruptions_allowed) == (2, 1))
+        },
+    )
+    .await?;
+    for node in ["node-1", "node-2", "node-3"] {
+        ensure!(terminate_calls(&sim, node) == 1, "{node} terminated once");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_budget_fails_closed_and_says_why() -> Result<()> {
+    let sim = sim(2).await?;
+    let client = sim.client();
+    // The CRD's CEL rule refuses both limits at once…
+    let refused = ndb(&client, "both", json!({"selector": {"matchLabels": {"kubernetes.io/os": "linux"}}, "minAvailable": 1, "maxUnavailable": 1})).await;
+    let message = format!(
+        "{:#}",
+        refused
+            .err()
+            .context("the CRD's rule refuses both limits")?
+    );
+    ensure!(
+        message.contains("set exactly one of spec.minAvailable and spec.maxUnavailable"),
+        "{message}"
+    );
+    // …and the controller refuses what the schema cannot see: a percentage above 100.
+    ndb(&client, "broken", json!({"selector": {"matchLabels": {"kubernetes.io/hostname": "node-1"}}, "maxUnavailable": "150%"})).await?;
+    let _controller = controller(&sim, &[]).await?;
+    finalizer_on_every_node(&client, 2).await?;
+    let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
+    wait_for("the budget marked invalid", || async {
+        Ok(budgets.get("broken").await?.status.is_some_and(|status| {
+            status.conditions.iter().any(|c| {
+                c.reason == "InvalidSpec" && c.message.contains("spec.maxUnavailable: \"150%\"")
+            })
+        }))
+    })
+    .await?;
+    delete_node(&client, "node-1").await?;
+    wait_for("node-1 held by the invalid budget", || async {
+        Ok(condition(&client, "node-1", "Terminating")
+            .await?
+            .is_some_and(|(reason, message)| {
+                reason == "AwaitingBudget" && message.contains("broken: the budget is invalid")
+            }))
+    })
+    .await?;
+    ensure!(!node_gone(&client, "node-1").await?);
+    ensure!(
+        terminate_calls(&sim, "node-1") == 0,
+        "fails closed: nothing terminated"
+    );
+    let fixed = json!({"spec": {"maxUnavailable": "50%"}});
+    budgets
+        .patch(
+            "broken",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&fixed),
+        )
+        .await?;
+    wait_for("node-1 to go once the budget is fixed", || {
+        node_gone(&client, "node-1")
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_restarted_mid_drain_finishes_without_a_second_terminate() -> Result<()> {
+    let sim = sim(3).await?;
+    let client = sim.client();
+    deployment(
+        &client,
+        "web",
+        6,
+        Some(json!({"maxUnavailable": 1})),
+        &json!({"metadata": {"annotations": {"sim.nodegrace.io/ready-after-seconds": "0.5"}}}),
+    )
+    .await?;
+    wait_ready(&client, "web", 6).await?;
+    let first = controller(&sim, &[]).await?;
+    finalizer_on_every_node(&client, 3).await?;
+    let before = pods_on(&client, "node-1").await?.len();
+    delete_node(&client, "node-1").await?;
+    wait_for("the drain under way", || async {
+        Ok(pods_on(&client, "node-1")
+            .await?
+            .iter()
+            .any(|pod| pod.metadata.deletion_timestamp.is_some()))
+    })
+    .await?;
+    first.stop().await?;
+    let second = controller(&sim, &[]).await?;
+    wait_for("node-1 to be gone", || node_gone(&client, "node-1")).await?;
+    ensure!(before >= 2, "node-1 had pods to drain ({before})");
+    ensure!(
+        terminate_calls(&sim, "node-1") == 1,
+        "one terminate across the restart"
+    );
+    ensure!(sim.world().audit().violations().is_empty());
+    // A restart after the request but before the machine is seen gone does not send another.
+    second.stop().await?;
+    let third = controller(&sim, &[]).await?;
+    ensure!(terminate_calls(&sim, "node-1") == 1);
+    third.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_errors_are_retried_and_nothing_is_lost() -> Result<()> {
+    let sim = sim(3).await?;
+    let client = sim.client();
+    ndb(
+        &client,
+        "all",
+        json!({"selector": {"matchLabels": {"kubernetes.io/os": "linux"}}, "maxUnavailable": 1}),
+    )
+    .await?;
+    deployment(
+        &client,
+        "web",
+        6,
+        Some(json!({"maxUnavailable": 1})),
+        &json!({}),
+    )
+    .await?;
+    wait_ready(&client, "web", 6).await?;
+    let _controller = controller(&sim, &[]).await?;
+    finalizer_on_every_node(&client, 3).await?;
+    for (verb, resource) in [
+        ("create", "pods"),
+        ("update", "nodes"),
+        ("update", "nodedisruptionbudgets"),
+        ("patch", "nodes"),
+    ] {
+        sim.faults().add_rule(ErrorRule {
+            verb: verb.to_owned(),
+            resource: resource.to_owned(),
+            rate: 0.3,
+            failure: FailureKind::InternalError,
+        });
+    }
+    delete_node(&client, "node-1").await?;
+    wait_for("node-1 to be gone despite errors", || {
+        node_gone(&client, "node-1")
+    })
+    .await?;
+    sim.faults().clear();
+    ensure!(terminate_calls(&sim, "node-1") == 1);
+    ensure!(sim.world().audit().violations().is_empty());
+    wait_ready(&client, "web", 6).await?;
+    Ok(())
+}
