@@ -17,6 +17,9 @@ pub enum Which {
     /// out-of-service-gc: taint → pods force-deleted (1 and 100 nodes), StatefulSet failover vs
     /// the pod GC sweep, RSS at 5,000 nodes / 150,000 pods.
     Oos,
+    /// termination-controller: one node of 110 pods under 10 PDBs drained by it and by
+    /// `kubectl drain`, against the budget chains' lower bound; RSS at 5,000 nodes.
+    Drain,
 }
 
 pub fn run(which: &Which) -> Result<()> {
@@ -25,6 +28,7 @@ pub fn run(which: &Which) -> Result<()> {
         Which::Shutdown => ("graceful-shutdown-agent", "shutdown"),
         Which::Inhibitor => ("shutdown-inhibitor-agent", "inhibitor"),
         Which::Oos => ("out-of-service-gc", "oos"),
+        Which::Drain => ("termination-controller", "drain"),
     };
     run_command(cargo().args(["bench", "--package", package, "--bench", bench]))
 }

@@ -1,0 +1,298 @@
+//! `cargo xtask bench drain`: one node of 110 pods under 10 PodDisruptionBudgets
+//! (maxUnavailable 1, 11 pods each, replacements Ready 2 s after they start), drained
+//! (a) by this controller (`kubectl delete node`), (b) by the real `kubectl drain`; the wall
+//! time of each until the last pod is gone, the lower bound (the longest budget chain: pods ×
+//! (stop + replacement ready)), the ratios, and kube-sim's availability audit for each. Then
+//! the controller's RSS with 5,000 nodes and 150,000 pods in the cluster.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, CustomResourceExt};
+use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use serde_json::json;
+use termination_controller::api::{FINALIZER, NodeDisruptionBudget};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
+const BUDGETS: usize = 10;
+const PODS_PER_BUDGET: usize = 11;
+const READY_AFTER: f64 = 2.0;
+const STOP: f64 = 0.5;
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_controller(sim: &KubeSim) -> Result<(Running, u16)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = Command::new(BINARY)
+        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
+        .arg(format!("--admin-listen=127.0.0.1:{port}"))
+        .args([
+            "--leader-elect=false",
+            "--instance-provider=sim",
+            "--log-level=warn",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok((Running(child), port))
+}
+
+async fn until_ready(port: u16) -> Result<()> {
+    let admin = nodegrace_core::testing::Admin {
+        address: ([127, 0, 0, 1], port).into(),
+        prefix: "nodegrace_termination_controller",
+    };
+    nodegrace_core::testing::wait_for(
+        "the controller to be ready",
+        Duration::from_secs(300),
+        || async { Ok(admin.is_ready().await.unwrap_or(false)) },
+    )
+    .await
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches(" kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+async fn set_unschedulable(client: &Client, nodes: &[&str], unschedulable: bool) -> Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    for node in nodes {
+        let patch = json!({"spec": {"unschedulable": unschedulable}});
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(())
+}
+
+async fn pods_left(client: &Client, node: &str) -> Result<usize> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    Ok(pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?
+        .items
+        .len())
+}
+
+async fn ready_pods(client: &Client) -> Result<usize> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    Ok(pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| {
+            pod.status
+                .iter()
+                .flat_map(|status| status.conditions.iter().flatten())
+                .any(|condition| condition.type_ == "Ready" && condition.status == "True")
+        })
+        .count())
+}
+
+/// A cluster whose node-0 holds every pod of the 10 budgets, with room elsewhere for the
+/// replacements.
+async fn cluster() -> Result<KubeSim> {
+    let sim = KubeSim::start(SimOptions {
+        nodes: 4,
+        world: WorldOptions {
+            lease_renew_interval: Duration::from_millis(500),
+            node_monitor_grace: Duration::from_secs(5),
+            detach_delay: Duration::from_millis(200),
+            ..WorldOptions::default()
+        },
+        ..SimOptions::default()
+    })
+    .await?;
+    let client = sim.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
+        .await?;
+    let others = ["node-1", "node-2", "node-3"];
+    set_unschedulable(&client, &others, true).await?;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), "default");
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(client.clone(), "default");
+    for index in 0..BUDGETS {
+        let app = format!("app-{index}");
+        let deployment = json!({
+            "metadata": {"name": app},
+            "spec": {"replicas": PODS_PER_BUDGET, "selector": {"matchLabels": {"app": app}},
+                "template": {
+                    "metadata": {"labels": {"app": app}, "annotations": {
+                        "sim.nodegrace.io/ready-after-seconds": READY_AFTER.to_string(),
+                        "sim.nodegrace.io/stop-seconds": STOP.to_string(),
+                    }},
+                    "spec": {"containers": [{"name": "c", "image": "app"}]}}},
+        });
+        deployments
+            .create(&PostParams::default(), &serde_json::from_value(deployment)?)
+            .await?;
+        let budget = json!({"metadata": {"name": app},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": app}}}});
+        budgets
+            .create(&PostParams::default(), &serde_json::from_value(budget)?)
+            .await?;
+    }
+    nodegrace_core::testing::wait_for("110 pods Ready on node-0", Duration::from_secs(120), || {
+        let client = client.clone();
+        async move { Ok(ready_pods(&client).await? == BUDGETS * PODS_PER_BUDGET) }
+    })
+    .await?;
+    set_unschedulable(&client, &others, false).await?;
+    Ok(sim)
+}
+
+async fn until_drained(client: &Client, started: Instant) -> Result<Duration> {
+    nodegrace_core::testing::wait_for("node-0 drained", Duration::from_secs(600), || {
+        let client = client.clone();
+        async move { Ok(pods_left(&client, "node-0").await? == 0) }
+    })
+    .await?;
+    Ok(started.elapsed())
+}
+
+async fn ours() -> Result<(Duration, usize)> {
+    let sim = cluster().await?;
+    let client = sim.client();
+    let (_controller, port) = start_controller(&sim)?;
+    until_ready(port).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodegrace_core::testing::wait_for("the finalizer on node-0", Duration::from_secs(60), || {
+        let nodes = nodes.clone();
+        async move {
+            Ok(nodes
+                .get("node-0")
+                .await?
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == FINALIZER))
+        }
+    })
+    .await?;
+    let started = Instant::now();
+    nodes.delete("node-0", &DeleteParams::default()).await?;
+    let took = until_drained(&client, started).await?;
+    Ok((took, sim.world().audit().violations().len()))
+}
+
+async fn kubectl() -> Result<(Duration, usize)> {
+    let sim = cluster().await?;
+    let client = sim.client();
+    let started = Instant::now();
+    let kubeconfig = sim.kubeconfig_path().to_path_buf();
+    let status = tokio::task::spawn_blocking(move || {
+        Command::new("kubectl")
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args([
+                "drain",
+                "node-0",
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=600s",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+    })
+    .await??;
+    if !status.success() {
+        bail!("kubectl drain failed: {status}");
+    }
+    let took = until_drained(&client, started).await?;
+    Ok((took, sim.world().audit().violations().len()))
+}
+
+async fn rss_at_scale() -> Result<f64> {
+    let sim = KubeSim::start(SimOptions {
+        nodes: 5_000,
+        pods_per_node: 30,
+        world: WorldOptions {
+            workloads: false,
+            kubelet: false,
+            node_lifecycle: false,
+            ..WorldOptions::default()
+        },
+        ..SimOptions::default()
+    })
+    .await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(sim.client());
+    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
+        .await?;
+    let (controller, port) = start_controller(&sim)?;
+    until_ready(port).await?;
+    // The finalizer goes onto every node; let those writes and their watch events settle.
+    let nodes: Api<Node> = Api::all(sim.client());
+    nodegrace_core::testing::wait_for(
+        "the finalizer on every node",
+        Duration::from_secs(600),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let list = nodes.list_metadata(&ListParams::default()).await?;
+                Ok(list.items.iter().all(|node| {
+                    node.metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|f| f == FINALIZER)
+                }))
+            }
+        },
+    )
+    .await?;
+    Ok(rss_mib(controller.0.id()))
+}
+
+fn main() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let (ours, ours_violations) = ours().await?;
+        let (kubectl, kubectl_violations) = kubectl().await?;
+        let bound = PODS_PER_BUDGET as f64 * (STOP + READY_AFTER);
+        println!(
+            "drain ours s={:.1} kubectl s={:.1} bound s={bound:.1}",
+            ours.as_secs_f64(),
+            kubectl.as_secs_f64()
+        );
+        println!(
+            "drain ratio ours/kubectl={:.2} ours/bound={:.2}",
+            ours.as_secs_f64() / kubectl.as_secs_f64(),
+            ours.as_secs_f64() / bound
+        );
+        println!("drain violations ours={ours_violations} kubectl={kubectl_violations}");
+        println!("termination rss MiB={:.0}", rss_at_scale().await?);
+        Ok(())
+    })
+}
