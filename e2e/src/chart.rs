@@ -18,6 +18,8 @@ pub fn render(
 ) -> Result<Vec<Value>> {
     let output = Command::new(helm)
         .arg("template")
+        // A chart's CRDs (crds/) are installed like its other objects.
+        .arg("--include-crds")
         .arg(release)
         .arg(chart)
         .args(["--namespace", namespace])

@@ -25,11 +25,13 @@ pub const AGENTS_NAMESPACE: &str = "nodegrace";
 pub const GRACEFUL_SHUTDOWN_AGENT: &str = "graceful-shutdown-agent";
 pub const SHUTDOWN_INHIBITOR_AGENT: &str = "shutdown-inhibitor-agent";
 pub const OUT_OF_SERVICE_GC: &str = "out-of-service-gc";
+pub const TERMINATION_CONTROLLER: &str = "termination-controller";
 /// The charts, installed in this order.
-const CHARTS: [&str; 3] = [
+const CHARTS: [&str; 4] = [
     SHUTDOWN_INHIBITOR_AGENT,
     GRACEFUL_SHUTDOWN_AGENT,
     OUT_OF_SERVICE_GC,
+    TERMINATION_CONTROLLER,
 ];
 /// The demo's machines renew their node Lease every second and count as down after 6 s of
 /// silence (the real 10 s and 40 s would make the audience wait).
@@ -302,6 +304,17 @@ impl Stage {
             .await
             .with_context(|| format!("stop {node}'s kubelet"))?;
         Ok(())
+    }
+
+    /// The machine behind `node` was terminated and its Node is gone: its processes end.
+    pub fn machine_terminated(&mut self, node: &str) {
+        for pod in self.pods.iter_mut().filter(|pod| pod.node == node) {
+            pod.kill();
+        }
+        self.pods.retain(|pod| pod.node != node);
+        if let Some(host) = self.nodes.iter_mut().find(|host| host.name() == node) {
+            host.power_off();
+        }
     }
 
     /// The machine behind `node` boots again: a fresh elogind, its kubelet reporting again,

@@ -11,11 +11,12 @@ use clap::Args;
 use crate::{cargo, helm, project_root, run_command, setup, target_dir};
 
 /// The release binaries the demo runs: the cluster, our programs, the demo itself.
-const PACKAGES: [&str; 5] = [
+const PACKAGES: [&str; 6] = [
     "kube-sim",
     "graceful-shutdown-agent",
     "shutdown-inhibitor-agent",
     "out-of-service-gc",
+    "termination-controller",
     "nodegrace-e2e",
 ];
 
@@ -25,7 +26,8 @@ pub struct DemoArgs {
     /// Ctrl-C stops it.
     #[arg(long)]
     keep: bool,
-    /// Play only this act (repeatable): lease-blocks-shutdown, priority-shutdown, out-of-service.
+    /// Play only this act (repeatable): lease-blocks-shutdown, priority-shutdown, out-of-service,
+    /// node-termination.
     #[arg(long = "act", value_name = "SLUG")]
     acts: Vec<String>,
 }

@@ -73,13 +73,14 @@ fn step(name: &str, body: impl FnOnce() -> Result<()>) -> Result<()> {
 /// The logind harness and the demo promise a clean teardown; a leftover elogind, bus daemon,
 /// cluster or agent from the suite is a bug, so it fails the run.
 fn check_no_stray_processes() -> Result<()> {
-    const OURS: [&str; 7] = [
+    const OURS: [&str; 8] = [
         "elogind",
         "dbus-daemon",
         "kube-sim",
         "graceful-shutdown-agent",
         "shutdown-inhibitor-agent",
         "out-of-service-gc",
+        "termination-controller",
         "nodegrace-demo",
     ];
     let target = project_root().join("target");

@@ -3,6 +3,7 @@
 //! says what did not happen. Adding an act is one module and one line in [`ALL`].
 
 mod lease_blocks_shutdown;
+mod node_termination;
 mod out_of_service;
 mod priority_shutdown;
 
@@ -25,6 +26,7 @@ pub const ALL: &[Act] = &[
     lease_blocks_shutdown::ACT,
     priority_shutdown::ACT,
     out_of_service::ACT,
+    node_termination::ACT,
 ];
 
 pub fn find(slug: &str) -> Option<&'static Act> {

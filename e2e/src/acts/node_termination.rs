@@ -1,0 +1,241 @@
+//! Act: the operator deletes node-2 with `kubectl delete node`. termination-controller holds
+//! it with its finalizer until the NodeDisruptionBudget grants it (node-1, down since act 2,
+//! must boot first), cordons it, drains it tier by tier with one eviction queue per
+//! PodDisruptionBudget, has kube-sim's cloud terminate the machine, and only then lets the
+//! Node go — with no budget broken.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::DeleteParams;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+
+use super::Act;
+use crate::manifests::{self, describe_all};
+use crate::observe::node_condition;
+use crate::stage::Stage;
+use crate::timeline::seconds;
+use crate::wait::poll_for;
+
+pub const ACT: Act = Act {
+    slug: "node-termination",
+    title: "kubectl delete node node-2: drained within every budget, then its machine terminated",
+    play: |stage| Box::pin(play(stage)),
+};
+
+const NODE: &str = "node-2";
+const DOWN: &str = "node-1";
+const NAMESPACE: &str = "fleet";
+const FLEET: &str = include_str!("../../demo/fleet.yaml");
+/// Bounds each wait of a broken run; a working one takes seconds.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn play(stage: &mut Stage) -> Result<()> {
+    let client = stage.client().clone();
+    let objects = manifests::parse_documents(FLEET)?;
+    for object in &objects {
+        manifests::create(&client, object, NAMESPACE).await?;
+    }
+    stage.timeline.event(&format!(
+        "created {} (web and dns prefer {NODE}; web and dns have PDBs; the NDB lets one of the \
+         3 nodes be disrupted)",
+        describe_all(&objects)
+    ));
+    let on_node = wait_pods_on_node(&client).await?;
+    stage.timeline.event(&format!(
+        "on {NODE}: {}",
+        on_node.keys().cloned().collect::<Vec<_>>().join(", ")
+    ));
+    stage
+        .timeline
+        .show(&format!("kubectl -n {NAMESPACE} get pods,pdb -o wide"));
+    stage.timeline.show("kubectl get nodedisruptionbudgets");
+
+    let departures = record_departures(&client);
+    Api::<Node>::all(client.clone())
+        .delete(NODE, &DeleteParams::default())
+        .await
+        .with_context(|| format!("delete {NODE}"))?;
+    let deleted = Instant::now();
+    // Told, not offered as a `$` command: typed on a kept cluster it would delete the node.
+    stage.timeline.event(&format!(
+        "the operator runs `kubectl delete node {NODE}`: the Node gets a deletionTimestamp, \
+         the finalizer nodegrace.io/termination holds it"
+    ));
+    let waiting = wait_reason(&client, "AwaitingBudget").await?;
+    stage.timeline.event(&format!(
+        "{NODE} waits, untouched: {waiting} ({DOWN} has been down since act 2)"
+    ));
+    // The node is gone by the end: its condition is told, not offered as a command.
+    stage.timeline.event(&format!("{DOWN} boots again"));
+    stage.power_on(DOWN).await?;
+    let booted = Instant::now();
+    let granted = poll_for(TIMEOUT, || async {
+        let condition = node_condition(&client, NODE, "Terminating").await.ok()??;
+        (condition.reason.as_deref() != Some("AwaitingBudget")).then_some(())
+    })
+    .await;
+    if granted.is_none() {
+        bail!("{NODE} was not granted by the NodeDisruptionBudget after {DOWN} came back");
+    }
+    stage.timeline.event(&format!(
+        "NodeDisruptionBudget workers granted {NODE} {} after {DOWN} was Ready again; {NODE} \
+         is cordoned and drains",
+        seconds(booted.elapsed())
+    ));
+    wait_gone(&client).await?;
+    stage.machine_terminated(NODE);
+    let gone = deleted.elapsed();
+    let departures = departures.await.unwrap_or_default();
+    for line in tier_lines(&on_node, &departures) {
+        stage.timeline.event(&line);
+    }
+    let instance: serde_json::Value =
+        sim_get(&client, &format!("/sim/v1/instances/{NODE}")).await?;
+    let calls = instance["terminateCalls"].as_u64().unwrap_or_default();
+    if instance["state"] != "terminated" || calls != 1 {
+        bail!("{NODE}'s machine: {instance}; expected terminated by exactly one call");
+    }
+    stage.timeline.event(&format!(
+        "kube-sim's cloud: {NODE}'s machine terminated (1 terminate call); the finalizer went \
+         and the Node with it, {} after the delete",
+        seconds(gone)
+    ));
+    let violations: serde_json::Value = sim_get(&client, "/sim/v1/audit/violations").await?;
+    let count = violations.as_array().map_or(0, Vec::len);
+    if count != 0 {
+        bail!("PodDisruptionBudget violations: {violations}");
+    }
+    stage.timeline.show("kubectl get nodes");
+    stage
+        .timeline
+        .show(&format!("kubectl -n {NAMESPACE} get pods -o wide"));
+    stage
+        .timeline
+        .show("kubectl get events -A --field-selector reason=Evicted");
+    stage.timeline.pass(&format!(
+        "{NODE} drained tier by tier and its machine terminated in {}, 0 PodDisruptionBudget \
+         violations (kube-sim's audit)",
+        seconds(gone)
+    ));
+    Ok(())
+}
+
+async fn sim_get(client: &Client, path: &str) -> Result<serde_json::Value> {
+    let request = http::Request::get(path).body(Vec::new())?;
+    let text = client.request_text(request).await?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// The fleet's pods on the node once all are Ready there: name → app.
+async fn wait_pods_on_node(client: &Client) -> Result<BTreeMap<String, String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let found = poll_for(TIMEOUT, || async {
+        let listed = pods.list(&Default::default()).await.ok()?.items;
+        let ready = |pod: &Pod| {
+            pod.status
+                .iter()
+                .flat_map(|status| status.conditions.iter().flatten())
+                .any(|condition| condition.type_ == "Ready" && condition.status == "True")
+        };
+        let on_node: BTreeMap<String, String> = listed
+            .iter()
+            .filter(|pod| {
+                pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) == Some(NODE)
+            })
+            .filter(|pod| ready(pod))
+            .map(|pod| {
+                let app = pod
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get("app"))
+                    .cloned()
+                    .unwrap_or_default();
+                (pod.metadata.name.clone().unwrap_or_default(), app)
+            })
+            .collect();
+        // 4 web, 2 dns, 1 log-shipper.
+        (on_node.len() == 7).then_some(on_node)
+    })
+    .await;
+    found.with_context(|| {
+        format!("the fleet's 7 pods did not all run Ready on {NODE} within {TIMEOUT:?}")
+    })
+}
+
+/// When each of the fleet's pods on the node started terminating, relative to the delete.
+fn record_departures(client: &Client) -> tokio::task::JoinHandle<Vec<(Duration, String)>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let started = Instant::now();
+    tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={NODE}"));
+        let mut events = std::pin::pin!(watcher(pods, config).default_backoff().applied_objects());
+        let deadline = tokio::time::Instant::now() + TIMEOUT * 2;
+        while let Ok(Some(event)) = tokio::time::timeout_at(deadline, events.next()).await {
+            let Ok(pod) = event else { continue };
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            if pod.metadata.deletion_timestamp.is_some() && !seen.iter().any(|(_, n)| n == &name) {
+                seen.push((started.elapsed(), name));
+                if seen.len() == 7 {
+                    break;
+                }
+            }
+        }
+        seen
+    })
+}
+
+/// One line per tier and budget: which pods left when.
+fn tier_lines(
+    on_node: &BTreeMap<String, String>,
+    departures: &[(Duration, String)],
+) -> Vec<String> {
+    let groups = [
+        (
+            "tier 1, workloads — PDB fleet/web (maxUnavailable 1), one at a time",
+            "web",
+        ),
+        ("tier 2, DaemonSet pods", "log-shipper"),
+        (
+            "tier 3, critical workloads — PDB fleet/dns (minAvailable 1)",
+            "dns",
+        ),
+    ];
+    groups
+        .iter()
+        .map(|(label, app)| {
+            let times: Vec<String> = departures
+                .iter()
+                .filter(|(_, pod)| on_node.get(pod).map(String::as_str) == Some(*app))
+                .map(|(at, pod)| format!("{pod} at +{}", seconds(*at)))
+                .collect();
+            format!("{label}: {}", times.join(", "))
+        })
+        .collect()
+}
+
+async fn wait_reason(client: &Client, reason: &str) -> Result<String> {
+    let found = poll_for(TIMEOUT, || async {
+        let condition = node_condition(client, NODE, "Terminating").await.ok()??;
+        (condition.reason.as_deref() == Some(reason)).then(|| condition.message.unwrap_or_default())
+    })
+    .await;
+    found.with_context(|| {
+        format!("{NODE} has no Terminating condition with reason {reason} after {TIMEOUT:?}")
+    })
+}
+
+async fn wait_gone(client: &Client) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let gone = poll_for(TIMEOUT, || async {
+        nodes.get_opt(NODE).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    gone.with_context(|| format!("{NODE} still exists {TIMEOUT:?} after the grant"))
+}
