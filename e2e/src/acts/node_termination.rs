@@ -135,7 +135,11 @@ async fn sim_get(client: &Client, path: &str) -> Result<serde_json::Value> {
 async fn wait_pods_on_node(client: &Client) -> Result<BTreeMap<String, String>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let found = poll_for(TIMEOUT, || async {
-        let listed = pods.list(&Default::default()).await.ok()?.items;
+        let listed = pods
+            .list(&kube::api::ListParams::default())
+            .await
+            .ok()?
+            .items;
         let ready = |pod: &Pod| {
             pod.status
                 .iter()
