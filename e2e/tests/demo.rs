@@ -146,7 +146,7 @@ fn a_kept_cluster_answers_the_printed_commands_and_ctrl_c_stops_everything() {
             break PathBuf::from(path);
         }
     };
-    assert!(transcript.contains("All 3 acts passed"), "{transcript}");
+    assert!(transcript.contains("All 4 acts passed"), "{transcript}");
 
     // Every command the timeline offers works on the kept cluster, as a user would type it
     // (logind commands only while their machine is still on).
@@ -184,14 +184,14 @@ fn a_kept_cluster_answers_the_printed_commands_and_ctrl_c_stops_everything() {
 
     let started = processes_mentioning(&work_dir.display().to_string());
     assert!(
-        started.len() >= 6,
-        "kube-sim, the agents of node-0 and node-2, out-of-service-gc: {started:#?}"
+        started.len() >= 7,
+        "kube-sim, the agents of node-0 and node-1, out-of-service-gc, termination-controller: {started:#?}"
     );
     let scenarios = format!("logind-scenarios/{}-", child.id());
     let machines = processes_mentioning(&scenarios);
     assert!(
         machines.len() >= 4,
-        "two elogind (node-1 is off, node-2 booted again) and their buses: {machines:#?}"
+        "two elogind (node-1 booted again in act 4, node-2 terminated) and their buses: {machines:#?}"
     );
 
     kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
