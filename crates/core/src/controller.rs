@@ -2,7 +2,7 @@
 //! manner: `reconcile(object, context) -> Result<Action>`, and an error policy that backs off
 //! per object (exponentially, reset by a success) and counts errors by kind.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
@@ -19,9 +19,38 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error_chain::Chain;
+
+/// Names of objects that changed since a loop last looked: a watch's observer marks them, the
+/// loop takes them when woken, so one change never costs a rescan of every object.
+#[derive(Debug, Default)]
+pub struct Dirty {
+    names: std::sync::Mutex<HashSet<String>>,
+    notify: Notify,
+}
+
+impl Dirty {
+    pub fn mark(&self, name: &str) {
+        self.names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned());
+        self.notify.notify_one();
+    }
+
+    /// The names marked since the last call.
+    pub fn take(&self) -> HashSet<String> {
+        std::mem::take(&mut *self.names.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Waits for the next mark (one made since the last wait counts).
+    pub async fn marked(&self) {
+        self.notify.notified().await;
+    }
+}
 
 /// A reconcile error that says what kind it is, for the metric and the logs.
 pub trait ReconcileError: std::error::Error + Send + Sync + 'static {

@@ -157,6 +157,28 @@ impl Leadership {
     }
 }
 
+/// Runs `work` as a replicated controller does: with `election`, only while this candidate
+/// leads (joining first, giving the lease up at the end); without one, at once until `stop`.
+pub async fn run_elected<F, Fut>(
+    client: Client,
+    election: Option<&LeaderConfig>,
+    stop: &CancellationToken,
+    mut work: F,
+) -> Result<(), LeaderError>
+where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(config) = election else {
+        work(stop.clone()).await;
+        return Ok(());
+    };
+    let mut leadership = Leadership::start(client, config).await?;
+    let result = leadership.run_while_leader(stop, work).await;
+    leadership.resign().await;
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,22 +71,6 @@ async fn until_ready(port: u16) -> Result<()> {
     .await
 }
 
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| {
-            value
-                .trim()
-                .trim_end_matches(" kB")
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
-}
-
 /// Stops the kubelets of `nodes` and waits until they are NotReady and their heartbeat is
 /// older than the controller's guard window.
 async fn kill(client: &Client, nodes: &[String]) -> Result<()> {
@@ -273,7 +257,7 @@ async fn rss_at_scale() -> Result<f64> {
     until_ready(port).await?;
     // Let the first full listings settle before reading.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    Ok(rss_mib(controller.0.id()))
+    Ok(nodegrace_core::testing::rss_mib(controller.0.id()))
 }
 
 fn main() -> Result<()> {

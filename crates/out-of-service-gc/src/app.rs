@@ -9,17 +9,18 @@ use kube::Api;
 use kube::runtime::watcher;
 use nodegrace_core::admin::Readiness;
 use nodegrace_core::cli::CommonArgs;
+use nodegrace_core::controller::Dirty;
 use nodegrace_core::k8s::client;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
-use nodegrace_core::leader::Leadership;
+use nodegrace_core::leader::run_elected;
 use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::program_registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::cleanup::{Settings, Shared};
 use crate::cli::Args;
-use crate::controller::{Controller, Dirty};
+use crate::controller::Controller;
 use crate::metrics::Metrics;
 use crate::tainting::AutoTaint;
 
@@ -131,19 +132,11 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         if !liveness_guard {
             tracing::warn!("the liveness guard is off (--liveness-guard=false)");
         }
-        let result = if let Some(config) = election {
-            let mut leadership = Leadership::start(client, &config)
-                .await
-                .context("join the leader election")?;
-            let result = leadership
-                .run_while_leader(&stop, |acting| controller.run(acting))
-                .await;
-            leadership.resign().await;
-            result.context("leader election")
-        } else {
-            controller.run(stop.clone()).await;
-            Ok(())
-        };
+        let result = run_elected(client, election.as_ref(), &stop, |acting| {
+            controller.run(acting)
+        })
+        .await
+        .context("leader election");
         drop(controller);
         flushed.wait().await;
         result

@@ -4,18 +4,18 @@
 //! Watches report *which* object changed, so the loop never rescans thousands of nodes.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use nodegrace_core::controller::Backoff;
+use nodegrace_core::controller::{Backoff, Dirty};
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::watched::Watched;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
@@ -31,27 +31,6 @@ const BACKOFF: Backoff = Backoff {
     first: Duration::from_millis(500),
     longest: Duration::from_secs(30),
 };
-
-/// Names of nodes whose node or attachments changed since the loop last looked.
-#[derive(Debug, Default)]
-pub struct Dirty {
-    names: Mutex<HashSet<String>>,
-    notify: Notify,
-}
-
-impl Dirty {
-    pub fn mark(&self, name: &str) {
-        self.names
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.to_owned());
-        self.notify.notify_one();
-    }
-
-    fn take(&self) -> HashSet<String> {
-        std::mem::take(&mut *self.names.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
 
 #[derive(Debug)]
 pub struct Controller {
@@ -120,7 +99,7 @@ impl Controller {
             self.shared.metrics.nodes_tainted.set(workers.len() as i64);
             tokio::select! {
                 () = acting.cancelled() => break,
-                () = self.dirty.notify.notified() => {}
+                () = self.dirty.marked() => {}
                 Some(finished) = running.join_next() => {
                     if let Ok(name) = finished {
                         workers.remove(&name);

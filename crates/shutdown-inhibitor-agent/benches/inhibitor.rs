@@ -22,16 +22,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
 }
 
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 async fn metric(port: u16, name: &str) -> Result<f64> {
     let admin = Admin {
         address: ([127, 0, 0, 1], port).into(),
@@ -106,7 +96,7 @@ fn main() -> Result<()> {
         }
         block.sort_by(f64::total_cmp);
         unblock.sort_by(f64::total_cmp);
-        let rss_idle = rss_mib(agent.id());
+        let rss_idle = nodegrace_core::testing::rss_mib(agent.id());
 
         let before = metric(port, "lease_watch_events_total").await?;
         for index in 0..CHURN {
@@ -119,7 +109,7 @@ fn main() -> Result<()> {
         leases.create(&PostParams::default(), &lease(NODE, "marker")?).await?;
         until(&logind, true).await?;
         let unrelated = metric(port, "lease_watch_events_total").await? - before - 1.0;
-        let rss_busy = rss_mib(agent.id());
+        let rss_busy = nodegrace_core::testing::rss_mib(agent.id());
         let _ = agent.kill();
         let _ = agent.wait();
 

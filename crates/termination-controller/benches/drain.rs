@@ -63,22 +63,6 @@ async fn until_ready(port: u16) -> Result<()> {
     .await
 }
 
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| {
-            value
-                .trim()
-                .trim_end_matches(" kB")
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
-}
-
 async fn set_unschedulable(client: &Client, nodes: &[&str], unschedulable: bool) -> Result<()> {
     let api: Api<Node> = Api::all(client.clone());
     for node in nodes {
@@ -269,7 +253,7 @@ async fn rss_at_scale() -> Result<f64> {
         },
     )
     .await?;
-    Ok(rss_mib(controller.0.id()))
+    Ok(nodegrace_core::testing::rss_mib(controller.0.id()))
 }
 
 fn main() -> Result<()> {

@@ -13,17 +13,18 @@ use kube::runtime::watcher;
 use nodegrace_core::admin::Readiness;
 use nodegrace_core::cli::CommonArgs;
 use nodegrace_core::controller::Backoff;
+use nodegrace_core::controller::Dirty;
 use nodegrace_core::k8s::client;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
-use nodegrace_core::leader::Leadership;
+use nodegrace_core::leader::run_elected;
 use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::program_registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::NodeDisruptionBudget;
 use crate::cli::Args;
-use crate::controller::{Controller, Dirty};
+use crate::controller::Controller;
 use crate::grants::Budgets;
 use crate::metrics::Metrics;
 use crate::shared::{Settings, Shared};
@@ -200,23 +201,14 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
                 pdbs,
                 attachments,
                 provider,
-                program: PROGRAM,
             }),
             dirty,
         };
-        let result = if let Some(config) = election {
-            let mut leadership = Leadership::start(client, &config)
-                .await
-                .context("join the leader election")?;
-            let result = leadership
-                .run_while_leader(&stop, |acting| controller.run(acting))
-                .await;
-            leadership.resign().await;
-            result.context("leader election")
-        } else {
-            controller.run(stop.clone()).await;
-            Ok(())
-        };
+        let result = run_elected(client, election.as_ref(), &stop, |acting| {
+            controller.run(acting)
+        })
+        .await
+        .context("leader election");
         drop(controller);
         flushed.wait().await;
         result

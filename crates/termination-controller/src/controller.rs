@@ -4,7 +4,7 @@
 //! the loop never rescans the cluster for one change.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -12,13 +12,14 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use nodegrace_core::controller::Dirty;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::conditions::node_condition;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::watched::Watched;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
@@ -33,37 +34,10 @@ use crate::termination::{Finished, NodeTermination, has_finalizer, ours, remove_
 /// and one pass covers every change since the last.
 const STATUS_REFRESH_PAUSE: Duration = Duration::from_millis(200);
 
-/// Names of nodes that changed since the loop last looked.
-#[derive(Debug, Default)]
-pub struct Dirty {
-    names: Mutex<HashSet<String>>,
-    notify: Notify,
-}
-
-impl Dirty {
-    pub fn mark(&self, name: &str) {
-        self.names
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.to_owned());
-        self.notify.notify_one();
-    }
-
-    fn take(&self) -> HashSet<String> {
-        std::mem::take(&mut *self.names.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
 #[derive(Debug)]
 pub struct Controller {
     pub shared: Arc<Shared>,
     pub dirty: Arc<Dirty>,
-}
-
-/// What the finalizer bookkeeping did.
-enum Bookkeeping {
-    Done(String),
-    Failed(String),
 }
 
 impl Controller {
@@ -86,7 +60,7 @@ impl Controller {
         // it for a moment, and they must not get a second task.
         let mut released: HashSet<String> = HashSet::new();
         let mut running: JoinSet<(String, String, Finished)> = JoinSet::new();
-        let mut bookkeeping: JoinSet<Bookkeeping> = JoinSet::new();
+        let mut bookkeeping: JoinSet<String> = JoinSet::new();
         let mut in_bookkeeping: HashSet<String> = HashSet::new();
         let mut checks: DelayQueue<String> = DelayQueue::new();
         let mut scheduled: HashMap<String, delay_queue::Key> = HashMap::new();
@@ -136,7 +110,7 @@ impl Controller {
             poke.send_replace(());
             tokio::select! {
                 () = acting.cancelled() => break,
-                () = self.dirty.notify.notified() => {}
+                () = self.dirty.marked() => {}
                 changed = budgets.changed() => if changed.is_err() { break },
                 changed = pdbs.changed() => if changed.is_err() { break },
                 Some(finished) = running.join_next() => {
@@ -152,7 +126,7 @@ impl Controller {
                     released.retain(|uid| present.contains(uid));
                 }
                 Some(done) = bookkeeping.join_next() => {
-                    if let Ok(Bookkeeping::Done(name) | Bookkeeping::Failed(name)) = done {
+                    if let Ok(name) = done {
                         in_bookkeeping.remove(&name);
                     }
                 }
@@ -221,7 +195,8 @@ async fn delete_not_ready(shared: &Shared, node: &Node) {
 
 /// Adds our finalizer to a managed node, or removes it from a node no longer managed. The add
 /// is a strategic merge (finalizers merge as a set), so it never replaces other finalizers.
-async fn set_finalizer(client: &kube::Client, name: String, add: bool) -> Bookkeeping {
+/// A failure is logged; the node's next change tries again. Returns the node's name.
+async fn set_finalizer(client: &kube::Client, name: String, add: bool) -> String {
     let api: Api<Node> = Api::all(client.clone());
     let result = if add {
         let patch = serde_json::json!({"metadata": {"finalizers": [FINALIZER]}});
@@ -232,13 +207,10 @@ async fn set_finalizer(client: &kube::Client, name: String, add: bool) -> Bookke
     } else {
         remove_finalizer(client, &name).await
     };
-    match result {
-        Ok(()) => Bookkeeping::Done(name),
-        Err(error) => {
-            tracing::warn!(node = name, error = %Chain(&error), "could not update the node's finalizer; retried on its next change");
-            Bookkeeping::Failed(name)
-        }
+    if let Err(error) = result {
+        tracing::warn!(node = name, error = %Chain(&error), "could not update the node's finalizer; retried on its next change");
     }
+    name
 }
 
 /// Keeps every NodeDisruptionBudget's status current while leading: after budget and node

@@ -48,7 +48,6 @@ pub struct Shared {
     pub pdbs: Watched<PodDisruptionBudget>,
     pub attachments: Watched<VolumeAttachment>,
     pub provider: Option<Arc<dyn InstanceProvider>>,
-    pub program: &'static str,
 }
 
 impl Shared {

@@ -241,7 +241,7 @@ impl NodeTermination {
             return Ok(Finished::Stopped);
         }
         // 6. Release the node.
-        self.remove_finalizer().await?;
+        remove_finalizer(&self.shared.client, &self.node).await?;
         if let Some(deleted) = deleted {
             let seconds = Timestamp::now()
                 .duration_since(deleted)
@@ -443,10 +443,6 @@ impl NodeTermination {
         api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         Ok(())
-    }
-
-    async fn remove_finalizer(&self) -> Result<(), StepError> {
-        remove_finalizer(&self.shared.client, &self.node).await
     }
 }
 

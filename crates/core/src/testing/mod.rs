@@ -22,6 +22,23 @@ pub use fake_logind::{FakeLogind, WithExtraEvents};
 /// How often a condition is checked again; the wait itself is bounded by its deadline.
 const POLL: Duration = Duration::from_millis(10);
 
+/// A process's resident memory in MiB (`VmRSS`), 0 when it cannot be read: for benchmarks.
+pub fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
 /// Waits until `check` returns true, failing after `timeout` with `what` in the message.
 pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
 where
