@@ -10,7 +10,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::runtime::watcher;
-use nodegrace_core::admin::Readiness;
+use nodegrace_core::admin::{Readiness, ReadinessGate};
 use nodegrace_core::cli::CommonArgs;
 use nodegrace_core::controller::Backoff;
 use nodegrace_core::controller::Dirty;
@@ -23,17 +23,94 @@ use nodegrace_core::telemetry::program_registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::NodeDisruptionBudget;
-use crate::cli::Args;
+use crate::cli::{Args, Command, PlanArgs, PlanFormat, WebhookArgs};
 use crate::controller::Controller;
 use crate::grants::Budgets;
 use crate::metrics::Metrics;
+use crate::plan;
 use crate::shared::{Settings, Shared};
+use crate::webhook::admit::{Admission, Mode};
+use crate::webhook::certs::{self, Issuing};
+use crate::webhook::server::{self, ServingCertificate};
+use crate::webhook::{self, CertificateSource};
 
 pub const PROGRAM: &str = "termination-controller";
 
-/// Runs the controller until `stop` is cancelled.
-pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
-    start(args, stop).await?.wait().await
+/// Runs the controller until `stop` is cancelled, or the subcommand given.
+pub async fn run(mut args: Args, stop: CancellationToken) -> Result<()> {
+    match args.command.take() {
+        Some(Command::Plan(plan)) => print_plan(plan).await,
+        None => Box::pin(start(args, stop)).await?.wait().await,
+    }
+}
+
+async fn print_plan(args: PlanArgs) -> Result<()> {
+    let client = client::client(&args.kube, PROGRAM)
+        .await
+        .context("build the Kubernetes client")?;
+    let cluster = plan::gather(&client, &args.node).await?;
+    let plan = plan::plan(&cluster, jiff::Timestamp::now());
+    let text = match args.output {
+        PlanFormat::Table => plan.table(),
+        PlanFormat::Json => serde_json::to_string_pretty(&plan)? + "\n",
+    };
+    std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes())
+        .context("write the plan to stdout")
+}
+
+/// The webhook's settings, checked.
+fn webhook_settings(
+    args: WebhookArgs,
+) -> Result<Option<(std::net::SocketAddr, Mode, CertificateSource)>> {
+    let WebhookArgs {
+        webhook_listen,
+        webhook_mode,
+        webhook_secret,
+        webhook_secret_namespace,
+        webhook_issue_certificates,
+        webhook_dns_names,
+        webhook_cert_validity,
+        webhook_configurations,
+    } = args;
+    let Some(listen) = webhook_listen else {
+        return Ok(None);
+    };
+    let Some(secret) = webhook_secret else {
+        bail!(
+            "--webhook-listen needs --webhook-secret: the Secret (in --webhook-secret-namespace) \
+             that holds the serving certificate"
+        );
+    };
+    let issuing = if webhook_issue_certificates {
+        if webhook_dns_names.iter().all(|name| name.trim().is_empty()) {
+            bail!(
+                "--webhook-issue-certificates needs --webhook-dns-names: the names the API server \
+                 calls the webhook by (the Service's <name>.<namespace>.svc)"
+            );
+        }
+        if webhook_cert_validity < certs::MIN_VALIDITY {
+            bail!(
+                "--webhook-cert-validity must be at least {:?}, got {webhook_cert_validity:?}",
+                certs::MIN_VALIDITY
+            );
+        }
+        Some(Issuing {
+            dns_names: webhook_dns_names,
+            validity: webhook_cert_validity,
+            configurations: webhook_configurations,
+        })
+    } else {
+        None
+    };
+    Ok(Some((
+        listen,
+        webhook_mode,
+        CertificateSource {
+            secret,
+            namespace: webhook_secret_namespace,
+            issuing,
+        },
+    )))
 }
 
 fn trim_node(node: &mut Node) {
@@ -71,6 +148,7 @@ fn trim_ndb(budget: &mut NodeDisruptionBudget) {
 pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow::Error>> {
     // Every option is used here: a new flag that nothing reads does not compile.
     let Args {
+        command: _,
         common: CommonArgs {
             kube,
             log: _,
@@ -87,7 +165,9 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         drain_timeout,
         volume_detach_timeout,
         not_ready_timeout,
+        webhook,
     } = args;
+    let webhook = webhook_settings(webhook)?;
     if !(eviction_qps.is_finite() && eviction_qps > 0.0) {
         bail!(
             "--eviction-qps must be a positive number of requests per second, got {eviction_qps}"
@@ -125,6 +205,22 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
     let metrics = Metrics::register(&mut registry);
     let readiness = Readiness::new();
     let synced = readiness.gate("caches-synced");
+    // Bound now, so a port in use fails the start rather than the first review.
+    let webhook = match webhook {
+        Some((listen, mode, source)) => {
+            let listener = server::bind(listen)
+                .await
+                .with_context(|| format!("listen on --webhook-listen {listen}"))?;
+            tracing::info!(address = %listener.local_addr()?, mode = mode.as_str(), "webhook listening");
+            Some((
+                listener,
+                mode,
+                source,
+                readiness.gate("webhook-certificate"),
+            ))
+        }
+        None => None,
+    };
     let started = program::start(admin.admin_listen, registry, readiness, async move {
         let client = client::client(&kube, PROGRAM)
             .await
@@ -185,6 +281,27 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
             }
         }
         synced.set(true);
+        let budgets = Budgets {
+            api: Api::all(client.clone()),
+            cache: ndbs,
+            nodes,
+        };
+        let webhook = webhook.map(|(listener, mode, source, loaded)| {
+            let admission = Arc::new(Admission {
+                mode,
+                settings: settings.clone(),
+                budgets: budgets.clone(),
+                metrics: metrics.clone(),
+            });
+            serve_webhook(
+                client.clone(),
+                listener,
+                admission,
+                source,
+                loaded,
+                stop.clone(),
+            )
+        });
         let controller = Controller {
             shared: Arc::new(Shared {
                 client: client.clone(),
@@ -193,25 +310,50 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
                 reporter,
                 metrics,
                 settings,
-                budgets: Budgets {
-                    api: Api::all(client.clone()),
-                    cache: ndbs,
-                    nodes,
-                },
+                budgets,
                 pdbs,
                 attachments,
                 provider,
             }),
             dirty,
         };
-        let result = run_elected(client, election.as_ref(), &stop, |acting| {
+        let elected = run_elected(client, election.as_ref(), &stop, |acting| {
             controller.run(acting)
-        })
-        .await
-        .context("leader election");
+        });
+        let result = match webhook {
+            None => elected.await.context("leader election"),
+            Some(webhook) => tokio::select! {
+                result = elected => result.context("leader election"),
+                result = webhook => result.context("webhook"),
+            },
+        };
         drop(controller);
         flushed.wait().await;
         result
     });
-    started.await.context("start the admin server")
+    Box::pin(started).await.context("start the admin server")
+}
+
+/// Serves the webhook once its certificate is loaded, keeping the certificate current.
+async fn serve_webhook(
+    client: kube::Client,
+    listener: tokio::net::TcpListener,
+    admission: Arc<Admission>,
+    source: CertificateSource,
+    loaded: ReadinessGate,
+    stop: CancellationToken,
+) -> Result<()> {
+    let serving = Arc::new(ServingCertificate::default());
+    let keeping = webhook::keep_certificate(client, source, Arc::clone(&serving), stop.clone());
+    let serve = async {
+        // Until the first certificate arrives there is nothing to present, and the admin
+        // server says not ready.
+        serving.wait_loaded().await;
+        loaded.set(true);
+        server::serve(listener, Arc::clone(&serving), admission, stop).await
+    };
+    tokio::select! {
+        result = keeping => result,
+        result = serve => result.context("serve the webhook"),
+    }
 }

@@ -1,11 +1,14 @@
 //! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see `nodegrace_core::cli`).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use nodegrace_core::cli::{CommonArgs, InstanceArgs, LeaderArgs, duration_flag, ports};
+use nodegrace_core::cli::{CommonArgs, InstanceArgs, KubeArgs, LeaderArgs, duration_flag, ports};
 use nodegrace_core::k8s::selectors::parse_selector;
+
+use crate::webhook::admit::Mode;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -16,8 +19,11 @@ use nodegrace_core::k8s::selectors::parse_selector;
              NodeDisruptionBudgets, and its machine terminated",
     mut_arg("api_qps", |arg| arg.default_value("50")),
     mut_arg("api_burst", |arg| arg.default_value("100")),
+    args_conflicts_with_subcommands = true,
 )]
 pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
     #[command(flatten)]
     pub common: CommonArgs<{ ports::TERMINATION_CONTROLLER }>,
     #[command(flatten)]
@@ -56,4 +62,74 @@ pub struct Args {
     /// its termination. Off when unset.
     #[arg(long, env = "NODEGRACE_NOT_READY_TIMEOUT", value_parser = duration_flag)]
     pub not_ready_timeout: Option<Duration>,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+/// The admission webhook (HTTPS), served by every replica.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WebhookArgs {
+    /// Serve the admission webhook on this address, e.g. 0.0.0.0:9443 (paths /validate-node
+    /// for DELETE, /mutate-node for CREATE). Off when unset.
+    #[arg(long, env = "NODEGRACE_WEBHOOK_LISTEN")]
+    pub webhook_listen: Option<SocketAddr>,
+    /// What a node DELETE the NodeDisruptionBudgets do not allow now gets: queue admits it
+    /// (with a warning) and the node waits for its grant; deny refuses it.
+    #[arg(long, env = "NODEGRACE_WEBHOOK_MODE", value_enum, default_value_t = Mode::Queue)]
+    pub webhook_mode: Mode,
+    /// The Secret holding the serving certificate (tls.crt, tls.key); needed with
+    /// --webhook-listen.
+    #[arg(long, env = "NODEGRACE_WEBHOOK_SECRET")]
+    pub webhook_secret: Option<String>,
+    /// Namespace of --webhook-secret; in a pod, the pod's namespace.
+    #[arg(
+        long,
+        env = "NODEGRACE_WEBHOOK_SECRET_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub webhook_secret_namespace: String,
+    /// Issue the certificate into --webhook-secret, rotate it before it expires, and set the
+    /// caBundle of --webhook-configurations. Off: something else (cert-manager) writes the
+    /// Secret and the caBundle.
+    #[arg(long, env = "NODEGRACE_WEBHOOK_ISSUE_CERTIFICATES", default_value_t = false, action = clap::ArgAction::Set)]
+    pub webhook_issue_certificates: bool,
+    /// Names an issued certificate is valid for, comma-separated: the Service's DNS names
+    /// (svc.namespace.svc), or IP addresses.
+    #[arg(long, env = "NODEGRACE_WEBHOOK_DNS_NAMES", value_delimiter = ',')]
+    pub webhook_dns_names: Vec<String>,
+    /// How long an issued certificate is valid (a duration, at least 10s); the next one is
+    /// issued when a third is left.
+    #[arg(long, env = "NODEGRACE_WEBHOOK_CERT_VALIDITY", default_value = "2160h", value_parser = duration_flag)]
+    pub webhook_cert_validity: Duration,
+    /// The Validating- and MutatingWebhookConfigurations (by name, comma-separated) whose
+    /// caBundle is set to the issued CAs.
+    #[arg(long, env = "NODEGRACE_WEBHOOK_CONFIGURATIONS", value_delimiter = ',')]
+    pub webhook_configurations: Vec<String>,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Print what draining a node would do, changing nothing: its pods by tier, each pod's
+    /// PodDisruptionBudget queue and the budget's numbers, do-not-evict blockers, pods no
+    /// budget will ever let go, the NodeDisruptionBudget verdict, and an estimated minimum
+    /// drain time.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlanArgs {
+    /// The node to plan for.
+    #[arg(long)]
+    pub node: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = PlanFormat::Table)]
+    pub output: PlanFormat,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanFormat {
+    Table,
+    Json,
 }

@@ -32,20 +32,8 @@ pub fn budget_blocks(pdb: &PodDisruptionBudget) -> String {
         status.desired_healthy,
         status.expected_pods,
     );
-    let zero_unavailable = pdb
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.max_unavailable.as_ref())
-        .is_some_and(|max| {
-            matches!(max, IntOrString::Int(0)) || max == &IntOrString::String("0%".into())
-        });
-    if zero_unavailable {
-        return format!("{name} can never allow a disruption: maxUnavailable is 0");
-    }
-    if expected > 0 && desired >= expected {
-        return format!(
-            "{name} can never allow a disruption: it needs {desired} healthy of {expected} expected pods"
-        );
+    if let Some(never) = never_allows(pdb) {
+        return format!("{name} can never allow a disruption: {never}");
     }
     if healthy < desired {
         return format!(
@@ -59,6 +47,25 @@ pub fn budget_blocks(pdb: &PodDisruptionBudget) -> String {
         );
     }
     format!("{name} needs {desired} healthy and has {healthy}")
+}
+
+/// Why `pdb` can never allow a disruption, whatever its pods do: `maxUnavailable` 0, or it
+/// needs as many healthy pods as it expects. `None` when it can.
+pub fn never_allows(pdb: &PodDisruptionBudget) -> Option<String> {
+    let zero_unavailable = pdb
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.max_unavailable.as_ref())
+        .is_some_and(|max| {
+            matches!(max, IntOrString::Int(0)) || max == &IntOrString::String("0%".into())
+        });
+    if zero_unavailable {
+        return Some("maxUnavailable is 0".to_owned());
+    }
+    let status = pdb.status.as_ref()?;
+    let (desired, expected) = (status.desired_healthy, status.expected_pods);
+    (expected > 0 && desired >= expected)
+        .then(|| format!("it needs {desired} healthy of {expected} expected pods"))
 }
 
 /// Groups `(pod, reason)` pairs into at most [`MAX_LINES`] lines, one per reason.

@@ -87,14 +87,7 @@ impl Budgets {
     /// The budgets covering `node`, by name: grants are taken in this order, so two nodes
     /// covered by the same two budgets never hold one each while waiting for the other.
     pub fn covering(&self, node: &NodeFacts<'_>) -> Vec<Arc<NodeDisruptionBudget>> {
-        let mut covering: Vec<_> = self
-            .cache
-            .state()
-            .into_iter()
-            .filter(|budget| covers(budget, node))
-            .collect();
-        covering.sort_by(|a, b| a.name().cmp(b.name()));
-        covering
+        covering(&self.cache.state(), node)
     }
 
     /// Takes the grants `node` still lacks, in name order, stopping at the first budget that
@@ -116,6 +109,37 @@ impl Budgets {
         Ok(Verdict::Granted { budgets })
     }
 
+    /// The verdict [`Budgets::acquire`] would reach now, taking nothing (dry runs, plans).
+    pub fn verdict(&self, node: &Node) -> Verdict {
+        verdict(&self.cache.state(), &self.nodes.state(), node)
+    }
+
+    /// Gives back `node`'s grants from `budgets` (an admission that took some but was then
+    /// refused by another budget). Best effort: an unused grant also expires by itself.
+    pub async fn release(&self, node: &str, budgets: &[String]) -> Result<(), kube::Error> {
+        for name in budgets {
+            for _ in 0..CONFLICT_RETRIES {
+                let mut budget = self.api.get_status(name).await?;
+                let Some(status) = budget.status.as_mut() else {
+                    break;
+                };
+                if status.disrupted_nodes.remove(node).is_none() {
+                    break;
+                }
+                match self
+                    .api
+                    .replace_status(name, &PostParams::default(), &budget)
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(error) if status_code(&error) == Some(409) => {}
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn grant(
         &self,
         cached: &NodeDisruptionBudget,
@@ -123,17 +147,12 @@ impl Budgets {
     ) -> Result<Option<Refusal>, kube::Error> {
         let mut budget = cached.clone();
         for _ in 0..CONFLICT_RETRIES {
+            let nodes = self.nodes.state();
+            if let Some(refusal) = refusal(&budget, node, &nodes) {
+                return Ok(Some(refusal));
+            }
             if budget.has_granted(node.name) {
                 return Ok(None);
-            }
-            let limit = match Limit::of(&budget.spec) {
-                Ok(limit) => limit,
-                Err(error) => return Ok(Some(Refusal::Invalid(error))),
-            };
-            let nodes = self.nodes.state();
-            let numbers = budget_numbers(&budget, limit, &nodes);
-            if !may_grant(numbers, node) {
-                return Ok(Some(Refusal::Exhausted(numbers)));
             }
             let mut status = budget.status.clone().unwrap_or_default();
             status
@@ -164,6 +183,53 @@ impl Budgets {
             .with_code(409),
         )))
     }
+}
+
+/// The verdict of `budgets` for `node`, over `nodes`, taking nothing.
+pub fn verdict(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<Node>], node: &Node) -> Verdict {
+    let facts = facts(node);
+    let mut granted = Vec::new();
+    for budget in covering(budgets, &facts) {
+        if let Some(refusal) = refusal(&budget, &facts, nodes) {
+            return Verdict::Waiting {
+                budget: budget.name().to_owned(),
+                refusal,
+            };
+        }
+        granted.push(budget.name().to_owned());
+    }
+    Verdict::Granted { budgets: granted }
+}
+
+/// The budgets covering `node`, by name (the order grants are taken in).
+fn covering(
+    budgets: &[Arc<NodeDisruptionBudget>],
+    node: &NodeFacts<'_>,
+) -> Vec<Arc<NodeDisruptionBudget>> {
+    let mut covering: Vec<_> = budgets
+        .iter()
+        .filter(|budget| covers(budget, node))
+        .cloned()
+        .collect();
+    covering.sort_by(|a, b| a.name().cmp(b.name()));
+    covering
+}
+
+/// Why `budget` would not grant `node` now; `None` when it has or would.
+fn refusal(
+    budget: &NodeDisruptionBudget,
+    node: &NodeFacts<'_>,
+    nodes: &[Arc<Node>],
+) -> Option<Refusal> {
+    if budget.has_granted(node.name) {
+        return None;
+    }
+    let limit = match Limit::of(&budget.spec) {
+        Ok(limit) => limit,
+        Err(error) => return Some(Refusal::Invalid(error)),
+    };
+    let numbers = budget_numbers(budget, limit, nodes);
+    (!may_grant(numbers, node)).then_some(Refusal::Exhausted(numbers))
 }
 
 fn budget_numbers(budget: &NodeDisruptionBudget, limit: Limit, nodes: &[Arc<Node>]) -> Numbers {

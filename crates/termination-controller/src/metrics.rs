@@ -36,6 +36,13 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    pub operation: &'static str,
+    /// `allowed`, `queued` (admitted with a warning) or `denied`.
+    pub verdict: &'static str,
+}
+
 #[derive(Debug, Clone)]
 pub struct Metrics {
     pub eviction_requests: Family<CodeLabel, Counter>,
@@ -47,6 +54,8 @@ pub struct Metrics {
     pub ndb_disruptions_allowed: Family<NdbLabel, Gauge>,
     pub nodes_terminating: Gauge,
     pub errors: Family<KindLabel, Counter>,
+    pub webhook_reviews: Family<ReviewLabels, Counter>,
+    pub webhook_duration: Histogram,
 }
 
 impl Default for Metrics {
@@ -62,6 +71,9 @@ impl Default for Metrics {
             ndb_disruptions_allowed: Family::default(),
             nodes_terminating: Gauge::default(),
             errors: Family::default(),
+            webhook_reviews: Family::default(),
+            // 0.5 ms … ~2 s
+            webhook_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 13)),
         }
     }
 }
@@ -114,7 +126,23 @@ impl Metrics {
             "Failed API or provider calls, by kind (retried with backoff)",
             metrics.errors.clone(),
         );
+        registry.register(
+            "webhook_reviews",
+            "Admission reviews answered, by operation and verdict",
+            metrics.webhook_reviews.clone(),
+        );
+        registry.register(
+            "webhook_review_duration_seconds",
+            "Time to answer one admission review, from its first byte read",
+            metrics.webhook_duration.clone(),
+        );
         metrics
+    }
+
+    pub fn webhook_review(&self, operation: &'static str, verdict: &'static str) {
+        self.webhook_reviews
+            .get_or_create(&ReviewLabels { operation, verdict })
+            .inc();
     }
 
     pub fn error(&self, kind: &'static str) {

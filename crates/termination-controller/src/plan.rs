@@ -1,0 +1,474 @@
+//! `termination-controller plan --node X`: what draining a node would do, read from the cluster
+//! and changing nothing. It uses the drain's own rules (tiers, do-not-evict, per-PDB queues,
+//! NodeDisruptionBudget grants), so what it prints is what the controller does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::ListParams;
+use kube::{Api, Client};
+use nodegrace_core::k8s::api_errors::status_code;
+use nodegrace_core::k8s::selectors::pdbs_for_pod;
+use serde::Serialize;
+
+use crate::api::{FINALIZER, NodeDisruptionBudget};
+use crate::explain::never_allows;
+use crate::grants::{Verdict, verdict};
+use crate::queues::QueueKey;
+use crate::tiers::{Disposition, Skip, Tier, disposition};
+
+/// Everything a plan is made from.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub node: Node,
+    pub pods_on_node: Vec<Pod>,
+    /// Pods of the namespaces the node's pods are in: a budget's other pods tell how long a
+    /// replacement takes to become Ready.
+    pub namespace_pods: Vec<Pod>,
+    pub pdbs: Vec<PodDisruptionBudget>,
+    pub ndbs: Vec<Arc<NodeDisruptionBudget>>,
+    pub nodes: Vec<Arc<Node>>,
+}
+
+/// Reads what a plan for `node` needs.
+pub async fn gather(client: &Client, node: &str) -> anyhow::Result<Cluster> {
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let Some(found) = nodes_api
+        .get_opt(node)
+        .await
+        .with_context(|| format!("read node {node}"))?
+    else {
+        anyhow::bail!("node {node} not found (kubectl get nodes lists them)");
+    };
+    let pods_on_node = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .context("list the node's pods")?
+        .items;
+    let namespaces: BTreeSet<String> = pods_on_node
+        .iter()
+        .filter_map(|pod| pod.metadata.namespace.clone())
+        .collect();
+    let mut namespace_pods = Vec::new();
+    for namespace in namespaces {
+        namespace_pods.extend(
+            Api::<Pod>::namespaced(client.clone(), &namespace)
+                .list(&ListParams::default())
+                .await
+                .with_context(|| format!("list the pods of namespace {namespace}"))?
+                .items,
+        );
+    }
+    let pdbs = Api::<PodDisruptionBudget>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("list PodDisruptionBudgets")?
+        .items;
+    let ndbs = match Api::<NodeDisruptionBudget>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => list.items.into_iter().map(Arc::new).collect(),
+        // The CRD is not installed: no NodeDisruptionBudgets.
+        Err(error) if status_code(&error) == Some(404) => Vec::new(),
+        Err(error) => return Err(error).context("list NodeDisruptionBudgets"),
+    };
+    let nodes = nodes_api
+        .list(&ListParams::default())
+        .await
+        .context("list nodes")?
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    Ok(Cluster {
+        node: found,
+        pods_on_node,
+        namespace_pods,
+        pdbs,
+        ndbs,
+        nodes,
+    })
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    pub node: String,
+    /// Whether the node carries the controller's finalizer (without it, a deletion is not
+    /// held and nothing below happens).
+    pub held_by_finalizer: bool,
+    pub node_disruption_budgets: NdbVerdict,
+    /// Pods with `nodegrace.io/do-not-evict`: no eviction starts while one is there.
+    pub blockers: Vec<Blocker>,
+    pub tiers: Vec<PlannedTier>,
+    /// Pods no budget will ever let go, and why: the drain waits on them forever (or until
+    /// `--drain-timeout`).
+    pub never_evictable: Vec<Stuck>,
+    /// Pods the drain leaves alone, and why.
+    pub left_alone: Vec<Stuck>,
+    pub estimate: Estimate,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NdbVerdict {
+    pub granted: bool,
+    /// The budgets covering the node (granted ones, or up to the one it waits on).
+    pub budgets: Vec<String>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Blocker {
+    pub pod: String,
+    /// When the protection ends; `None`: never (until the pod goes).
+    pub until: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedTier {
+    pub tier: &'static str,
+    pub pods: Vec<PlannedPod>,
+    /// Minimum seconds this tier takes, from its slowest budget chain; `None`: never ends.
+    pub min_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedPod {
+    pub pod: String,
+    /// The eviction queue: `namespace/pdb`, or `none` (evicted in parallel).
+    pub queue: String,
+    pub budget: Option<BudgetNumbers>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetNumbers {
+    pub current_healthy: i32,
+    pub desired_healthy: i32,
+    pub expected_pods: i32,
+    pub disruptions_allowed: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stuck {
+    pub pod: String,
+    pub why: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Estimate {
+    /// The least time the evictions take; `None` when a pod can never go.
+    pub min_drain_seconds: Option<f64>,
+    pub basis: String,
+}
+
+fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// How long one of `pdb`'s pods took from start to Ready: the median over its Ready pods.
+fn startup(pdb: &PodDisruptionBudget, pods: &[Pod]) -> Option<Duration> {
+    let mut spans: Vec<Duration> = pdbs_for_pod_filter(pdb, pods)
+        .filter_map(|pod| {
+            let status = pod.status.as_ref()?;
+            let started = status.start_time.as_ref()?.0;
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .find(|condition| condition.type_ == "Ready" && condition.status == "True")?;
+            let at = ready.last_transition_time.as_ref()?.0;
+            Duration::try_from(at.duration_since(started)).ok()
+        })
+        .collect();
+    spans.sort();
+    spans.get(spans.len() / 2).copied()
+}
+
+fn pdbs_for_pod_filter<'a>(
+    pdb: &'a PodDisruptionBudget,
+    pods: &'a [Pod],
+) -> impl Iterator<Item = &'a Pod> {
+    pods.iter()
+        .filter(move |pod| !pdbs_for_pod(pod, std::iter::once(pdb)).is_empty())
+}
+
+/// The plan for `cluster.node` at `now`.
+pub fn plan(cluster: &Cluster, now: Timestamp) -> Plan {
+    let node_name = cluster.node.metadata.name.clone().unwrap_or_default();
+    let held_by_finalizer = cluster
+        .node
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|finalizer| finalizer == FINALIZER);
+    let node_disruption_budgets = match verdict(&cluster.ndbs, &cluster.nodes, &cluster.node) {
+        Verdict::Granted { budgets } if budgets.is_empty() => NdbVerdict {
+            granted: true,
+            budgets,
+            message: "no NodeDisruptionBudget covers this node".to_owned(),
+        },
+        Verdict::Granted { budgets } => NdbVerdict {
+            granted: true,
+            message: format!("allowed now by {}", budgets.join(", ")),
+            budgets,
+        },
+        Verdict::Waiting { budget, refusal } => NdbVerdict {
+            granted: false,
+            message: format!("waits for NodeDisruptionBudget {budget}: {refusal}"),
+            budgets: vec![budget],
+        },
+    };
+    let mut blockers = Vec::new();
+    let mut left_alone = Vec::new();
+    let mut never_evictable = Vec::new();
+    let mut by_tier: BTreeMap<Tier, Vec<&Pod>> = BTreeMap::new();
+    let mut pods: Vec<&Pod> = cluster.pods_on_node.iter().collect();
+    pods.sort_by_key(|pod| pod_name(pod));
+    for pod in pods {
+        match disposition(pod, now) {
+            Disposition::Skip(skip) => left_alone.push(Stuck {
+                pod: pod_name(pod),
+                why: match skip {
+                    Skip::Mirror => "a static pod's mirror: it goes with the machine",
+                    Skip::Terminal => "already finished",
+                    Skip::ToleratesDisruption => {
+                        "tolerates nodegrace.io/disrupted: it goes with the machine"
+                    }
+                }
+                .to_owned(),
+            }),
+            Disposition::DoNotEvict { until } => blockers.push(Blocker {
+                pod: pod_name(pod),
+                until: until.map(|until| until.to_string()),
+            }),
+            Disposition::Evict(tier) => by_tier.entry(tier).or_default().push(pod),
+        }
+    }
+    let mut tiers = Vec::new();
+    let mut total = Some(0.0);
+    let mut unmeasured = BTreeSet::new();
+    for (tier, pods) in by_tier {
+        // Per queue: the pods of this node in it, and its budget.
+        let mut queues: BTreeMap<QueueKey, (usize, Option<&PodDisruptionBudget>)> = BTreeMap::new();
+        let mut planned = Vec::new();
+        for pod in pods {
+            let covering = pdbs_for_pod(pod, &cluster.pdbs);
+            let key = QueueKey::of(pod, &covering);
+            let pdb = (covering.len() == 1).then(|| covering[0]);
+            let never = match covering.as_slice() {
+                [] => None,
+                [pdb] => never_allows(pdb).map(|why| {
+                    format!(
+                        "PDB {}/{} can never allow a disruption: {why}",
+                        pdb.metadata.namespace.as_deref().unwrap_or_default(),
+                        pdb.metadata.name.as_deref().unwrap_or_default()
+                    )
+                }),
+                several => Some(format!(
+                    "{} PodDisruptionBudgets cover it ({}); the Eviction API refuses such pods",
+                    several.len(),
+                    key.label()
+                )),
+            };
+            if let Some(why) = never {
+                never_evictable.push(Stuck {
+                    pod: pod_name(pod),
+                    why,
+                });
+            }
+            planned.push(PlannedPod {
+                pod: pod_name(pod),
+                queue: key.label(),
+                budget: pdb
+                    .and_then(|pdb| pdb.status.as_ref())
+                    .map(|status| BudgetNumbers {
+                        current_healthy: status.current_healthy,
+                        desired_healthy: status.desired_healthy,
+                        expected_pods: status.expected_pods,
+                        disruptions_allowed: status.disruptions_allowed,
+                    }),
+            });
+            queues.entry(key).or_insert((0, pdb)).0 += 1;
+        }
+        let stuck: BTreeSet<&str> = never_evictable.iter().map(|s| s.pod.as_str()).collect();
+        let min_seconds = if planned.iter().any(|pod| stuck.contains(pod.pod.as_str())) {
+            None
+        } else {
+            let mut slowest: f64 = 0.0;
+            for (key, (count, pdb)) in &queues {
+                let Some(pdb) = pdb else { continue };
+                let allowed = pdb.status.as_ref().map_or(0, |s| s.disruptions_allowed);
+                let beyond = count.saturating_sub(usize::try_from(allowed).unwrap_or(0));
+                if beyond == 0 {
+                    continue;
+                }
+                let seconds = if let Some(span) = startup(pdb, &cluster.namespace_pods) {
+                    span.as_secs_f64()
+                } else {
+                    unmeasured.insert(key.label());
+                    0.0
+                };
+                slowest = slowest.max(beyond as f64 * seconds);
+            }
+            Some(slowest)
+        };
+        total = total.zip(min_seconds).map(|(sum, tier)| sum + tier);
+        tiers.push(PlannedTier {
+            tier: tier.label(),
+            pods: planned,
+            min_seconds,
+        });
+    }
+    let mut basis = "tiers one after another; in each, budgets in parallel, each eviction past \
+                     a budget's allowance waiting for one replacement to become Ready (its pods' \
+                     median start-to-Ready time)"
+        .to_owned();
+    if !unmeasured.is_empty() {
+        let _ = write!(
+            basis,
+            "; no Ready pod to measure for {}, counted as 0 s",
+            unmeasured.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+    if !blockers.is_empty() {
+        basis.push_str("; not before the do-not-evict pods are gone");
+    }
+    if !node_disruption_budgets.granted {
+        basis.push_str("; not before the NodeDisruptionBudgets grant the node");
+    }
+    Plan {
+        node: node_name,
+        held_by_finalizer,
+        node_disruption_budgets,
+        blockers,
+        tiers,
+        never_evictable,
+        left_alone,
+        estimate: Estimate {
+            min_drain_seconds: total,
+            basis,
+        },
+    }
+}
+
+impl Plan {
+    /// The human table `plan` prints by default.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let yes_no = if self.held_by_finalizer { "yes" } else { "no" };
+        let _ = writeln!(out, "Node:                    {}", self.node);
+        let _ = writeln!(out, "Held by {FINALIZER}: {yes_no}");
+        let _ = writeln!(
+            out,
+            "NodeDisruptionBudgets:   {}",
+            self.node_disruption_budgets.message
+        );
+        if self.blockers.is_empty() {
+            let _ = writeln!(out, "Do-not-evict blockers:   none");
+        } else {
+            let _ = writeln!(
+                out,
+                "Do-not-evict blockers:   (no eviction starts while one is there)"
+            );
+            for blocker in &self.blockers {
+                let until = blocker.until.as_deref().unwrap_or("until it is gone");
+                let _ = writeln!(out, "  {}  {until}", blocker.pod);
+            }
+        }
+        let _ = writeln!(out);
+        let rows: Vec<[String; 5]> = self
+            .tiers
+            .iter()
+            .enumerate()
+            .flat_map(|(index, tier)| {
+                tier.pods.iter().map(move |pod| {
+                    let numbers = pod.budget.as_ref().map_or_else(
+                        || "-".to_owned(),
+                        |b| {
+                            format!(
+                                "{}/{}/{}",
+                                b.current_healthy, b.desired_healthy, b.expected_pods
+                            )
+                        },
+                    );
+                    let allowed = pod
+                        .budget
+                        .as_ref()
+                        .map_or_else(|| "-".to_owned(), |b| b.disruptions_allowed.to_string());
+                    [
+                        format!("{} {}", index + 1, tier.tier),
+                        pod.pod.clone(),
+                        pod.queue.clone(),
+                        numbers,
+                        allowed,
+                    ]
+                })
+            })
+            .collect();
+        let header = [
+            "TIER".to_owned(),
+            "POD".to_owned(),
+            "QUEUE (PDB)".to_owned(),
+            "HEALTHY/DESIRED/EXPECTED".to_owned(),
+            "ALLOWED".to_owned(),
+        ];
+        let mut widths = header.clone().map(|cell| cell.chars().count());
+        for row in &rows {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        if rows.is_empty() {
+            let _ = writeln!(out, "No pods to evict.");
+        } else {
+            for row in std::iter::once(&header).chain(&rows) {
+                let line: Vec<String> = row
+                    .iter()
+                    .zip(widths)
+                    .map(|(cell, width)| format!("{cell:<width$}"))
+                    .collect();
+                let _ = writeln!(out, "{}", line.join("  ").trim_end());
+            }
+        }
+        for (title, list) in [
+            ("Never evictable", &self.never_evictable),
+            ("Left alone", &self.left_alone),
+        ] {
+            if !list.is_empty() {
+                let _ = writeln!(out, "\n{title}:");
+                for stuck in list {
+                    let _ = writeln!(out, "  {}: {}", stuck.pod, stuck.why);
+                }
+            }
+        }
+        let estimate = self
+            .estimate
+            .min_drain_seconds
+            .map_or_else(|| "never (see above)".to_owned(), |s| format!("{s:.1}s"));
+        let _ = writeln!(
+            out,
+            "\nEstimated minimum drain time: {estimate}\n  ({})",
+            self.estimate.basis
+        );
+        out
+    }
+}
