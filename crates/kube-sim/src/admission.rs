@@ -68,13 +68,23 @@ pub fn any_registered(store: &Store) -> bool {
     })
 }
 
+/// What admission made of a write: the object as mutated, and the webhooks' warnings for
+/// the client (`Warning` headers).
+#[derive(Debug)]
+pub struct Admitted {
+    pub object: Value,
+    pub warnings: Vec<String>,
+}
+
 /// Runs the mutating webhooks, then the validating ones, on `object` (the new state; the old
-/// one for DELETE). Returns the object as mutated.
+/// one for DELETE). A denial keeps the warnings gathered before it, as the API server sends
+/// them with the error.
 pub async fn admit(
     store: &Store,
     request: &Request<'_>,
     mut object: Value,
-) -> Result<Value, ApiError> {
+) -> Result<Admitted, (ApiError, Vec<String>)> {
+    let mut warnings = Vec::new();
     for (plural, mutating) in [
         ("mutatingwebhookconfigurations", true),
         ("validatingwebhookconfigurations", false),
@@ -86,44 +96,86 @@ pub async fn admit(
                 }
                 let name = webhook["name"].as_str().unwrap_or_default();
                 let ignore = webhook["failurePolicy"].as_str() == Some("Ignore");
-                match call(webhook, request, &object).await {
+                match call(webhook, request, &object, mutating).await {
                     Ok(response) => {
+                        warnings.extend(
+                            response["warnings"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .filter_map(Value::as_str)
+                                .map(str::to_owned),
+                        );
                         if response["allowed"] != true {
-                            let result = &response["status"];
-                            let message = result["message"].as_str().unwrap_or_default();
-                            let code = result["code"]
-                                .as_u64()
-                                .and_then(|c| u16::try_from(c).ok())
-                                .filter(|c| *c >= 400)
-                                .unwrap_or(400);
-                            return Err(ApiError {
-                                code,
-                                reason: if code == 403 {
-                                    "Forbidden"
-                                } else {
-                                    "BadRequest"
-                                },
-                                message: format!(
-                                    "admission webhook \"{name}\" denied the request: {message}"
-                                ),
-                                details: None,
-                            });
+                            return Err((denied(name, &response["status"]), warnings));
                         }
                         if mutating && let Some(patch) = response["patch"].as_str() {
-                            object = apply_patch(name, &object, patch)?;
+                            object = apply_patch(name, &object, patch).map_err(|error| (error, warnings.clone()))?;
                         }
                     }
                     Err(_) if ignore => {}
                     Err(why) => {
-                        return Err(ApiError::internal(format!(
-                            "Internal error occurred: failed calling webhook \"{name}\": {why}"
-                        )));
+                        return Err((
+                            ApiError::internal(format!(
+                                "Internal error occurred: failed calling webhook \"{name}\": {why}"
+                            )),
+                            warnings,
+                        ));
                     }
                 }
             }
         }
     }
-    Ok(object)
+    Ok(Admitted { object, warnings })
+}
+
+/// A denial as the API server's `ToStatusErr` reports it: the code (400 when below 400), the
+/// webhook's reason, and its message (or reason) after "denied the request".
+fn denied(name: &str, status: &Value) -> ApiError {
+    const REASONS: [&str; 18] = [
+        "Unauthorized",
+        "Forbidden",
+        "NotFound",
+        "AlreadyExists",
+        "Conflict",
+        "Gone",
+        "Invalid",
+        "ServerTimeout",
+        "Timeout",
+        "TooManyRequests",
+        "BadRequest",
+        "MethodNotAllowed",
+        "NotAcceptable",
+        "RequestEntityTooLarge",
+        "UnsupportedMediaType",
+        "InternalError",
+        "Expired",
+        "ServiceUnavailable",
+    ];
+    let code = status["code"]
+        .as_u64()
+        .and_then(|c| u16::try_from(c).ok())
+        .filter(|c| *c >= 400)
+        .unwrap_or(400);
+    let given_reason = status["reason"].as_str().unwrap_or_default();
+    let message = status["message"].as_str().unwrap_or_default();
+    let denied_by = format!("admission webhook \"{name}\" denied the request");
+    let message = if !message.is_empty() {
+        format!("{denied_by}: {message}")
+    } else if !given_reason.is_empty() {
+        format!("{denied_by}: {given_reason}")
+    } else {
+        format!("{denied_by} without explanation")
+    };
+    ApiError {
+        code,
+        reason: REASONS
+            .into_iter()
+            .find(|reason| *reason == given_reason)
+            .unwrap_or(if given_reason.is_empty() { "" } else { "BadRequest" }),
+        message,
+        details: None,
+    }
 }
 
 fn apply_patch(webhook: &str, object: &Value, encoded: &str) -> Result<Value, ApiError> {
@@ -202,7 +254,12 @@ fn applies(store: &Store, webhook: &Value, request: &Request<'_>, object: &Value
     true
 }
 
-async fn call(webhook: &Value, request: &Request<'_>, object: &Value) -> Result<Value, String> {
+async fn call(
+    webhook: &Value,
+    request: &Request<'_>,
+    object: &Value,
+    mutating: bool,
+) -> Result<Value, String> {
     let url = webhook["clientConfig"]["url"]
         .as_str()
         .ok_or("only clientConfig.url is supported by kube-sim (no Service routing)")?;
@@ -249,9 +306,40 @@ async fn call(webhook: &Value, request: &Request<'_>, object: &Value) -> Result<
     let response = tokio::time::timeout(timeout, post(url, ca, &review))
         .await
         .map_err(|_| format!("context deadline exceeded ({}s)", timeout.as_secs()))??;
+    // The checks of the API server's VerifyAdmissionResponse, in its words.
     let answer = &response["response"];
+    if answer.is_null() {
+        return Err("webhook response was absent".to_owned());
+    }
     if answer["uid"] != uid.as_str() {
-        return Err("the response uid does not match the request".to_owned());
+        return Err(format!(
+            "expected response.uid={uid:?}, got {}",
+            answer["uid"]
+        ));
+    }
+    let group_version_kind = (
+        response["apiVersion"].as_str().unwrap_or_default(),
+        response["kind"].as_str().unwrap_or_default(),
+    );
+    if group_version_kind != ("admission.k8s.io/v1", "AdmissionReview") {
+        return Err(format!(
+            "expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got {}, Kind={}",
+            group_version_kind.0, group_version_kind.1
+        ));
+    }
+    let has_patch = answer["patch"].as_str().is_some_and(|patch| !patch.is_empty());
+    let has_patch_type = !answer["patchType"].is_null();
+    if mutating {
+        if has_patch && !has_patch_type {
+            return Err("webhook returned response.patch but not response.patchType".to_owned());
+        }
+        if !has_patch && has_patch_type {
+            return Err("webhook returned response.patchType but not response.patch".to_owned());
+        }
+    } else if has_patch {
+        return Err("validating webhook may not return response.patch".to_owned());
+    } else if has_patch_type {
+        return Err("validating webhook may not return response.patchType".to_owned());
     }
     Ok(answer.clone())
 }

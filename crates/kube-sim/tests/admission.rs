@@ -57,6 +57,28 @@ async fn review(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Inf
         response["patch"] =
             json!(base64::engine::general_purpose::STANDARD.encode(patch.to_string()));
     }
+    // Answers the API server must check: warnings, a reason, and malformed responses.
+    match path.as_str() {
+        "/warn" => {
+            response["warnings"] = json!(["look \"out\"", "twice"]);
+            if object["metadata"]["labels"]["deny"] == "true" {
+                response["allowed"] = json!(false);
+                response["status"] = json!({"code": 200, "reason": "Forbidden"});
+            }
+        }
+        "/patch-without-type" => {
+            response["patch"] = json!(base64::engine::general_purpose::STANDARD.encode("[]"));
+        }
+        "/validate-with-patch" => {
+            response["patchType"] = json!("JSONPatch");
+            response["patch"] = json!(base64::engine::general_purpose::STANDARD.encode("[]"));
+        }
+        "/v1beta1" => {
+            let answer = json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "response": response});
+            return Ok(Response::new(Full::new(Bytes::from(answer.to_string()))));
+        }
+        _ => {}
+    }
     let answer = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response});
     Ok(Response::new(Full::new(Bytes::from(answer.to_string()))))
 }
@@ -371,5 +393,85 @@ async fn webhooks_admit_pod_evictions() -> Result<()> {
     pods.evict("free", &kube::api::EvictParams::default())
         .await?;
     ensure!(pods.get_opt("free").await?.is_none(), "free was evicted");
+    Ok(())
+}
+
+/// The API server's checks of a webhook's answer (VerifyAdmissionResponse) and what it passes
+/// on: warnings as `Warning` headers (also with a denial), the webhook's reason, a code of at
+/// least 400, and the message "without explanation".
+#[tokio::test]
+async fn webhook_answers_are_checked_and_their_warnings_passed_on() -> Result<()> {
+    let sim = KubeSim::start(SimOptions {
+        nodes: 0,
+        ..SimOptions::default()
+    })
+    .await?;
+    let (url, ca) = webhook_server().await?;
+    for (kind, plural, name, path) in [
+        ("ValidatingWebhookConfiguration", "validatingwebhookconfigurations", "warn", "/warn"),
+        ("MutatingWebhookConfiguration", "mutatingwebhookconfigurations", "untyped", "/patch-without-type"),
+        ("ValidatingWebhookConfiguration", "validatingwebhookconfigurations", "patching", "/validate-with-patch"),
+        ("ValidatingWebhookConfiguration", "validatingwebhookconfigurations", "beta", "/v1beta1"),
+    ] {
+        create_raw(
+            &sim,
+            plural,
+            &configuration(
+                kind,
+                name,
+                &format!("{url}{path}"),
+                &ca,
+                "Fail",
+                &json!({"matchLabels": {"probe": name}}),
+            ),
+        )
+        .await?;
+    }
+    let client = sim.client();
+    let post = |labels: Value| {
+        let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "m-", "labels": labels}});
+        http::Request::post("/api/v1/namespaces/default/configmaps")
+            .header("content-type", "application/json")
+            .body(body.to_string().into_bytes())
+    };
+    let warnings = |response: &http::Response<kube::client::Body>| -> Vec<String> {
+        response
+            .headers()
+            .get_all(http::header::WARNING)
+            .iter()
+            .filter_map(|value| value.to_str().ok().map(str::to_owned))
+            .collect()
+    };
+    let response = client.send(post(json!({"probe": "warn"}))?.map(Into::into)).await?;
+    ensure!(response.status() == 201, "{:?}", response.status());
+    ensure!(
+        warnings(&response) == [r#"299 - "look \"out\"""#, r#"299 - "twice""#],
+        "{:?}",
+        warnings(&response)
+    );
+    let response = client
+        .send(post(json!({"probe": "warn", "deny": "true"}))?.map(Into::into))
+        .await?;
+    ensure!(response.status() == 400, "a code below 400 becomes 400");
+    ensure!(warnings(&response).len() == 2, "warnings come with a denial");
+    let body = response.into_body().collect_bytes().await?;
+    let status: Value = serde_json::from_slice(&body)?;
+    ensure!(status["reason"] == "Forbidden", "{status}");
+    ensure!(
+        status["message"] == "admission webhook \"warn.nodegrace.io\" denied the request: Forbidden",
+        "{status}"
+    );
+    let maps: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    for (probe, expected) in [
+        ("untyped", "webhook returned response.patch but not response.patchType"),
+        ("patching", "validating webhook may not return response.patch"),
+        ("beta", "expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got admission.k8s.io/v1beta1"),
+    ] {
+        let error = maps
+            .create(&PostParams::default(), &map(probe, &json!({"probe": probe}))?)
+            .await
+            .unwrap_err();
+        ensure!(error.to_string().contains(expected), "{probe}: {error}");
+    }
     Ok(())
 }

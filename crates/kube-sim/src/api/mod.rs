@@ -135,13 +135,39 @@ async fn serve(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let (method, body, bookkeeping) = admitted(app, method, &target, query, headers, body).await?;
+    let (method, body, bookkeeping, warnings) =
+        match admitted(app, method, &target, query, headers, body).await {
+            Ok(admitted) => admitted,
+            Err(Refused { error, warnings }) => {
+                return Ok(warned(error_response(&error), &warnings));
+            }
+        };
     let writes_object = matches!(target, Target::Object { .. }) && method != Method::GET;
-    let response = dispatch(app, &method, target, query, headers, &body, bookkeeping)?;
+    let response = match dispatch(app, &method, target, query, headers, &body, bookkeeping) {
+        Ok(response) => response,
+        Err(error) => return Ok(warned(error_response(&error), &warnings)),
+    };
     if writes_object && render::Rendering::from_headers(headers) == render::Rendering::Metadata {
-        return Ok(metadata_only(response).await);
+        return Ok(warned(metadata_only(response).await, &warnings));
     }
-    Ok(response)
+    Ok(warned(response, &warnings))
+}
+
+/// Adds admission webhooks' warnings as `Warning: 299 - "text"` headers (what kubectl prints
+/// as `Warning: text`).
+fn warned(mut response: Response, warnings: &[String]) -> Response {
+    for warning in warnings {
+        let text: String = warning
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect::<String>()
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"");
+        if let Ok(value) = header::HeaderValue::from_str(&format!("299 - \"{text}\"")) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
+    response
 }
 
 /// A written object's answer, reduced to its metadata for a client that asked for that.
@@ -189,7 +215,7 @@ async fn admitted(
     query: &Query,
     headers: &HeaderMap,
     body: Bytes,
-) -> Result<(Method, Bytes, objects::Bookkeeping), ApiError> {
+) -> Result<(Method, Bytes, objects::Bookkeeping, Vec<String>), Refused> {
     use crate::admission::{Operation, Request, admit, any_registered};
     use objects::Bookkeeping::{AlreadyApplied, Record};
     let write = matches!(
@@ -197,7 +223,7 @@ async fn admitted(
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
     );
     if !write || !any_registered(&app.store) {
-        return Ok((method.clone(), body, Record));
+        return Ok((method.clone(), body, Record, Vec::new()));
     }
     let (kind, namespace, name, sub) = match target {
         Target::Collection { kind, namespace } if *method == Method::POST => {
@@ -214,13 +240,13 @@ async fn admitted(
             Some(name.as_str()),
             sub.as_deref(),
         ),
-        _ => return Ok((method.clone(), body, Record)),
+        _ => return Ok((method.clone(), body, Record, Vec::new())),
     };
     // A subresource write is admitted like any other; the eviction subresource's object is the
     // Eviction itself (policy/v1), created on the pod's `eviction` subresource.
     let eviction = sub == Some("eviction");
     if eviction && *method != Method::POST {
-        return Ok((method.clone(), body, Record));
+        return Ok((method.clone(), body, Record, Vec::new()));
     }
     let parse = |bytes: &Bytes| -> Result<Value, ApiError> {
         serde_json::from_slice(bytes)
@@ -263,7 +289,7 @@ async fn admitted(
                     crate::patch::apply(current, patch_type, &patch, kind.custom)?,
                 ),
                 // Server-side apply of something new is a create.
-                None => return Ok((method.clone(), body, Record)),
+                None => return Ok((method.clone(), body, Record, Vec::new())),
             }
         }
     };
@@ -287,14 +313,19 @@ async fn admitted(
         old: old.as_deref(),
         dry_run: query.dry_run(),
     };
-    let admitted = admit(&app.store, &request, object).await?;
+    let crate::admission::Admitted {
+        object: admitted,
+        warnings,
+    } = admit(&app.store, &request, object)
+        .await
+        .map_err(|(error, warnings)| Refused { error, warnings })?;
     let applied = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(crate::patch::PatchType::from_content_type)
         == Some(crate::patch::PatchType::Apply);
     match *method {
-        Method::DELETE => Ok((method.clone(), body, Record)),
+        Method::DELETE => Ok((method.clone(), body, Record, warnings)),
         Method::PATCH => {
             let mut admitted = admitted;
             admitted["metadata"]["resourceVersion"] =
@@ -303,13 +334,30 @@ async fn admitted(
                 Method::PUT,
                 Bytes::from(serde_json::to_vec(&admitted).unwrap_or_default()),
                 if applied { AlreadyApplied } else { Record },
+                warnings,
             ))
         }
         _ => Ok((
             method.clone(),
             Bytes::from(serde_json::to_vec(&admitted).unwrap_or_default()),
             Record,
+            warnings,
         )),
+    }
+}
+
+/// A write admission refused, with the warnings of the webhooks that answered before.
+struct Refused {
+    error: ApiError,
+    warnings: Vec<String>,
+}
+
+impl From<ApiError> for Refused {
+    fn from(error: ApiError) -> Self {
+        Self {
+            error,
+            warnings: Vec::new(),
+        }
     }
 }
 
