@@ -110,7 +110,8 @@ pub async fn admit(
                             return Err((denied(name, &response["status"]), warnings));
                         }
                         if mutating && let Some(patch) = response["patch"].as_str() {
-                            object = apply_patch(name, &object, patch).map_err(|error| (error, warnings.clone()))?;
+                            object = apply_patch(name, &object, patch)
+                                .map_err(|error| (error, warnings.clone()))?;
                         }
                     }
                     Err(_) if ignore => {}
@@ -172,7 +173,11 @@ fn denied(name: &str, status: &Value) -> ApiError {
         reason: REASONS
             .into_iter()
             .find(|reason| *reason == given_reason)
-            .unwrap_or(if given_reason.is_empty() { "" } else { "BadRequest" }),
+            .unwrap_or(if given_reason.is_empty() {
+                ""
+            } else {
+                "BadRequest"
+            }),
         message,
         details: None,
     }
@@ -327,7 +332,9 @@ async fn call(
             group_version_kind.0, group_version_kind.1
         ));
     }
-    let has_patch = answer["patch"].as_str().is_some_and(|patch| !patch.is_empty());
+    let has_patch = answer["patch"]
+        .as_str()
+        .is_some_and(|patch| !patch.is_empty());
     let has_patch_type = !answer["patchType"].is_null();
     if mutating {
         if has_patch && !has_patch_type {

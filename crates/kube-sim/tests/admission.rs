@@ -408,10 +408,30 @@ async fn webhook_answers_are_checked_and_their_warnings_passed_on() -> Result<()
     .await?;
     let (url, ca) = webhook_server().await?;
     for (kind, plural, name, path) in [
-        ("ValidatingWebhookConfiguration", "validatingwebhookconfigurations", "warn", "/warn"),
-        ("MutatingWebhookConfiguration", "mutatingwebhookconfigurations", "untyped", "/patch-without-type"),
-        ("ValidatingWebhookConfiguration", "validatingwebhookconfigurations", "patching", "/validate-with-patch"),
-        ("ValidatingWebhookConfiguration", "validatingwebhookconfigurations", "beta", "/v1beta1"),
+        (
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+            "warn",
+            "/warn",
+        ),
+        (
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+            "untyped",
+            "/patch-without-type",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+            "patching",
+            "/validate-with-patch",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+            "beta",
+            "/v1beta1",
+        ),
     ] {
         create_raw(
             &sim,
@@ -442,7 +462,9 @@ async fn webhook_answers_are_checked_and_their_warnings_passed_on() -> Result<()
             .filter_map(|value| value.to_str().ok().map(str::to_owned))
             .collect()
     };
-    let response = client.send(post(json!({"probe": "warn"}))?.map(Into::into)).await?;
+    let response = client
+        .send(post(json!({"probe": "warn"}))?.map(Into::into))
+        .await?;
     ensure!(response.status() == 201, "{:?}", response.status());
     ensure!(
         warnings(&response) == [r#"299 - "look \"out\"""#, r#"299 - "twice""#],
@@ -453,22 +475,38 @@ async fn webhook_answers_are_checked_and_their_warnings_passed_on() -> Result<()
         .send(post(json!({"probe": "warn", "deny": "true"}))?.map(Into::into))
         .await?;
     ensure!(response.status() == 400, "a code below 400 becomes 400");
-    ensure!(warnings(&response).len() == 2, "warnings come with a denial");
+    ensure!(
+        warnings(&response).len() == 2,
+        "warnings come with a denial"
+    );
     let body = response.into_body().collect_bytes().await?;
     let status: Value = serde_json::from_slice(&body)?;
     ensure!(status["reason"] == "Forbidden", "{status}");
     ensure!(
-        status["message"] == "admission webhook \"warn.nodegrace.io\" denied the request: Forbidden",
+        status["message"]
+            == "admission webhook \"warn.nodegrace.io\" denied the request: Forbidden",
         "{status}"
     );
     let maps: Api<ConfigMap> = Api::default_namespaced(client.clone());
     for (probe, expected) in [
-        ("untyped", "webhook returned response.patch but not response.patchType"),
-        ("patching", "validating webhook may not return response.patch"),
-        ("beta", "expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got admission.k8s.io/v1beta1"),
+        (
+            "untyped",
+            "webhook returned response.patch but not response.patchType",
+        ),
+        (
+            "patching",
+            "validating webhook may not return response.patch",
+        ),
+        (
+            "beta",
+            "expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got admission.k8s.io/v1beta1",
+        ),
     ] {
         let error = maps
-            .create(&PostParams::default(), &map(probe, &json!({"probe": probe}))?)
+            .create(
+                &PostParams::default(),
+                &map(probe, &json!({"probe": probe}))?,
+            )
             .await
             .unwrap_err();
         ensure!(error.to_string().contains(expected), "{probe}: {error}");

@@ -1,0 +1,393 @@
+//! What the controller's integration tests share: a kube-sim cluster with the CRD, the
+//! controller in-process, workloads under budgets, and what to wait on.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, CustomResourceExt};
+use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use nodegrace_core::program::Started;
+use nodegrace_core::testing::{self, Admin};
+use serde_json::json;
+use termination_controller::api::{FINALIZER, NodeDisruptionBudget};
+use termination_controller::app;
+use termination_controller::cli::Args;
+use tokio_util::sync::CancellationToken;
+
+pub fn world() -> WorldOptions {
+    WorldOptions {
+        lease_renew_interval: Duration::from_millis(100),
+        node_monitor_grace: Duration::from_secs(2),
+        detach_delay: Duration::from_millis(200),
+        pod_gc_period: Duration::from_secs(3600),
+        ..WorldOptions::default()
+    }
+}
+
+pub async fn sim(nodes: usize) -> Result<KubeSim> {
+    let sim = KubeSim::start(SimOptions {
+        nodes,
+        world: world(),
+        ..SimOptions::default()
+    })
+    .await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(sim.client());
+    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
+        .await?;
+    Ok(sim)
+}
+
+pub struct Controller {
+    pub admin: Admin,
+    pub started: Option<Started<anyhow::Error>>,
+    pub stop: CancellationToken,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Controller {
+    pub async fn stop(mut self) -> Result<()> {
+        self.stop.cancel();
+        let started = self.started.take().context("started once")?;
+        tokio::time::timeout(Duration::from_secs(20), started.wait()).await?
+    }
+
+    pub async fn counter(&self, name: &str) -> Result<u64> {
+        let value = self.admin.metric(&format!("{name}_total")).await?;
+        Ok(value.map_or(0, |value| value.round() as u64))
+    }
+}
+
+pub async fn controller(sim: &KubeSim, flags: &[&str]) -> Result<Controller> {
+    let args = Args::try_parse_from(
+        [
+            "termination-controller".to_owned(),
+            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+            "--leader-elect=false".to_owned(),
+            "--instance-provider=sim".to_owned(),
+            "--eviction-backoff-max=1s".to_owned(),
+        ]
+        .into_iter()
+        .chain(flags.iter().map(|flag| (*flag).to_owned())),
+    )?;
+    let stop = CancellationToken::new();
+    let started = app::start(args, stop.clone()).await?;
+    let admin = Admin {
+        address: started.admin_address,
+        prefix: "nodegrace_termination_controller",
+    };
+    wait_for("the controller to be ready", || admin.is_ready()).await?;
+    Ok(Controller {
+        admin,
+        started: Some(started),
+        stop,
+    })
+}
+
+pub async fn wait_for<F, Fut>(what: &str, check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    testing::wait_for(what, Duration::from_secs(60), check).await
+}
+
+pub async fn create(client: &Client, body: serde_json::Value) -> Result<()> {
+    let kind = body["kind"].as_str().unwrap_or_default().to_owned();
+    let namespace = body["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_owned();
+    let (group, version) = match body["apiVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .split_once('/')
+    {
+        Some((group, version)) => (group.to_owned(), version.to_owned()),
+        None => (
+            String::new(),
+            body["apiVersion"].as_str().unwrap_or_default().to_owned(),
+        ),
+    };
+    let gvk = kube::core::GroupVersionKind::gvk(&group, &version, &kind);
+    let resource = kube::core::ApiResource::from_gvk(&gvk);
+    let object: kube::core::DynamicObject = serde_json::from_value(body)?;
+    let api: Api<kube::core::DynamicObject> = if kind == "NodeDisruptionBudget" {
+        Api::all_with(client.clone(), &resource)
+    } else {
+        Api::namespaced_with(client.clone(), &namespace, &resource)
+    };
+    api.create(&PostParams::default(), &object).await?;
+    Ok(())
+}
+
+/// A Deployment of `replicas` whose pods take `ready` to be Ready and `stop` to stop, under a
+/// PDB with `budget` (a JSON fragment such as `{"maxUnavailable": 1}`).
+pub async fn deployment(
+    client: &Client,
+    name: &str,
+    replicas: i32,
+    budget: Option<serde_json::Value>,
+    template_extra: &serde_json::Value,
+) -> Result<()> {
+    let mut template = json!({
+        "metadata": {"labels": {"app": name}, "annotations": {
+            "sim.nodegrace.io/ready-after-seconds": "0.3",
+            "sim.nodegrace.io/stop-seconds": "0.1",
+        }},
+        "spec": {"containers": [{"name": "c", "image": "app"}]},
+    });
+    merge(&mut template, template_extra);
+    create(client, json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template},
+    }))
+    .await?;
+    if let Some(budget) = budget {
+        let mut spec = json!({"selector": {"matchLabels": {"app": name}}});
+        merge(&mut spec, &budget);
+        create(
+            client,
+            json!({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": spec,
+            }),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+pub fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(patch)) => {
+            for (key, value) in patch {
+                merge(
+                    base.entry(key.clone()).or_insert(serde_json::Value::Null),
+                    value,
+                );
+            }
+        }
+        (base, patch) => *base = patch.clone(),
+    }
+}
+
+pub async fn ready_pods(client: &Client, app: &str) -> Result<usize> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| {
+            pod.status
+                .iter()
+                .flat_map(|status| status.conditions.iter().flatten())
+                .any(|condition| condition.type_ == "Ready" && condition.status == "True")
+        })
+        .count())
+}
+
+pub async fn wait_ready(client: &Client, app: &str, count: usize) -> Result<()> {
+    wait_for(&format!("{count} {app} pods Ready"), || async move {
+        Ok(ready_pods(client, app).await? >= count)
+    })
+    .await
+}
+
+pub async fn has_finalizer(client: &Client, node: &str) -> Result<bool> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes.get_opt(node).await?.is_some_and(|node| {
+        node.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER)
+    }))
+}
+
+pub async fn node_gone(client: &Client, node: &str) -> Result<bool> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes.get_opt(node).await?.is_none())
+}
+
+pub async fn pods_on(client: &Client, node: &str) -> Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    Ok(pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?
+        .items)
+}
+
+pub fn terminate_calls(sim: &KubeSim, node: &str) -> u32 {
+    sim.world()
+        .cloud()
+        .instances()
+        .iter()
+        .find(|instance| instance.node == node)
+        .map_or(0, |instance| instance.terminate_calls)
+}
+
+/// What the test saw happen, in order: pods starting to terminate and going, per node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    Leaving(String),
+    Gone(String),
+    AttachmentGone(String),
+    Cordoned(String),
+}
+
+pub fn record(client: &Client) -> Arc<Mutex<Vec<(Timestamp, Seen)>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let pods: Api<Pod> = Api::all(client.clone());
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut leaving = std::collections::HashSet::new();
+        let mut events =
+            std::pin::pin!(watcher(pods, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            let mut log = log.lock().expect("log");
+            match event {
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    if pod.metadata.deletion_timestamp.is_some() && leaving.insert(name.clone()) {
+                        log.push((Timestamp::now(), Seen::Leaving(name)));
+                    }
+                }
+                watcher::Event::Delete(pod) => {
+                    log.push((
+                        Timestamp::now(),
+                        Seen::Gone(pod.metadata.name.unwrap_or_default()),
+                    ));
+                }
+                _ => {}
+            }
+        }
+    });
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut events =
+            std::pin::pin!(watcher(attachments, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Delete(attachment)) = event {
+                log.lock().expect("log").push((
+                    Timestamp::now(),
+                    Seen::AttachmentGone(attachment.metadata.name.unwrap_or_default()),
+                ));
+            }
+        }
+    });
+    let nodes: Api<Node> = Api::all(client.clone());
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut cordoned = std::collections::HashSet::new();
+        let mut events =
+            std::pin::pin!(watcher(nodes, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Apply(node)) = event {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                let unschedulable = node.spec.and_then(|spec| spec.unschedulable) == Some(true);
+                if unschedulable && cordoned.insert(name.clone()) {
+                    log.lock()
+                        .expect("log")
+                        .push((Timestamp::now(), Seen::Cordoned(name)));
+                }
+            }
+        }
+    });
+    seen
+}
+
+/// The node's terminate-request annotation, as soon as it appears.
+pub fn terminate_stamp(client: &Client, node: &str) -> Arc<Mutex<Option<Timestamp>>> {
+    let stamp = Arc::new(Mutex::new(None));
+    let nodes: Api<Node> = Api::all(client.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let found = Arc::clone(&stamp);
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(nodes, config).default_backoff());
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Apply(node)) = event
+                && let Some(at) = node
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(termination_controller::termination::TERMINATE_REQUESTED))
+                    .and_then(|at| at.parse().ok())
+            {
+                found.lock().expect("stamp").get_or_insert(at);
+            }
+        }
+    });
+    stamp
+}
+
+pub async fn delete_node(client: &Client, node: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes.delete(node, &DeleteParams::default()).await?;
+    Ok(())
+}
+
+pub async fn finalizer_on_every_node(client: &Client, count: usize) -> Result<()> {
+    for index in 0..count {
+        let node = format!("node-{index}");
+        wait_for(&format!("the finalizer on {node}"), || {
+            let node = node.clone();
+            async move { has_finalizer(client, &node).await }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+pub async fn condition(
+    client: &Client,
+    node: &str,
+    type_: &str,
+) -> Result<Option<(String, String)>> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes.get_opt(node).await?.and_then(|node| {
+        node.status?
+            .conditions?
+            .into_iter()
+            .find(|condition| condition.type_ == type_)
+            .map(|condition| {
+                (
+                    condition.reason.unwrap_or_default(),
+                    condition.message.unwrap_or_default(),
+                )
+            })
+    }))
+}
+
+pub async fn ndb(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
+    create(
+        client,
+        json!({
+            "apiVersion": "nodegrace.io/v1alpha1", "kind": "NodeDisruptionBudget",
+            "metadata": {"name": name}, "spec": spec,
+        }),
+    )
+    .await
+}
