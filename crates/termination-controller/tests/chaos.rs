@@ -1,0 +1,42 @@
+//! The controller killed (SIGKILL) at random points during three drains, smaller than the
+//! bench's run (`cargo xtask bench termination`): every drain completes, no budget is broken,
+//! each machine is terminated once, no finalizer is left.
+
+#[path = "proofs/chaos.rs"]
+mod chaos;
+mod common;
+
+use anyhow::{Result, ensure};
+
+async fn proves(chaos: chaos::Chaos) -> Result<()> {
+    let report = chaos::run(chaos).await?;
+    println!("{report}");
+    ensure!(report.kills == chaos.kills, "{report}");
+    ensure!(report.drains_completed == 3, "{report}");
+    ensure!(report.violations == 0, "{report}");
+    ensure!(report.terminations_per_instance_max == 1, "{report}");
+    ensure!(report.finalizers_left == 0, "{report}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_survive_the_controller_killed_at_random_points() -> Result<()> {
+    proves(chaos::Chaos {
+        kills: 8,
+        replicas: 1,
+        web_replicas: 15,
+        seed: 14,
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_survive_the_leader_of_two_replicas_killed() -> Result<()> {
+    proves(chaos::Chaos {
+        kills: 3,
+        replicas: 2,
+        web_replicas: 15,
+        seed: 41,
+    })
+    .await
+}
