@@ -238,9 +238,8 @@ pub async fn run(chaos: Chaos) -> Result<Report> {
         // A random point: one kill in four while the process starts and syncs its caches;
         // the others once it is ready, after 1 to 8 more changes in the cluster.
         if rng.random_bool(0.75) {
-            let admin = replicas[victim].admin.clone();
+            let admin = replicas[victim].admin;
             let ready = wait_for("the replica to be ready", || {
-                let admin = admin.clone();
                 async move { Ok(admin.is_ready().await.unwrap_or(false)) }
             })
             .await;
