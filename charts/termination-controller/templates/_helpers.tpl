@@ -20,3 +20,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 app.kubernetes.io/name: termination-controller
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{- /* The webhook's Service and the Secret of its serving certificate. */ -}}
+{{- define "tc.webhookService" -}}
+{{- printf "%s-webhook" (include "tc.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tc.webhookSecret" -}}
+{{- printf "%s-webhook-tls" (include "tc.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}

@@ -119,10 +119,10 @@ pub enum Command {
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlanArgs {
     /// The node to plan for.
-    #[arg(long)]
+    #[arg(long, env = "NODEGRACE_NODE")]
     pub node: String,
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = PlanFormat::Table)]
+    /// Output format: a table for people, json for scripts.
+    #[arg(short = 'o', long, env = "NODEGRACE_OUTPUT", value_enum, default_value_t = PlanFormat::Table)]
     pub output: PlanFormat,
     #[command(flatten)]
     pub kube: KubeArgs,

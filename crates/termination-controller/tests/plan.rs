@@ -128,6 +128,7 @@ async fn the_plan_names_the_tiers_and_blockers_the_drain_then_follows() -> Resul
     ensure!(first["estimate"]["minDrainSeconds"].is_null(), "{first}");
     ensure!(first["nodeDisruptionBudgets"]["granted"] == true, "{first}");
     let table = plan(&sim, "node-1", false)?;
+    println!("{table}");
     for expected in [
         "TIER",
         "QUEUE (PDB)",

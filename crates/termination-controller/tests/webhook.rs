@@ -65,9 +65,18 @@ async fn configurations(client: &Client, port: u16) -> Result<()> {
 /// A cluster of `nodes` under the NodeDisruptionBudget `workers` (maxUnavailable 1 over every
 /// node), with the controller serving the webhook in `mode`.
 async fn cluster(nodes: usize, mode: &str, extra: &[&str]) -> Result<(KubeSim, Controller)> {
+    let port = free_port()?;
+    cluster_on(port, nodes, mode, extra).await
+}
+
+async fn cluster_on(
+    port: u16,
+    nodes: usize,
+    mode: &str,
+    extra: &[&str],
+) -> Result<(KubeSim, Controller)> {
     let sim = sim(nodes).await?;
     let client = sim.client();
-    let port = free_port()?;
     configurations(&client, port).await?;
     ndb(
         &client,
@@ -420,5 +429,68 @@ async fn the_serving_certificate_rotates_without_a_failed_review() -> Result<()>
         );
     }
     ensure!(reviews > 10, "{reviews}");
+    controller.stop().await
+}
+
+/// What a caller other than the API server may send: each gets a clear answer, never a hang
+/// or a dropped connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_answers() -> Result<()> {
+    use http_body_util::{BodyExt, Full};
+    let port = free_port()?;
+    let (sim, controller) = cluster_on(port, 1, "deny", &[]).await?;
+    let ca = webhook_ca(&sim.client(), "default", "termination-controller-webhook").await?;
+    let cases: [(&str, &str, Vec<u8>, u16, &str); 5] = [
+        (
+            "POST",
+            "/validate-node",
+            vec![b' '; 4 * 1024 * 1024],
+            413,
+            "larger than 3145728 bytes",
+        ),
+        (
+            "POST",
+            "/validate-node",
+            b"{\"apiVersion\":".to_vec(),
+            400,
+            "not a v1 AdmissionReview",
+        ),
+        (
+            "POST",
+            "/mutate-node",
+            br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview"}"#.to_vec(),
+            400,
+            "admissionReviewVersions: [v1]",
+        ),
+        (
+            "GET",
+            "/validate-node",
+            Vec::new(),
+            405,
+            "POST an AdmissionReview",
+        ),
+        (
+            "POST",
+            "/other",
+            Vec::new(),
+            404,
+            "reviews go to /mutate-node or /validate-node",
+        ),
+    ];
+    for (method, path, body, code, expected) in cases {
+        let mut sender = https_connect(port, &ca).await?;
+        let request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, format!("127.0.0.1:{port}"))
+            .body(Full::new(bytes::Bytes::from(body)))?;
+        let response = sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        let text = String::from_utf8(response.into_body().collect().await?.to_bytes().to_vec())?;
+        ensure!(
+            status == code && text.contains(expected),
+            "{method} {path}: {status} {text}"
+        );
+    }
     controller.stop().await
 }

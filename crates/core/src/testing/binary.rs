@@ -75,6 +75,9 @@ pub fn check_env_follows_flags(command: &clap::Command) -> Result<()> {
             "--{long} reads {env:?}, not {wanted}"
         );
     }
+    for subcommand in command.get_subcommands() {
+        check_env_follows_flags(subcommand)?;
+    }
     Ok(())
 }
 

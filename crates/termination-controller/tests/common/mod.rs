@@ -391,3 +391,44 @@ pub async fn ndb(client: &Client, name: &str, spec: serde_json::Value) -> Result
     )
     .await
 }
+
+/// An HTTP/1.1 connection over TLS to 127.0.0.1:`port`, trusting the PEM CAs in `ca_pem`.
+pub async fn https_connect(
+    port: u16,
+    ca_pem: &[u8],
+) -> Result<hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(certificate?)?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::try_from("127.0.0.1")?,
+            stream,
+        )
+        .await?;
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+/// The webhook's CA bundle, from the Secret it issued.
+pub async fn webhook_ca(client: &Client, namespace: &str, secret: &str) -> Result<Vec<u8>> {
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
+        .get(secret)
+        .await?;
+    Ok(secret
+        .data
+        .and_then(|mut data| data.remove("ca.crt"))
+        .context("ca.crt in the webhook Secret")?
+        .0)
+}

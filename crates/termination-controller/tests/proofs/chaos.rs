@@ -239,8 +239,8 @@ pub async fn run(chaos: Chaos) -> Result<Report> {
         // the others once it is ready, after 1 to 8 more changes in the cluster.
         if rng.random_bool(0.75) {
             let admin = replicas[victim].admin;
-            let ready = wait_for("the replica to be ready", || {
-                async move { Ok(admin.is_ready().await.unwrap_or(false)) }
+            let ready = wait_for("the replica to be ready", || async move {
+                Ok(admin.is_ready().await.unwrap_or(false))
             })
             .await;
             if ready.is_err() {
