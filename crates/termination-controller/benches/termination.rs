@@ -97,12 +97,7 @@ async fn client(
 async fn webhook_latency() -> Result<()> {
     let sim = common::sim(3).await?;
     let client = sim.client();
-    common::ndb(
-        &client,
-        "workers",
-        json!({"selector": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]}, "maxUnavailable": 1}),
-    )
-    .await?;
+    common::workers_budget(&client).await?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();

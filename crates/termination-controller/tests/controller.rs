@@ -52,17 +52,7 @@ async fn a_deleted_node_is_drained_in_tiers_within_its_budgets_then_terminated_a
         &json!({"spec": {"priorityClassName": "system-cluster-critical"}}),
     )
     .await?;
-    create(
-        &client,
-        json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "logs", "namespace": "default"},
-            "spec": {"selector": {"matchLabels": {"app": "logs"}}, "template": {
-                "metadata": {"labels": {"app": "logs"}},
-                "spec": {"containers": [{"name": "c", "image": "logs"}]}}},
-        }),
-    )
-    .await?;
+    log_daemonset(&client).await?;
     // A bare pod with a claim on the node: its volume must detach before the machine goes.
     create(
         &client,

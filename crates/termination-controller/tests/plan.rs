@@ -59,12 +59,7 @@ async fn the_plan_names_the_tiers_and_blockers_the_drain_then_follows() -> Resul
     let sim = sim(3).await?;
     let client = sim.client();
     let controller = controller(&sim, &[]).await?;
-    ndb(
-        &client,
-        "workers",
-        json!({"selector": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]}, "maxUnavailable": 1}),
-    )
-    .await?;
+    workers_budget(&client).await?;
     deployment(
         &client,
         "web",
@@ -90,17 +85,7 @@ async fn the_plan_names_the_tiers_and_blockers_the_drain_then_follows() -> Resul
         &json!({"spec": {"priorityClassName": "system-cluster-critical"}}),
     )
     .await?;
-    create(
-        &client,
-        json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "logs", "namespace": "default"},
-            "spec": {"selector": {"matchLabels": {"app": "logs"}}, "template": {
-                "metadata": {"labels": {"app": "logs"}},
-                "spec": {"containers": [{"name": "c", "image": "logs"}]}}},
-        }),
-    )
-    .await?;
+    log_daemonset(&client).await?;
     create(
         &client,
         json!({"apiVersion": "v1", "kind": "Pod",

@@ -365,48 +365,48 @@ pub async fn reconcile(
 async fn publish(client: &Client, issuing: &Issuing, bundle: &str) -> anyhow::Result<()> {
     let encoded = ByteString(bundle.as_bytes().to_vec());
     for name in &issuing.configurations {
-        set_bundle(
-            &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
-            name,
-            &encoded,
-            |configuration| {
-                configuration
-                    .webhooks
-                    .iter_mut()
-                    .flatten()
-                    .map(|webhook| &mut webhook.client_config.ca_bundle)
-                    .collect()
-            },
-        )
-        .await?;
-        set_bundle(
-            &Api::<MutatingWebhookConfiguration>::all(client.clone()),
-            name,
-            &encoded,
-            |configuration| {
-                configuration
-                    .webhooks
-                    .iter_mut()
-                    .flatten()
-                    .map(|webhook| &mut webhook.client_config.ca_bundle)
-                    .collect()
-            },
-        )
-        .await?;
+        set_bundle::<ValidatingWebhookConfiguration>(client, name, &encoded).await?;
+        set_bundle::<MutatingWebhookConfiguration>(client, name, &encoded).await?;
     }
     Ok(())
 }
 
-async fn set_bundle<K>(
-    api: &Api<K>,
+/// A webhook configuration kind: its webhooks' caBundle fields.
+trait CaBundles:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+    fn ca_bundles(&mut self) -> Vec<&mut Option<ByteString>>;
+}
+
+impl CaBundles for ValidatingWebhookConfiguration {
+    fn ca_bundles(&mut self) -> Vec<&mut Option<ByteString>> {
+        let webhooks = self.webhooks.iter_mut().flatten();
+        webhooks
+            .map(|webhook| &mut webhook.client_config.ca_bundle)
+            .collect()
+    }
+}
+
+impl CaBundles for MutatingWebhookConfiguration {
+    fn ca_bundles(&mut self) -> Vec<&mut Option<ByteString>> {
+        let webhooks = self.webhooks.iter_mut().flatten();
+        webhooks
+            .map(|webhook| &mut webhook.client_config.ca_bundle)
+            .collect()
+    }
+}
+
+async fn set_bundle<K: CaBundles>(
+    client: &Client,
     name: &str,
     bundle: &ByteString,
-    bundles: impl Fn(&mut K) -> Vec<&mut Option<ByteString>>,
-) -> anyhow::Result<()>
-where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
+) -> anyhow::Result<()> {
     use anyhow::Context;
+    let api = Api::<K>::all(client.clone());
     for _ in 0..5 {
         // A configuration the chart did not make (only one of the two kinds) is fine.
         let Some(mut configuration) = api
@@ -417,7 +417,7 @@ where
             return Ok(());
         };
         let mut changed = false;
-        for slot in bundles(&mut configuration) {
+        for slot in configuration.ca_bundles() {
             if slot.as_ref() != Some(bundle) {
                 *slot = Some(bundle.clone());
                 changed = true;

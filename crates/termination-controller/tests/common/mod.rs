@@ -392,11 +392,11 @@ pub async fn ndb(client: &Client, name: &str, spec: serde_json::Value) -> Result
     .await
 }
 
-/// An HTTP/1.1 connection over TLS to 127.0.0.1:`port`, trusting the PEM CAs in `ca_pem`.
-pub async fn https_connect(
+/// A TLS connection to 127.0.0.1:`port`, trusting the PEM CAs in `ca_pem`.
+pub async fn tls_connect(
     port: u16,
     ca_pem: &[u8],
-) -> Result<hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>> {
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for certificate in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem) {
@@ -409,12 +409,20 @@ pub async fn https_connect(
     .with_root_certificates(roots)
     .with_no_client_auth();
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(
             rustls::pki_types::ServerName::try_from("127.0.0.1")?,
             stream,
         )
-        .await?;
+        .await?)
+}
+
+/// An HTTP/1.1 connection over TLS to 127.0.0.1:`port`, trusting the PEM CAs in `ca_pem`.
+pub async fn https_connect(
+    port: u16,
+    ca_pem: &[u8],
+) -> Result<hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>> {
+    let tls = tls_connect(port, ca_pem).await?;
     let (sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
     tokio::spawn(connection);
@@ -431,4 +439,30 @@ pub async fn webhook_ca(client: &Client, namespace: &str, secret: &str) -> Resul
         .and_then(|mut data| data.remove("ca.crt"))
         .context("ca.crt in the webhook Secret")?
         .0)
+}
+
+/// The DaemonSet `logs`: a pod on every node.
+pub async fn log_daemonset(client: &Client) -> Result<()> {
+    create(
+        client,
+        json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "logs", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "logs"}}, "template": {
+                "metadata": {"labels": {"app": "logs"}},
+                "spec": {"containers": [{"name": "c", "image": "logs"}]}}},
+        }),
+    )
+    .await
+}
+
+/// The NodeDisruptionBudget `workers`: every node (they all have a hostname label), one at a
+/// time.
+pub async fn workers_budget(client: &Client) -> Result<()> {
+    ndb(
+        client,
+        "workers",
+        json!({"selector": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]}, "maxUnavailable": 1}),
+    )
+    .await
 }

@@ -25,8 +25,8 @@ use tokio::process::{Child, Command};
 use nodegrace_core::testing::Admin;
 
 use crate::common::{
-    create, delete_node, deployment, finalizer_on_every_node, ndb, sim, terminate_calls, wait_for,
-    wait_ready,
+    delete_node, deployment, finalizer_on_every_node, log_daemonset, sim, terminate_calls,
+    wait_for, wait_ready, workers_budget,
 };
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
@@ -178,12 +178,7 @@ pub async fn run(chaos: Chaos) -> Result<Report> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(chaos.seed);
     let sim = sim(5).await?;
     let client = sim.client();
-    ndb(
-        &client,
-        "workers",
-        json!({"selector": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]}, "maxUnavailable": 1}),
-    )
-    .await?;
+    workers_budget(&client).await?;
     deployment(
         &client,
         "web",
@@ -200,17 +195,7 @@ pub async fn run(chaos: Chaos) -> Result<Report> {
         &json!({}),
     )
     .await?;
-    create(
-        &client,
-        json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "logs", "namespace": "default"},
-            "spec": {"selector": {"matchLabels": {"app": "logs"}}, "template": {
-                "metadata": {"labels": {"app": "logs"}},
-                "spec": {"containers": [{"name": "c", "image": "logs"}]}}},
-        }),
-    )
-    .await?;
+    log_daemonset(&client).await?;
     wait_ready(&client, "web", usize::try_from(chaos.web_replicas)?).await?;
     wait_ready(&client, "api", 5).await?;
     let elected = chaos.replicas > 1;
