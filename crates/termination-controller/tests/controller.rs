@@ -110,7 +110,8 @@ async fn a_deleted_node_is_drained_in_tiers_within_its_budgets_then_terminated_a
     delete_node(&client, "node-1").await?;
     wait_for("node-1 to be gone", || node_gone(&client, "node-1")).await?;
 
-    let log = seen.lock().expect("log").clone();
+    let log = seen.log.lock().expect("log").clone();
+    let revisions = seen.revisions.lock().expect("revisions").clone();
     let tier = |app: &str| match app {
         "logs" => 1,
         "dns" => 2,
@@ -155,26 +156,36 @@ async fn a_deleted_node_is_drained_in_tiers_within_its_budgets_then_terminated_a
         terminate_calls(&sim, "node-1") == 1,
         "terminated exactly once"
     );
-    let detached = log.iter().find_map(|(at, e)| {
-        matches!(e, Seen::AttachmentGone(name) if name.ends_with("-node-1")).then_some(*at)
-    });
-    let detached = detached.context("the worker's VolumeAttachment was deleted")?;
-
-    let cordoned = log
+    let detached = revisions
         .iter()
-        .find_map(|(at, e)| (e == &Seen::Cordoned("node-1".into())).then_some(*at));
+        .find_map(|(seen, revision)| {
+            matches!(seen, Seen::AttachmentGone(name) if name.ends_with("-node-1"))
+                .then_some(*revision)
+        })
+        .context("the worker's VolumeAttachment was deleted")?;
+
+    // Ordered by the store's revisions: the node and pod watches deliver independently.
+    let cordoned = revisions
+        .get(&Seen::Cordoned("node-1".into()))
+        .context("node-1 cordoned")?;
+    let first_eviction = on_node
+        .keys()
+        .filter_map(|pod| revisions.get(&Seen::Leaving(pod.clone())))
+        .min()
+        .context("a pod of node-1 evicted")?;
     ensure!(
-        cordoned.is_some_and(|cordoned| cordoned <= first_leaving[0].unwrap_or(cordoned)),
-        "cordoned before the first eviction"
+        cordoned < first_eviction,
+        "cordoned (revision {cordoned}) before the first eviction (revision {first_eviction})"
     );
-    // The machine went after the volume: the terminate request is stamped on the node.
+    // The machine went after the volume: the terminate request is stamped on the node by a
+    // later write.
     let requested = requested_at
         .lock()
         .expect("stamp")
         .context("the terminate request was stamped")?;
     ensure!(
-        detached <= requested,
-        "volume detached at {detached}, machine terminated at {requested}"
+        detached < requested,
+        "volume detached at revision {detached}, machine terminated at revision {requested}"
     );
     ensure!(controller.counter("instances_terminated").await? == 1);
     ensure!(controller.counter("nodes_drained").await? == 1);

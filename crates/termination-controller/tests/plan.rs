@@ -182,7 +182,7 @@ async fn the_plan_names_the_tiers_and_blockers_the_drain_then_follows() -> Resul
     wait_for("node-1 to go", || node_gone(&client, "node-1")).await?;
 
     // Every pod of a tier was gone before any pod of a later tier started to leave.
-    let seen = seen.lock().expect("log").clone();
+    let seen = seen.log.lock().expect("log").clone();
     let mut left_at = BTreeMap::new();
     let mut gone_at = BTreeMap::new();
     for (at, event) in &seen {

@@ -248,7 +248,7 @@ pub fn terminate_calls(sim: &KubeSim, node: &str) -> u32 {
 }
 
 /// What the test saw happen, in order: pods starting to terminate and going, per node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Seen {
     Leaving(String),
     Gone(String),
@@ -256,10 +256,28 @@ pub enum Seen {
     Cordoned(String),
 }
 
-pub fn record(client: &Client) -> Arc<Mutex<Vec<(Timestamp, Seen)>>> {
+/// What [`record`] saw: the events at the time the test saw them, and for pods leaving and
+/// nodes cordoned the store revision of the write (kube-sim's resourceVersions are one global
+/// counter), which orders events seen on different watches.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub log: Arc<Mutex<Vec<(Timestamp, Seen)>>>,
+    pub revisions: Arc<Mutex<std::collections::HashMap<Seen, u64>>>,
+}
+
+fn revision(meta: &kube::api::ObjectMeta) -> u64 {
+    meta.resource_version
+        .as_deref()
+        .and_then(|version| version.parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+pub fn record(client: &Client) -> Recorded {
     let seen = Arc::new(Mutex::new(Vec::new()));
+    let revisions = Arc::new(Mutex::new(std::collections::HashMap::new()));
     let pods: Api<Pod> = Api::all(client.clone());
     let log = Arc::clone(&seen);
+    let ordered = Arc::clone(&revisions);
     tokio::spawn(async move {
         let mut leaving = std::collections::HashSet::new();
         let mut events =
@@ -271,6 +289,10 @@ pub fn record(client: &Client) -> Arc<Mutex<Vec<(Timestamp, Seen)>>> {
                 watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
                     let name = pod.metadata.name.clone().unwrap_or_default();
                     if pod.metadata.deletion_timestamp.is_some() && leaving.insert(name.clone()) {
+                        ordered
+                            .lock()
+                            .expect("revisions")
+                            .insert(Seen::Leaving(name.clone()), revision(&pod.metadata));
                         log.push((Timestamp::now(), Seen::Leaving(name)));
                     }
                 }
@@ -286,11 +308,17 @@ pub fn record(client: &Client) -> Arc<Mutex<Vec<(Timestamp, Seen)>>> {
     });
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
     let log = Arc::clone(&seen);
+    let ordered = Arc::clone(&revisions);
     tokio::spawn(async move {
         let mut events =
             std::pin::pin!(watcher(attachments, watcher::Config::default()).default_backoff());
         while let Some(event) = events.next().await {
             if let Ok(watcher::Event::Delete(attachment)) = event {
+                let name = attachment.metadata.name.clone().unwrap_or_default();
+                ordered
+                    .lock()
+                    .expect("revisions")
+                    .insert(Seen::AttachmentGone(name), revision(&attachment.metadata));
                 log.lock().expect("log").push((
                     Timestamp::now(),
                     Seen::AttachmentGone(attachment.metadata.name.unwrap_or_default()),
@@ -300,6 +328,7 @@ pub fn record(client: &Client) -> Arc<Mutex<Vec<(Timestamp, Seen)>>> {
     });
     let nodes: Api<Node> = Api::all(client.clone());
     let log = Arc::clone(&seen);
+    let ordered = Arc::clone(&revisions);
     tokio::spawn(async move {
         let mut cordoned = std::collections::HashSet::new();
         let mut events =
@@ -309,6 +338,10 @@ pub fn record(client: &Client) -> Arc<Mutex<Vec<(Timestamp, Seen)>>> {
                 let name = node.metadata.name.clone().unwrap_or_default();
                 let unschedulable = node.spec.and_then(|spec| spec.unschedulable) == Some(true);
                 if unschedulable && cordoned.insert(name.clone()) {
+                    ordered
+                        .lock()
+                        .expect("revisions")
+                        .insert(Seen::Cordoned(name.clone()), revision(&node.metadata));
                     log.lock()
                         .expect("log")
                         .push((Timestamp::now(), Seen::Cordoned(name)));
@@ -316,11 +349,14 @@ pub fn record(client: &Client) -> Arc<Mutex<Vec<(Timestamp, Seen)>>> {
             }
         }
     });
-    seen
+    Recorded {
+        log: seen,
+        revisions,
+    }
 }
 
-/// The node's terminate-request annotation, as soon as it appears.
-pub fn terminate_stamp(client: &Client, node: &str) -> Arc<Mutex<Option<Timestamp>>> {
+/// The store revision of the write that stamped the node's terminate-request annotation.
+pub fn terminate_stamp(client: &Client, node: &str) -> Arc<Mutex<Option<u64>>> {
     let stamp = Arc::new(Mutex::new(None));
     let nodes: Api<Node> = Api::all(client.clone());
     let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
@@ -329,14 +365,19 @@ pub fn terminate_stamp(client: &Client, node: &str) -> Arc<Mutex<Option<Timestam
         let mut events = std::pin::pin!(watcher(nodes, config).default_backoff());
         while let Some(event) = events.next().await {
             if let Ok(watcher::Event::Apply(node)) = event
-                && let Some(at) = node
+                && node
                     .metadata
                     .annotations
                     .as_ref()
-                    .and_then(|a| a.get(termination_controller::termination::TERMINATE_REQUESTED))
-                    .and_then(|at| at.parse().ok())
+                    .is_some_and(|annotations| {
+                        annotations
+                            .contains_key(termination_controller::termination::TERMINATE_REQUESTED)
+                    })
             {
-                found.lock().expect("stamp").get_or_insert(at);
+                found
+                    .lock()
+                    .expect("stamp")
+                    .get_or_insert(revision(&node.metadata));
             }
         }
     });
