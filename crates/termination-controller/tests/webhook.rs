@@ -361,7 +361,7 @@ async fn queue_mode_admits_and_the_controller_drains_one_node_at_a_time() -> Res
     controller.stop().await
 }
 
-/// With a 10 s certificate, the next one is issued at 6.7 s and served from 7.2 s; reviews
+/// With a 10 s certificate, the next one is issued at 6.7 s and served 1.5 s later; reviews
 /// sent all along never fail, and the old CA leaves the bundle once it expires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_serving_certificate_rotates_without_a_failed_review() -> Result<()> {

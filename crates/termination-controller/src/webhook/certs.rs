@@ -289,7 +289,10 @@ impl Issuing {
         }
         let mut wake = now + Duration::from_secs(3600);
         if let Some(pair) = &next.next {
-            let publish = pair.not_before + self.publish_delay();
+            // not_before is the issue time rounded down to the second: counting from a second
+            // later, the next certificate is never served in the pass that published its CA,
+            // nor before a call already under way with the old caBundle has finished.
+            let publish = pair.not_before + Duration::from_secs(1) + self.publish_delay();
             if publish <= now {
                 next.serving = next.next.take();
             } else {
@@ -471,7 +474,7 @@ mod tests {
         assert_eq!(rotating.serving, first.serving);
         assert_eq!(rotating.authorities.len(), 2);
         assert!(rotating.next.is_some());
-        assert_eq!(wake, t1 + Duration::from_secs(60));
+        assert_eq!(wake, t1 + Duration::from_secs(61));
         // After the publish delay the next one is served; both CAs stay trusted.
         let (promoted, _) = issuing.step(&rotating, wake).unwrap();
         assert_eq!(promoted.serving, rotating.next);
