@@ -208,7 +208,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
     // Bound now, so a port in use fails the start rather than the first review.
     let webhook = match webhook {
         Some((listen, mode, source)) => {
-            let listener = server::bind(listen)
+            let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("listen on --webhook-listen {listen}"))?;
             tracing::info!(address = %listener.local_addr()?, mode = mode.as_str(), "webhook listening");

@@ -185,7 +185,7 @@ fn pod_name(pod: &Pod) -> String {
 
 /// How long one of `pdb`'s pods took from start to Ready: the median over its Ready pods.
 fn startup(pdb: &PodDisruptionBudget, pods: &[Pod]) -> Option<Duration> {
-    let mut spans: Vec<Duration> = pdbs_for_pod_filter(pdb, pods)
+    let mut spans: Vec<Duration> = pods_of(pdb, pods)
         .filter_map(|pod| {
             let status = pod.status.as_ref()?;
             let started = status.start_time.as_ref()?.0;
@@ -202,10 +202,8 @@ fn startup(pdb: &PodDisruptionBudget, pods: &[Pod]) -> Option<Duration> {
     spans.get(spans.len() / 2).copied()
 }
 
-fn pdbs_for_pod_filter<'a>(
-    pdb: &'a PodDisruptionBudget,
-    pods: &'a [Pod],
-) -> impl Iterator<Item = &'a Pod> {
+/// The pods `pdb` selects.
+fn pods_of<'a>(pdb: &'a PodDisruptionBudget, pods: &'a [Pod]) -> impl Iterator<Item = &'a Pod> {
     pods.iter()
         .filter(move |pod| !pdbs_for_pod(pod, std::iter::once(pdb)).is_empty())
 }

@@ -3,7 +3,6 @@
 //! new one; open connections finish on the old).
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Instant;
 
@@ -136,11 +135,6 @@ pub async fn serve(
             }
         });
     }
-}
-
-/// Binds the webhook's address (so a port taken fails at start, not later).
-pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(address).await
 }
 
 fn text(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>> {
