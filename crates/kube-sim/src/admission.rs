@@ -52,6 +52,8 @@ pub struct Request<'a> {
     pub object_kind: Option<(&'a str, &'a str, &'a str)>,
     pub old: Option<&'a Value>,
     pub dry_run: bool,
+    /// Who asked (the webhooks' `userInfo`).
+    pub user: &'a crate::auth::User,
 }
 
 /// Whether any webhook is registered at all (the fast path skips admission otherwise).
@@ -302,7 +304,7 @@ async fn call(
             "name": request.name,
             "namespace": request.namespace,
             "operation": request.operation.as_str(),
-            "userInfo": {"username": "kube-sim", "groups": ["system:authenticated"]},
+            "userInfo": request.user.to_json(),
             "object": new_object,
             "oldObject": old_object,
             "dryRun": request.dry_run,

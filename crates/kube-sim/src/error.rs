@@ -179,16 +179,22 @@ impl ApiError {
     }
 
     /// `errors.NewForbidden(resource, name, why)`: `<resource> "<name>" is forbidden: <why>`.
+    /// Without a resource `forbidden: <why>`, without a name `<resource> is forbidden: <why>`.
     pub fn forbidden_object(group: &str, resource: &str, name: &str, why: &str) -> Self {
-        Self::new(
-            403,
-            "Forbidden",
-            format!(
+        let message = match (resource, name) {
+            ("", _) => format!("forbidden: {why}"),
+            (_, "") => format!("{} is forbidden: {why}", qualified(group, resource)),
+            _ => format!(
                 "{} \"{name}\" is forbidden: {why}",
                 qualified(group, resource)
             ),
-        )
-        .with_details(details(group, resource, name))
+        };
+        Self::new(403, "Forbidden", message).with_details(details(group, resource, name))
+    }
+
+    /// A request whose credentials authenticate no one.
+    pub fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized")
     }
 
     /// The `metav1.Status` body.

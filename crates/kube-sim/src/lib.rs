@@ -5,6 +5,7 @@
 pub mod admission;
 pub mod api;
 pub mod audit;
+pub mod auth;
 pub mod conditions;
 pub mod control;
 pub mod crd_schema;

@@ -55,9 +55,17 @@ impl ResourceType {
         format!("{}List", self.kind)
     }
 
+    /// Reviews (token, access, self-subject) are only ever created, never stored.
+    pub fn is_review(&self) -> bool {
+        matches!(
+            self.group.as_str(),
+            "authentication.k8s.io" | "authorization.k8s.io"
+        )
+    }
+
     /// The verbs discovery lists: reviews can only be created.
     pub fn verbs(&self) -> &'static [&'static str] {
-        if self.group == "authentication.k8s.io" {
+        if self.is_review() {
             &["create"]
         } else {
             &[
@@ -369,6 +377,34 @@ pub fn builtins() -> Vec<ResourceType> {
             "TokenReview",
             "tokenreviews",
             false,
+            &[],
+        ),
+        plain(
+            "authentication.k8s.io",
+            "SelfSubjectReview",
+            "selfsubjectreviews",
+            false,
+            &[],
+        ),
+        plain(
+            "authorization.k8s.io",
+            "SelfSubjectAccessReview",
+            "selfsubjectaccessreviews",
+            false,
+            &[],
+        ),
+        plain(
+            "authorization.k8s.io",
+            "SubjectAccessReview",
+            "subjectaccessreviews",
+            false,
+            &[],
+        ),
+        plain(
+            "authorization.k8s.io",
+            "LocalSubjectAccessReview",
+            "localsubjectaccessreviews",
+            true,
             &[],
         ),
         builtin(

@@ -134,6 +134,11 @@ impl KubeSim {
             logs: world.logs().clone(),
             tokens: crate::tokens::TokenIssuer::default(),
             bookmark_interval: options.bookmark_interval,
+            without_credentials: if tls.is_some() {
+                crate::auth::User::anonymous()
+            } else {
+                crate::auth::User::admin()
+            },
         };
         let router = api::router(
             app,

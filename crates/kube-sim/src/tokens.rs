@@ -80,6 +80,7 @@ pub fn service_account_claims(
     audiences: &Value,
     seconds: i64,
     bound: &Value,
+    node: Option<&Value>,
 ) -> Value {
     let name = account["metadata"]["name"].as_str().unwrap_or_default();
     let now = jiff::Timestamp::now().as_second();
@@ -90,6 +91,9 @@ pub fn service_account_claims(
     if let Some(kind) = bound["kind"].as_str() {
         private[kind.to_lowercase()] = json!({"name": bound["name"], "uid": bound["uid"]});
     }
+    if let Some(node) = node {
+        private["node"] = node.clone();
+    }
     json!({
         "aud": audiences,
         "exp": now + seconds,
@@ -97,6 +101,7 @@ pub fn service_account_claims(
         "nbf": now,
         "iss": API_AUDIENCE,
         "sub": format!("system:serviceaccount:{namespace}:{name}"),
+        "jti": crate::store::strategy::new_uid(),
         "kubernetes.io": private,
     })
 }
@@ -109,7 +114,8 @@ mod tests {
     fn tokens_verify_only_with_their_issuer_and_before_expiry() {
         let issuer = TokenIssuer::default();
         let account = json!({"metadata": {"name": "sa", "uid": "u"}});
-        let claims = service_account_claims("ns", &account, &json!(["api"]), 600, &Value::Null);
+        let claims =
+            service_account_claims("ns", &account, &json!(["api"]), 600, &Value::Null, None);
         let token = issuer.issue(&claims);
         assert_eq!(
             issuer.verify(&token).unwrap()["sub"],
@@ -125,6 +131,7 @@ mod tests {
             &json!(["api"]),
             -1,
             &Value::Null,
+            None,
         ));
         assert_eq!(issuer.verify(&expired), Err("token has expired"));
         assert_eq!(issuer.verify("a.b"), Err("not a JWT"));

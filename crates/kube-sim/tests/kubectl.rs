@@ -895,3 +895,108 @@ fn serve_flags_set_the_lease_renewal_and_the_node_monitor_grace() -> Result<()> 
         )? == "Unknown")
     })
 }
+
+const READER: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: apps}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: reader, namespace: apps}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pod-reader, namespace: apps}
+rules: [{apiGroups: [""], resources: [pods], verbs: [get, list]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: reader, namespace: apps}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: pod-reader}
+subjects: [{kind: ServiceAccount, name: reader}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: node-0-reader}
+rules: [{apiGroups: [""], resources: [nodes], verbs: [get], resourceNames: [node-0]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: reader-node-0}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: node-0-reader}
+subjects: [{kind: ServiceAccount, name: reader, namespace: apps}]
+"#;
+
+/// ServiceAccount tokens authenticate, RBAC decides, and kubectl sees the real answers:
+/// `auth can-i` (impersonating), `auth whoami`, the 403 message, 401 for a forged token.
+#[test]
+fn conformance_rbac_is_enforced_for_service_account_tokens() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    // kubectl sends tokens over TLS only.
+    let sim = Sim::start_with(2, &["--tls"])?;
+    sim.apply(READER)?;
+    let can_i = |args: &[&str]| -> Result<String> {
+        let mut all = vec!["auth", "can-i"];
+        all.extend_from_slice(args);
+        all.push("--as=system:serviceaccount:apps:reader");
+        let output = sim.kubectl(&all)?;
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    };
+    ensure!(can_i(&["list", "pods", "-n", "apps"])? == "yes");
+    ensure!(can_i(&["list", "pods", "-n", "default"])? == "no");
+    ensure!(can_i(&["get", "node/node-0"])? == "yes");
+    ensure!(can_i(&["get", "node/node-1"])? == "no");
+    ensure!(can_i(&["patch", "node/node-0"])? == "no");
+
+    let body = sim.dir.path().join("token-request.json");
+    std::fs::write(
+        &body,
+        r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{}}"#,
+    )?;
+    let answer = sim.ok(&[
+        "create",
+        "--raw",
+        "/api/v1/namespaces/apps/serviceaccounts/reader/token",
+        "-f",
+        body.to_str().unwrap_or_default(),
+    ])?;
+    let answer: serde_json::Value = serde_json::from_str(&answer)?;
+    let token = answer["status"]["token"]
+        .as_str()
+        .context("no token in the TokenRequest")?;
+    let token_flag = format!("--token={token}");
+    sim.ok(&["get", "pods", "-n", "apps", &token_flag])?;
+    sim.ok(&["get", "node", "node-0", &token_flag])?;
+    let whoami = sim.ok(&[
+        "auth",
+        "whoami",
+        &token_flag,
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ])?;
+    ensure!(whoami == "system:serviceaccount:apps:reader", "{whoami}");
+    let refused = sim.kubectl(&["get", "nodes", &token_flag])?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    ensure!(
+        !refused.status.success()
+            && stderr.contains(r#"Error from server (Forbidden): nodes is forbidden: User "system:serviceaccount:apps:reader" cannot list resource "nodes" in API group "" at the cluster scope"#),
+        "{stderr}"
+    );
+    let forged = sim.kubectl(&["get", "pods", "-n", "apps", "--token=forged.token.here"])?;
+    let stderr = String::from_utf8_lossy(&forged.stderr);
+    ensure!(
+        !forged.status.success() && stderr.contains("Unauthorized"),
+        "{stderr}"
+    );
+    // The account gone, its tokens authenticate no one.
+    sim.ok(&["delete", "serviceaccount", "reader", "-n", "apps"])?;
+    let orphaned = sim.kubectl(&["get", "pods", "-n", "apps", &token_flag])?;
+    ensure!(
+        !orphaned.status.success(),
+        "a deleted account's token still works"
+    );
+    Ok(())
+}

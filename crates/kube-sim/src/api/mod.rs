@@ -1,10 +1,12 @@
 //! The HTTP face of the simulator: Kubernetes REST paths onto the store, with the real API
 //! server's verbs, parameters and error bodies.
 
+mod access_review;
 mod discovery;
 mod event_view;
 mod logs;
 mod objects;
+mod protobuf;
 mod query;
 mod render;
 mod scale;
@@ -40,6 +42,9 @@ pub struct App {
     pub tokens: crate::tokens::TokenIssuer,
     /// How often watches that allow bookmarks get one.
     pub bookmark_interval: std::time::Duration,
+    /// Who a request without credentials is: over plain HTTP the cluster admin, as on the
+    /// API server's old insecure port (kubectl sends no token over HTTP), over TLS anonymous.
+    pub without_credentials: crate::auth::User,
 }
 
 /// The router serving every Kubernetes path; `extra` (e.g. the /sim/v1 control routes) is
@@ -87,9 +92,47 @@ async fn handle(State(app): State<App>, request: Request) -> Response {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
+    let protobuf_post = content_type.contains("protobuf") && parts.method == Method::POST;
+    let (body, content_type) = if protobuf_post
+        && parts.uri.path() == "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+    {
+        // A SelfSubjectReview asks nothing: its body does not matter.
+        (Bytes::from_static(b"{}"), "application/json")
+    } else if protobuf_post
+        && parts.uri.path() == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+    {
+        let Some(review) = protobuf::self_subject_access_review(&body) else {
+            return error_response(&ApiError::bad_request(
+                "the protobuf body is not a SelfSubjectAccessReview",
+            ));
+        };
+        (
+            Bytes::from(serde_json::to_vec(&review).unwrap_or_default()),
+            "application/json",
+        )
+    } else {
+        (body, content_type)
+    };
     if content_type.contains("protobuf") || content_type.contains("cbor") {
         // Only JSON (and YAML for apply) is spoken here; 415 makes clients fall back to JSON.
         return error_response(&ApiError::unsupported_media_type(content_type));
+    }
+    let user = match crate::auth::authenticate(&app.store, &app.tokens, &parts.headers)
+        .map(|user| user.unwrap_or_else(|| app.without_credentials.clone()))
+        .and_then(|user| crate::auth::impersonate(&app.store, user, &parts.headers))
+    {
+        Ok(user) => user,
+        Err(error) => return error_response(&error),
+    };
+    let attributes =
+        crate::auth::Attributes::from_request(&parts.method, parts.uri.path(), parts.uri.query());
+    let decision = crate::auth::authorize(&app.store, &user, &attributes);
+    if !decision.allowed {
+        return error_response(&crate::auth::rbac::forbidden(
+            &user,
+            &attributes,
+            &decision.reason,
+        ));
     }
     let target = match parse_target(&app.store, parts.uri.path()) {
         Ok(target) => target,
@@ -115,20 +158,31 @@ async fn handle(State(app): State<App>, request: Request) -> Response {
             current.as_deref(),
             patch_type,
         ) {
-            Ok((method, query, body)) => serve(&app, &method, core, &query, &parts.headers, body)
-                .await
-                .unwrap_or_else(|error| error_response(&error)),
+            Ok((method, query, body)) => {
+                serve(&app, &user, &method, core, &query, &parts.headers, body)
+                    .await
+                    .unwrap_or_else(|error| error_response(&error))
+            }
             Err(error) => return error_response(&error),
         };
         return event_view::response_from_core(response, query.is_watch()).await;
     }
-    serve(&app, &parts.method, target, &query, &parts.headers, body)
-        .await
-        .unwrap_or_else(|error| error_response(&error))
+    serve(
+        &app,
+        &user,
+        &parts.method,
+        target,
+        &query,
+        &parts.headers,
+        body,
+    )
+    .await
+    .unwrap_or_else(|error| error_response(&error))
 }
 
 async fn serve(
     app: &App,
+    user: &crate::auth::User,
     method: &Method,
     target: Target,
     query: &Query,
@@ -136,14 +190,23 @@ async fn serve(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let (method, body, bookkeeping, warnings) =
-        match admitted(app, method, &target, query, headers, body).await {
+        match admitted(app, user, method, &target, query, headers, body).await {
             Ok(admitted) => admitted,
             Err(Refused { error, warnings }) => {
                 return Ok(warned(error_response(&error), &warnings));
             }
         };
     let writes_object = matches!(target, Target::Object { .. }) && method != Method::GET;
-    let response = match dispatch(app, &method, target, query, headers, &body, bookkeeping) {
+    let response = match dispatch(
+        app,
+        user,
+        &method,
+        target,
+        query,
+        headers,
+        &body,
+        bookkeeping,
+    ) {
         Ok(response) => response,
         Err(error) => return Ok(warned(error_response(&error), &warnings)),
     };
@@ -210,6 +273,7 @@ fn event_view_target(app: &App, target: &Target) -> Option<Target> {
 /// its managedFields already.
 async fn admitted(
     app: &App,
+    user: &crate::auth::User,
     method: &Method,
     target: &Target,
     query: &Query,
@@ -312,6 +376,7 @@ async fn admitted(
         },
         old: old.as_deref(),
         dry_run: query.dry_run(),
+        user,
     };
     let crate::admission::Admitted {
         object: admitted,
@@ -441,8 +506,10 @@ fn parse_target(store: &Store, path: &str) -> Result<Target, ApiError> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn dispatch(
     app: &App,
+    user: &crate::auth::User,
     method: &Method,
     target: Target,
     query: &Query,
@@ -501,10 +568,17 @@ fn dispatch(
                 Method::GET if query.is_watch() => {
                     watch::serve(app, &kind, namespace, query, rendering)
                 }
-                Method::POST if kind.group == "authentication.k8s.io" => token::review(app, body),
-                _ if kind.group == "authentication.k8s.io" => Err(ApiError::method_not_allowed(
-                    format!("{method} is not supported on tokenreviews: they can only be created"),
-                )),
+                Method::POST if kind.plural == "tokenreviews" => token::review(app, body),
+                Method::POST if kind.plural == "selfsubjectreviews" => {
+                    Ok(access_review::whoami(user))
+                }
+                Method::POST if kind.group == "authorization.k8s.io" => {
+                    access_review::review(app, user, &kind.plural, namespace, body)
+                }
+                _ if kind.is_review() => Err(ApiError::method_not_allowed(format!(
+                    "{method} is not supported on {}: they can only be created",
+                    kind.plural
+                ))),
                 Method::GET => objects::list(app, &kind, namespace, query, rendering),
                 Method::POST => objects::create(app, &kind, namespace, query, headers, body),
                 Method::DELETE => objects::delete_collection(app, &kind, namespace, query, body),

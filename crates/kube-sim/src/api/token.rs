@@ -8,6 +8,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::{App, json_response};
+use crate::auth::authenticate::service_account_user;
 use crate::error::{ApiError, Cause};
 use crate::store::timestamps::format_time;
 use crate::tokens::{API_AUDIENCE, service_account_claims};
@@ -48,12 +49,14 @@ pub fn create(app: &App, namespace: &str, name: &str, body: &Bytes) -> Result<Re
         Some(audiences) if !audiences.is_empty() => Value::Array(audiences.clone()),
         _ => json!([API_AUDIENCE]),
     };
+    let (bound, node) = bind(app, namespace, &request["spec"]["boundObjectRef"])?;
     let claims = service_account_claims(
         namespace,
         &account,
         &audiences,
         seconds,
-        &request["spec"]["boundObjectRef"],
+        &bound,
+        node.as_ref(),
     );
     let expires = jiff::Timestamp::from_second(claims["exp"].as_i64().unwrap_or_default())
         .unwrap_or_else(|_| jiff::Timestamp::now());
@@ -81,9 +84,9 @@ pub fn review(app: &App, body: &Bytes) -> Result<Response, ApiError> {
         Some(audiences) if !audiences.is_empty() => audiences.clone(),
         _ => vec![json!(API_AUDIENCE)],
     };
-    let status = match authenticate(app, &token, &wanted) {
+    let status = match service_account_user(&app.store, &app.tokens, &token, &wanted) {
         Ok((user, audiences)) => {
-            json!({"authenticated": true, "user": user, "audiences": audiences})
+            json!({"authenticated": true, "user": user.to_json(), "audiences": audiences})
         }
         Err(error) => json!({"authenticated": false, "user": {}, "error": error}),
     };
@@ -94,35 +97,55 @@ pub fn review(app: &App, body: &Bytes) -> Result<Response, ApiError> {
     Ok(json_response(StatusCode::CREATED, &review))
 }
 
-fn authenticate(app: &App, token: &str, wanted: &[Value]) -> Result<(Value, Vec<Value>), String> {
-    let claims = app.tokens.verify(token).map_err(str::to_owned)?;
-    let granted: Vec<Value> = claims["aud"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|aud| wanted.contains(aud))
-        .cloned()
-        .collect();
-    if granted.is_empty() {
-        return Err("token audiences is invalid for the target audiences".to_owned());
-    }
-    let private = &claims["kubernetes.io"];
-    let namespace = private["namespace"].as_str().unwrap_or_default();
-    let name = private["serviceaccount"]["name"]
-        .as_str()
-        .unwrap_or_default();
-    let accounts = app.store.kind("", "serviceaccounts");
-    let account = app
+/// The object a token is bound to, with its uid, and for a pod its node (the
+/// ServiceAccountTokenPodNodeInfo claims); the object must exist with the uid given.
+fn bind(app: &App, namespace: &str, bound: &Value) -> Result<(Value, Option<Value>), ApiError> {
+    let Some(kind) = bound["kind"].as_str() else {
+        return Ok((Value::Null, None));
+    };
+    let name = bound["name"].as_str().unwrap_or_default();
+    let plural = match kind {
+        "Pod" => "pods",
+        "Secret" => "secrets",
+        "Node" => "nodes",
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "cannot bind token to object of type {other}: only Pod, Secret and Node are supported"
+            )));
+        }
+    };
+    let object = app
         .store
-        .get(&accounts, Some(namespace), name)
-        .map_err(|_| format!("serviceaccounts \"{name}\" not found"))?;
-    if account["metadata"]["uid"] != private["serviceaccount"]["uid"] {
-        return Err("the ServiceAccount the token was issued for no longer exists".to_owned());
+        .get(
+            &app.store.kind("", plural),
+            (kind != "Node").then_some(namespace),
+            name,
+        )
+        .map_err(|_| ApiError::not_found("", plural, name))?;
+    if bound["uid"]
+        .as_str()
+        .is_some_and(|uid| object["metadata"]["uid"] != uid)
+    {
+        return Err(ApiError::conflict(
+            "",
+            plural,
+            name,
+            "the UID in the bound object reference does not match the object's",
+        ));
     }
-    let user = json!({
-        "username": format!("system:serviceaccount:{namespace}:{name}"),
-        "uid": account["metadata"]["uid"],
-        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
-    });
-    Ok((user, granted))
+    let bound = json!({"kind": kind, "name": name, "uid": object["metadata"]["uid"]});
+    let Some(node_name) = object["spec"]["nodeName"]
+        .as_str()
+        .filter(|_| kind == "Pod")
+    else {
+        return Ok((bound, None));
+    };
+    let node = app
+        .store
+        .get(&app.store.kind("", "nodes"), None, node_name)
+        .map_err(|_| ApiError::not_found("", "nodes", node_name))?;
+    Ok((
+        bound,
+        Some(json!({"name": node_name, "uid": node["metadata"]["uid"]})),
+    ))
 }

@@ -1,6 +1,7 @@
 //! What a new API server holds before anyone writes: the `kubernetes` Service
 //! (pkg/controlplane/controller/kubernetesservice), the bootstrap cluster-admin role and its
-//! binding (plugin/pkg/auth/authorizer/rbac/bootstrappolicy), and an APIService per built-in
+//! binding and the roles every authenticated user has — discovery, public info, access reviews
+//! of oneself — (plugin/pkg/auth/authorizer/rbac/bootstrappolicy), and an APIService per built-in
 //! group version (the autoregister controller).
 
 use serde_json::json;
@@ -44,6 +45,50 @@ pub fn bootstrap(store: &Store) {
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:masters"}],
         }),
     );
+    for (role, rules, groups) in [
+        (
+            "system:discovery",
+            json!([{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/version", "/version/"], "verbs": ["get"]}]),
+            json!(["system:authenticated"]),
+        ),
+        (
+            "system:public-info-viewer",
+            json!([{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}]),
+            json!(["system:authenticated", "system:unauthenticated"]),
+        ),
+        (
+            "system:basic-user",
+            json!([
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]},
+            ]),
+            json!(["system:authenticated"]),
+        ),
+    ] {
+        let _ = store.create(
+            &roles,
+            None,
+            json!({
+                "metadata": {"name": role, "labels": defaults["labels"], "annotations": defaults["annotations"]},
+                "rules": rules,
+            }),
+        );
+        let subjects: Vec<_> = groups
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|group| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}))
+            .collect();
+        let _ = store.create(
+            &bindings,
+            None,
+            json!({
+                "metadata": {"name": role, "labels": defaults["labels"], "annotations": defaults["annotations"]},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": subjects,
+            }),
+        );
+    }
     let api_services = store.kind("apiregistration.k8s.io", "apiservices");
     let mut group_versions: Vec<(String, String)> = builtins()
         .into_iter()

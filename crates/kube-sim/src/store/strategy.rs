@@ -110,7 +110,11 @@ pub fn prepare_create(
     // An APIService is named `<version>.<group>`: `v1.` for the core group.
     let core_api_service =
         kind.plural == "apiservices" && name.strip_suffix('.').is_some_and(is_dns_subdomain);
-    if !is_dns_subdomain(&name) && !core_api_service {
+    // RBAC objects may be named like `system:discovery`: any path segment (ValidateRBACName).
+    let rbac = kind.group == "rbac.authorization.k8s.io"
+        && !matches!(name.as_str(), "." | "..")
+        && !name.contains(['/', '%']);
+    if !is_dns_subdomain(&name) && !core_api_service && !rbac {
         return Err(invalid(
             kind,
             &name,
