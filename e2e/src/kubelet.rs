@@ -146,6 +146,10 @@ async fn mounts(
         .map_or(&[][..], Vec::as_slice);
     let mut mounts = Vec::new();
     for mount in container["volumeMounts"].as_array().into_iter().flatten() {
+        // The API credentials are the cluster's kubeconfig here (KUBECONFIG).
+        if mount["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount" {
+            continue;
+        }
         let volume_name = text(&mount["name"]);
         let volume = volumes
             .iter()

@@ -2,8 +2,8 @@
 //! ValidatingWebhookConfigurations for API writes (not for its own controllers' writes), with
 //! AdmissionReview v1 over HTTPS trusting the configured `caBundle`.
 //!
-//! Supported: `clientConfig.url` (a Service reference cannot be reached from outside a
-//! cluster and counts as a failed call), rules (operations, groups, versions, resources with
+//! Supported: `clientConfig.url` and `clientConfig.service` (routed to a Ready pod the
+//! Service selects), rules (operations, groups, versions, resources with
 //! subresources and `*`), `namespaceSelector`, `objectSelector`, `timeoutSeconds`,
 //! `failurePolicy`, JSONPatch mutations. Not supported: reinvocation, `matchConditions`.
 
@@ -30,7 +30,7 @@ pub enum Operation {
 }
 
 impl Operation {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Create => "CREATE",
             Self::Update => "UPDATE",
@@ -98,7 +98,7 @@ pub async fn admit(
                 }
                 let name = webhook["name"].as_str().unwrap_or_default();
                 let ignore = webhook["failurePolicy"].as_str() == Some("Ignore");
-                match call(webhook, request, &object, mutating).await {
+                match call(store, webhook, request, &object, mutating).await {
                     Ok(response) => {
                         warnings.extend(
                             response["warnings"]
@@ -206,7 +206,12 @@ fn matches_any(list: &Value, value: &str) -> bool {
         .is_some_and(|items| items.iter().any(|item| item == "*" || item == value))
 }
 
-fn applies(store: &Store, webhook: &Value, request: &Request<'_>, object: &Value) -> bool {
+pub(crate) fn applies(
+    store: &Store,
+    webhook: &Value,
+    request: &Request<'_>,
+    object: &Value,
+) -> bool {
     let kind = request.kind;
     let resource = match request.subresource {
         Some(sub) => format!("{}/{sub}", kind.plural),
@@ -262,14 +267,13 @@ fn applies(store: &Store, webhook: &Value, request: &Request<'_>, object: &Value
 }
 
 async fn call(
+    store: &Store,
     webhook: &Value,
     request: &Request<'_>,
     object: &Value,
     mutating: bool,
 ) -> Result<Value, String> {
-    let url = webhook["clientConfig"]["url"]
-        .as_str()
-        .ok_or("only clientConfig.url is supported by kube-sim (no Service routing)")?;
+    let destination = destination(store, &webhook["clientConfig"])?;
     let timeout = Duration::from_secs(
         webhook["timeoutSeconds"]
             .as_u64()
@@ -310,7 +314,7 @@ async fn call(
             "dryRun": request.dry_run,
         },
     });
-    let response = tokio::time::timeout(timeout, post(url, ca, &review))
+    let response = tokio::time::timeout(timeout, post(&destination, ca, &review))
         .await
         .map_err(|_| format!("context deadline exceeded ({}s)", timeout.as_secs()))??;
     // The checks of the API server's VerifyAdmissionResponse, in its words.
@@ -353,19 +357,104 @@ async fn call(
     Ok(answer.clone())
 }
 
-async fn post(url: &str, ca_bundle: &str, review: &Value) -> Result<Value, String> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("invalid url {url:?}: {e}"))?;
-    if uri.scheme_str() != Some("https") {
-        return Err(format!("webhook url {url:?} must be https"));
+/// Where a webhook is called: the address to connect to, the name its certificate must
+/// carry, and the request path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Destination {
+    host: String,
+    port: u16,
+    server_name: String,
+    path: String,
+}
+
+/// `clientConfig.url`, or `clientConfig.service` routed as the API server's service resolver
+/// does — to the Service's port, then to a ready endpoint (a Ready pod the selector picks) on
+/// the target port — verified as `<service>.<namespace>.svc`.
+fn destination(store: &Store, client_config: &Value) -> Result<Destination, String> {
+    if let Some(url) = client_config["url"].as_str() {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| format!("invalid url {url:?}: {e}"))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(format!("webhook url {url:?} must be https"));
+        }
+        let host = uri
+            .host()
+            .ok_or("the url has no host")?
+            .trim_matches(['[', ']'])
+            .to_owned();
+        return Ok(Destination {
+            server_name: host.clone(),
+            host,
+            port: uri.port_u16().unwrap_or(443),
+            path: uri.path_and_query().map_or("/", |p| p.as_str()).to_owned(),
+        });
     }
-    let host = uri
-        .host()
-        .ok_or("the url has no host")?
-        .trim_matches(['[', ']'])
-        .to_owned();
-    let port = uri.port_u16().unwrap_or(443);
+    let service = &client_config["service"];
+    let (namespace, name) = (
+        service["namespace"].as_str().unwrap_or_default(),
+        service["name"].as_str().unwrap_or_default(),
+    );
+    if name.is_empty() {
+        return Err("clientConfig names neither a url nor a service".to_owned());
+    }
+    let port = service["port"].as_u64().unwrap_or(443);
+    let found = store
+        .get(&store.kind("", "services"), Some(namespace), name)
+        .map_err(|_| format!("service \"{name}\" not found"))?;
+    let service_port = found["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["port"].as_u64() == Some(port))
+        .ok_or_else(|| format!("no service port {port} found for service \"{name}\""))?;
+    let selector = LabelSelector::from_object(&json!({"matchLabels": found["spec"]["selector"]}))
+        .map_err(|e| e.to_string())?;
+    let pods = store.list(&store.kind("", "pods"), Some(namespace), None, 0, &|pod| {
+        selector.matches(pod)
+            && pod["metadata"]["deletionTimestamp"].is_null()
+            && pod["status"]["podIP"].is_string()
+            && pod["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+    });
+    let pod = pods
+        .items
+        .first()
+        .ok_or_else(|| format!("no endpoints available for service \"{name}\""))?;
+    let target = match &service_port["targetPort"] {
+        Value::Number(number) => number.as_u64(),
+        Value::String(port_name) => pod["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+            .find(|p| p["name"] == port_name.as_str())
+            .and_then(|p| p["containerPort"].as_u64()),
+        _ => Some(port),
+    }
+    .and_then(|p| u16::try_from(p).ok())
+    .ok_or_else(|| format!("service \"{name}\" has no usable target port for port {port}"))?;
+    Ok(Destination {
+        host: pod["status"]["podIP"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        port: target,
+        server_name: format!("{name}.{namespace}.svc"),
+        path: service["path"].as_str().unwrap_or("/").to_owned(),
+    })
+}
+
+async fn post(destination: &Destination, ca_bundle: &str, review: &Value) -> Result<Value, String> {
+    let Destination {
+        host,
+        port,
+        server_name,
+        path,
+    } = destination;
+    let port = *port;
     let pem = base64::engine::general_purpose::STANDARD
         .decode(ca_bundle)
         .map_err(|e| format!("caBundle is not base64: {e}"))?;
@@ -385,9 +474,9 @@ async fn post(url: &str, ca_bundle: &str, review: &Value) -> Result<Value, Strin
     let stream = tokio::net::TcpStream::connect((host.as_str(), port))
         .await
         .map_err(|e| format!("dial tcp {host}:{port}: {e}"))?;
-    let server_name = ServerName::try_from(host.clone()).map_err(|e| e.to_string())?;
+    let verified_name = ServerName::try_from(server_name.clone()).map_err(|e| e.to_string())?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(server_name, stream)
+        .connect(verified_name, stream)
         .await
         .map_err(|e| format!("tls: {e}"))?;
     let (mut sender, connection) =
@@ -396,9 +485,8 @@ async fn post(url: &str, ca_bundle: &str, review: &Value) -> Result<Value, Strin
             .map_err(|e| e.to_string())?;
     tokio::spawn(connection);
     let body = serde_json::to_vec(review).map_err(|e| e.to_string())?;
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let request = http::Request::post(path)
-        .header(http::header::HOST, format!("{host}:{port}"))
+    let request = http::Request::post(path.as_str())
+        .header(http::header::HOST, format!("{server_name}:{port}"))
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| e.to_string())?;

@@ -12,7 +12,7 @@ use crate::error::{ApiError, Cause};
 
 /// Compiles a CEL rule. The parser panics on some malformed input (antlr4rust), which must be
 /// a 422 for the CRD, never a crashed request.
-fn compile(source: &str) -> Result<Program, String> {
+pub(crate) fn compile(source: &str) -> Result<Program, String> {
     std::panic::catch_unwind(|| Program::compile(source))
         .map_err(|_| "syntax error".to_owned())?
         .map_err(|error| error.to_string())

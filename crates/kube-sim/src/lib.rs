@@ -3,10 +3,12 @@
 //! standards; see README.md for what it does and how it differs from a real API server.
 
 pub mod admission;
+pub mod admission_policy;
 pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod conditions;
+pub mod container_init;
 pub mod control;
 pub mod crd_schema;
 pub mod error;

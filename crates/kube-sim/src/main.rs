@@ -50,42 +50,73 @@ enum Command {
         /// How often each running kubelet renews its node's Lease.
         #[arg(long, default_value = "10s", value_parser = duration)]
         node_lease_renew_interval: Duration,
+        /// DIR/<node> is each node's own filesystem: hostPath volumes of pods on that node are
+        /// found (and made) there. Without it, hostPaths are this host's own paths.
+        #[arg(long, value_name = "DIR")]
+        node_roots: Option<PathBuf>,
+        /// Run HTTP probes at least this often, whatever their periodSeconds (shortens the
+        /// kubelet's 10 s default for demos).
+        #[arg(long, value_parser = duration, value_name = "DURATION")]
+        probe_period_max: Option<Duration>,
+    },
+    /// The container init the kubelet starts a container process through: mounts the volumes
+    /// the spec names in a mount namespace of its own, then runs the program. Not for people.
+    #[command(hide = true)]
+    RunContainer {
+        /// The container's launch spec (JSON), as the kubelet wrote it.
+        spec: PathBuf,
     },
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        // Before any thread exists: a mount namespace is per process only while it has one.
+        Command::RunContainer { spec } => {
+            let error = kube_sim::container_init::run(&spec);
+            eprintln!("kube-sim run-container: {error}");
+            std::process::exit(128);
+        }
+        Command::Serve {
+            listen,
+            kubeconfig_out,
+            nodes,
+            pods_per_node,
+            tls,
+            run_images,
+            node_monitor_grace_period,
+            node_lease_renew_interval,
+            node_roots,
+            probe_period_max,
+        } => {
+            let options = SimOptions {
+                listen,
+                tls,
+                nodes,
+                pods_per_node,
+                world: kube_sim::WorldOptions {
+                    run_images,
+                    node_monitor_grace: node_monitor_grace_period,
+                    lease_renew_interval: node_lease_renew_interval,
+                    container_init: std::env::current_exe().ok(),
+                    node_roots,
+                    probe_period_max,
+                    ..kube_sim::WorldOptions::default()
+                },
+                ..SimOptions::default()
+            };
+            tokio::runtime::Runtime::new()?.block_on(serve(options, &kubeconfig_out))
+        }
+    }
+}
+
+async fn serve(options: SimOptions, kubeconfig_out: &std::path::Path) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let Command::Serve {
-        listen,
-        kubeconfig_out,
-        nodes,
-        pods_per_node,
-        tls,
-        run_images,
-        node_monitor_grace_period,
-        node_lease_renew_interval,
-    } = Cli::parse().command;
-    let sim = KubeSim::start(SimOptions {
-        listen,
-        tls,
-        nodes,
-        pods_per_node,
-        world: kube_sim::WorldOptions {
-            run_images,
-            node_monitor_grace: node_monitor_grace_period,
-            lease_renew_interval: node_lease_renew_interval,
-            ..kube_sim::WorldOptions::default()
-        },
-        ..SimOptions::default()
-    })
-    .await
-    .context("start kube-sim")?;
+    let sim = KubeSim::start(options).await.context("start kube-sim")?;
     println!("{}", sim.url());
-    sim.write_kubeconfig_to(&kubeconfig_out)?;
+    sim.write_kubeconfig_to(kubeconfig_out)?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = terminate.recv() => {}

@@ -106,13 +106,6 @@ impl KubeSim {
         crate::populate::populate(&store, options.nodes, options.pods_per_node)?;
         let audit = crate::audit::Audit::default();
         let logs = crate::world::Logs::new().map_err(SimError::Logs)?;
-        let world = World::start(
-            store.clone(),
-            audit.clone(),
-            logs,
-            &options.world,
-            &stop.child_token(),
-        );
         let listener =
             TcpListener::bind(options.listen)
                 .await
@@ -127,12 +120,30 @@ impl KubeSim {
         let tls = options.tls.then(crate::tls::generate).transpose()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let url = format!("{scheme}://{address}");
+        let tokens = crate::tokens::TokenIssuer::default();
+        let in_cluster = crate::world::InCluster {
+            host: address.ip().to_string(),
+            port: address.port(),
+            ca_pem: tls
+                .as_ref()
+                .map(|tls| tls.ca_pem.clone())
+                .unwrap_or_default(),
+            tokens: tokens.clone(),
+        };
+        let world = World::start(
+            store.clone(),
+            audit.clone(),
+            logs,
+            in_cluster,
+            &options.world,
+            &stop.child_token(),
+        );
         let app = App {
             store: store.clone(),
             faults: faults.clone(),
             audit: world.audit().clone(),
             logs: world.logs().clone(),
-            tokens: crate::tokens::TokenIssuer::default(),
+            tokens,
             bookmark_interval: options.bookmark_interval,
             without_credentials: if tls.is_some() {
                 crate::auth::User::anonymous()

@@ -150,8 +150,18 @@ fn get_describe_apply_and_api_resources() -> Result<()> {
         Ok(sim.ok(&["get", "pod", "web"])?.contains("Running"))
     })?;
     let described = sim.ok(&["describe", "pod", "web"])?;
+    // kubectl aligns the values by the longest field name and shows `node/hostIP`.
+    let field = |name: &str, value: &str| {
+        described.lines().any(|line| {
+            line.starts_with(name)
+                && line
+                    .split_whitespace()
+                    .nth(1)
+                    .is_some_and(|v| v.starts_with(value))
+        })
+    };
     ensure!(
-        described.contains("Node:         node-0") && described.contains("Status:       Running"),
+        field("Node:", "node-0/") && field("Status:", "Running"),
         "{described}"
     );
     let resources = sim.ok(&["api-resources"])?;
@@ -524,13 +534,20 @@ fn conformance_pods_are_admitted_and_described_as_on_a_real_cluster() -> Result<
         "Pulled",
         "Created",
         "Started",
-        "QoS Class:          BestEffort",
+        "/var/run/secrets/kubernetes.io/serviceaccount from kube-api-access-",
+        "ConfigMapName:           kube-root-ca.crt",
     ] {
         ensure!(
             described.contains(expected),
             "{expected} not in {described}"
         );
     }
+    ensure!(
+        described
+            .lines()
+            .any(|line| line.starts_with("QoS Class:") && line.ends_with(" BestEffort")),
+        "no BestEffort QoS class in {described}"
+    );
     let labels = sim.ok(&[
         "get",
         "namespace",
@@ -997,6 +1014,217 @@ fn conformance_rbac_is_enforced_for_service_account_tokens() -> Result<()> {
     ensure!(
         !orphaned.status.success(),
         "a deleted account's token still works"
+    );
+    Ok(())
+}
+
+const IN_CLUSTER: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: apps}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: lister, namespace: apps}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pod-lister, namespace: apps}
+rules: [{apiGroups: [""], resources: [pods], verbs: [list]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: lister, namespace: apps}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: pod-lister}
+subjects: [{kind: ServiceAccount, name: lister}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: apps}
+data: {greeting: hello, settings.yaml: "level: 3\n"}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: creds, namespace: apps}
+stringData: {password: hunter2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: lister, namespace: apps, labels: {app: lister}}
+spec:
+  serviceAccountName: lister
+  restartPolicy: Never
+  nodeName: node-0
+  containers:
+  - name: c
+    image: tools:1
+    command: [sh, -c]
+    args:
+    - |
+      echo "node=$(NODE) greeting=$GREETING password=$PASSWORD ip=$POD_IP"
+      cat /etc/app/settings.yaml
+      echo "namespace=$(cat /var/run/secrets/kubernetes.io/serviceaccount/namespace)"
+      kubectl get pods -o name
+      kubectl get nodes 2>&1 | tail -1
+    env:
+    - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+    - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+    - {name: GREETING, valueFrom: {configMapKeyRef: {name: settings, key: greeting}}}
+    - {name: PASSWORD, valueFrom: {secretKeyRef: {name: creds, key: password}}}
+    volumeMounts:
+    - {name: settings, mountPath: /etc/app, readOnly: true}
+  volumes:
+  - {name: settings, configMap: {name: settings}}
+"#;
+
+/// A container run as a process is in the cluster as a real one is: its environment from the
+/// downward API, ConfigMaps and Secrets, its volumes mounted at their paths, and kubectl in it
+/// finds the API server, authenticates with the pod's token and meets its RBAC.
+#[test]
+fn conformance_processes_run_in_the_cluster_with_their_service_account() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let kubectl = Command::new("sh")
+        .args(["-c", "command -v kubectl"])
+        .output()?;
+    let kubectl = String::from_utf8_lossy(&kubectl.stdout).trim().to_owned();
+    let bin = std::path::Path::new(&kubectl)
+        .parent()
+        .context("kubectl has no directory")?;
+    let rule = format!("tools:*={}", bin.display());
+    let sim = Sim::start_with(1, &["--tls", "--run-image", &rule])?;
+    sim.apply(IN_CLUSTER)?;
+    sim.wait_for("the pod to finish", Duration::from_secs(60), |sim| {
+        let phase = sim.jsonpath(&["pod", "lister", "-n", "apps"], "{.status.phase}")?;
+        Ok(phase == "Succeeded" || phase == "Failed")
+    })?;
+    let logs = sim.ok(&["logs", "lister", "-n", "apps"])?;
+    let ip = sim.jsonpath(&["pod", "lister", "-n", "apps"], "{.status.podIP}")?;
+    ensure!(ip.starts_with("127."), "{ip}");
+    for expected in [
+        format!("node=node-0 greeting=hello password=hunter2 ip={ip}"),
+        "level: 3".to_owned(),
+        "namespace=apps".to_owned(),
+        "pod/lister".to_owned(),
+        r#"User "system:serviceaccount:apps:lister" cannot list resource "nodes""#.to_owned(),
+    ] {
+        ensure!(
+            logs.contains(&expected),
+            "{expected:?} missing from the logs:\n{logs}"
+        );
+    }
+    // The mounts were the container's own: the host has no /etc/app.
+    ensure!(!std::path::Path::new("/etc/app").exists());
+    Ok(())
+}
+
+const OWN_NODE_POLICY: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: agents}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: agent, namespace: agents}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: agent-0, namespace: agents}
+spec:
+  serviceAccountName: agent
+  nodeName: node-0
+  containers: [{name: c, image: agent}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: node-labeller}
+rules: [{apiGroups: [""], resources: [nodes], verbs: [get, patch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: agent-node-labeller}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: node-labeller}
+subjects: [{kind: ServiceAccount, name: agent, namespace: agents}]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: agent-own-node}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - {apiGroups: [""], apiVersions: [v1], operations: [UPDATE], resources: [nodes, nodes/status]}
+  matchConditions:
+  - {name: is-the-agent, expression: "request.userInfo.username == 'system:serviceaccount:agents:agent'"}
+  validations:
+  - expression: >-
+      'authentication.kubernetes.io/node-name' in request.userInfo.extra &&
+      request.userInfo.extra['authentication.kubernetes.io/node-name'][0] == object.metadata.name
+    messageExpression: "'the agent may write only its own Node, not ' + object.metadata.name"
+    reason: Forbidden
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: agent-own-node}
+spec: {policyName: agent-own-node, validationActions: [Deny]}
+"#;
+
+/// A ValidatingAdmissionPolicy sees the node a pod-bound token carries: the agent on node-0
+/// may label node-0 and no other node; the admin is not matched.
+#[test]
+fn conformance_admission_policies_judge_with_the_tokens_node() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start_with(2, &["--tls"])?;
+    sim.apply(OWN_NODE_POLICY)?;
+    let uid = sim.jsonpath(&["pod", "agent-0", "-n", "agents"], "{.metadata.uid}")?;
+    let body = sim.dir.path().join("bound-token.json");
+    std::fs::write(
+        &body,
+        format!(
+            r#"{{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{{"boundObjectRef":{{"kind":"Pod","apiVersion":"v1","name":"agent-0","uid":"{uid}"}}}}}}"#
+        ),
+    )?;
+    let answer = sim.ok(&[
+        "create",
+        "--raw",
+        "/api/v1/namespaces/agents/serviceaccounts/agent/token",
+        "-f",
+        body.to_str().unwrap_or_default(),
+    ])?;
+    let answer: serde_json::Value = serde_json::from_str(&answer)?;
+    let token = format!(
+        "--token={}",
+        answer["status"]["token"].as_str().context("no token")?
+    );
+    let whoami = sim.ok(&["auth", "whoami", &token, "-o", "json"])?;
+    ensure!(
+        whoami.contains(r#""authentication.kubernetes.io/node-name": ["#)
+            && whoami.contains("node-0"),
+        "{whoami}"
+    );
+    sim.ok(&["label", "node", "node-0", "agent=was-here", &token])?;
+    let refused = sim.kubectl(&["label", "node", "node-1", "agent=was-here", &token])?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    ensure!(
+        !refused.status.success()
+            && stderr.contains(r#"Error from server (Forbidden): nodes "node-1" is forbidden: ValidatingAdmissionPolicy 'agent-own-node' with binding 'agent-own-node' denied request: the agent may write only its own Node, not node-1"#),
+        "{stderr}"
+    );
+    sim.ok(&["label", "node", "node-1", "admin=was-here"])?;
+    // An expression that does not compile is refused with the policy.
+    let broken = sim.dir.path().join("broken.yaml");
+    std::fs::write(
+        &broken,
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata: {name: broken}\nspec:\n  matchConstraints: {resourceRules: [{apiGroups: [''], apiVersions: [v1], operations: [UPDATE], resources: [nodes]}]}\n  validations: [{expression: 'object.metadata.name =='}]\n",
+    )?;
+    let output = sim.kubectl(&["apply", "-f", broken.to_str().unwrap_or_default()])?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        !output.status.success() && stderr.contains("compilation failed"),
+        "{stderr}"
     );
     Ok(())
 }

@@ -760,3 +760,116 @@ async fn instances_power_off_and_on_with_their_kubelet() -> Result<()> {
     );
     Ok(())
 }
+
+/// Answers `/ready` and `/live` with 200 or 500 as the flags say, as a program's admin port.
+async fn health_server(
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    live: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Result<u16> {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let (ready, live) = (ready.clone(), live.clone());
+            tokio::spawn(async move {
+                let mut request = [0u8; 512];
+                let n = stream.read(&mut request).await.unwrap_or(0);
+                let request = String::from_utf8_lossy(&request[..n]);
+                let healthy = if request.starts_with("GET /ready") {
+                    ready.load(Ordering::SeqCst)
+                } else {
+                    live.load(Ordering::SeqCst)
+                };
+                let status = if healthy {
+                    "200 OK"
+                } else {
+                    "500 Internal Server Error"
+                };
+                let _ = stream
+                    .write_all(format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n").as_bytes())
+                    .await;
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// A process's readiness probe decides its pod's Ready condition, both ways; a failing
+/// liveness probe restarts its container.
+#[tokio::test]
+async fn probes_drive_readiness_and_restart_unhealthy_containers() -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let ready_flag = std::sync::Arc::new(AtomicBool::new(false));
+    let live_flag = std::sync::Arc::new(AtomicBool::new(true));
+    let port = health_server(ready_flag.clone(), live_flag.clone()).await?;
+    let sim = sim_with(
+        1,
+        WorldOptions {
+            run_images: vec!["sleeper:*=/bin".parse().map_err(anyhow::Error::msg)?],
+            ..quick_world()
+        },
+    )
+    .await?;
+    let pods: Api<Pod> = Api::default_namespaced(sim.client());
+    let probe = |path: &str, failures: u32| json!({"httpGet": {"host": "127.0.0.1", "port": port, "path": path}, "periodSeconds": 1, "failureThreshold": failures});
+    let spec = pod(
+        "probed",
+        Some("node-0"),
+        &json!({"spec": {"containers": [{"name": "c", "image": "sleeper:1", "command": ["sleep", "3600"],
+            "readinessProbe": probe("/ready", 1), "livenessProbe": probe("/live", 2)}]}}),
+    )?;
+    pods.create(&PostParams::default(), &spec).await?;
+    let running_unready = || async {
+        let pod = pods.get("probed").await?;
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        Ok(phase.as_deref() == Some("Running") && !ready(&pod))
+    };
+    wait_until("the pod to run, unready", running_unready).await?;
+    ready_flag.store(true, Ordering::SeqCst);
+    wait_until("the probe to make it Ready", || async {
+        Ok(ready(&pods.get("probed").await?))
+    })
+    .await?;
+    ready_flag.store(false, Ordering::SeqCst);
+    wait_until("the probe to make it unready", || async {
+        Ok(!ready(&pods.get("probed").await?))
+    })
+    .await?;
+    live_flag.store(false, Ordering::SeqCst);
+    // Stopped, to be restarted after the kubelet's back-off.
+    wait_until("the container to be stopped for a restart", || async {
+        let pod = pods.get("probed").await?;
+        let status = pod.status.and_then(|s| s.container_statuses);
+        let status = status.as_ref().and_then(|s| s.first());
+        Ok(status.is_some_and(|s| {
+            s.last_state
+                .as_ref()
+                .is_some_and(|l| l.terminated.is_some())
+                && s.state.as_ref().is_some_and(|s| s.waiting.is_some())
+        }))
+    })
+    .await?;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::default_namespaced(sim.client());
+    let reasons: Vec<String> = events
+        .list(&ListParams::default().fields("involvedObject.name=probed"))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|event| Some(format!("{} {}", event.reason?, event.message?)))
+        .collect();
+    ensure!(
+        reasons.iter().any(|r| r.starts_with(
+            "Unhealthy Liveness probe failed: HTTP probe failed with statuscode: 500"
+        )),
+        "{reasons:?}"
+    );
+    ensure!(
+        reasons
+            .iter()
+            .any(|r| r == "Killing Container c failed liveness probe, will be restarted"),
+        "{reasons:?}"
+    );
+    Ok(())
+}

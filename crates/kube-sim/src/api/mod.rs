@@ -286,7 +286,7 @@ async fn admitted(
         *method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
     );
-    if !write || !any_registered(&app.store) {
+    if !write || !(any_registered(&app.store) || crate::admission_policy::any_bound(&app.store)) {
         return Ok((method.clone(), body, Record, Vec::new()));
     }
     let (kind, namespace, name, sub) = match target {
@@ -380,10 +380,14 @@ async fn admitted(
     };
     let crate::admission::Admitted {
         object: admitted,
-        warnings,
+        mut warnings,
     } = admit(&app.store, &request, object)
         .await
         .map_err(|(error, warnings)| Refused { error, warnings })?;
+    match crate::admission_policy::validate(&app.store, &request, &admitted) {
+        Ok(more) => warnings.extend(more),
+        Err(error) => return Err(Refused { error, warnings }),
+    }
     let applied = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -147,6 +147,8 @@ pub fn list(
 enum Schema {
     None,
     Crd,
+    /// A ValidatingAdmissionPolicy: its expressions must compile.
+    Policy,
     Custom(Value),
 }
 
@@ -155,13 +157,18 @@ impl Schema {
     fn shape(&self) -> Shape<'_> {
         match self {
             Self::Custom(schema) => Shape::Schema(schema),
-            Self::None | Self::Crd => Shape::Builtin,
+            Self::None | Self::Crd | Self::Policy => Shape::Builtin,
         }
     }
 
     fn of(app: &App, kind: &ResourceType) -> Result<Self, ApiError> {
         if kind.group == "apiextensions.k8s.io" && kind.plural == "customresourcedefinitions" {
             return Ok(Self::Crd);
+        }
+        if kind.group == "admissionregistration.k8s.io"
+            && kind.plural == "validatingadmissionpolicies"
+        {
+            return Ok(Self::Policy);
         }
         if !kind.custom {
             return Ok(Self::None);
@@ -189,6 +196,19 @@ impl Schema {
         match self {
             Self::None => Ok(()),
             Self::Crd => crate::crd_schema::validate_crd(object),
+            Self::Policy => crate::admission_policy::check_policy(object).map_err(|message| {
+                let name = object["metadata"]["name"].as_str().unwrap_or_default();
+                ApiError::invalid(
+                    &kind.group,
+                    &kind.kind,
+                    name,
+                    &[crate::error::Cause {
+                        reason: "FieldValueInvalid",
+                        field: message.split(':').next().unwrap_or_default().to_owned(),
+                        message,
+                    }],
+                )
+            }),
             Self::Custom(schema) => crate::crd_schema::Admission {
                 group: &kind.group,
                 kind: &kind.kind,

@@ -258,6 +258,7 @@ impl Store {
         let mut object = object;
         let context = strategy::CreateContext {
             priority_of_class: &|class| priority_of_class(&state, class),
+            account_automount: &|namespace, name| account_automount(&state, namespace, name),
             default_toleration_seconds: self
                 .inner
                 .default_toleration_seconds
@@ -544,6 +545,14 @@ fn check_namespace_open(state: &State, namespace: &str) -> Result<(), ApiError> 
         }
         Some(_) => Ok(()),
     }
+}
+
+fn account_automount(state: &State, namespace: &str, name: &str) -> Option<bool> {
+    state
+        .collections
+        .get("/serviceaccounts")
+        .and_then(|accounts| accounts.get(&(namespace.to_owned(), name.to_owned())))
+        .and_then(|account| account["automountServiceAccountToken"].as_bool())
 }
 
 fn priority_of_class(state: &State, class: &str) -> Option<i64> {

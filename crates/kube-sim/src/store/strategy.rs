@@ -73,6 +73,8 @@ pub struct CreateContext<'a> {
     pub priority_of_class: &'a dyn Fn(&str) -> Option<i64>,
     /// The DefaultTolerationSeconds admission's seconds.
     pub default_toleration_seconds: i64,
+    /// A ServiceAccount's `automountServiceAccountToken`, if the account exists and sets it.
+    pub account_automount: &'a dyn Fn(&str, &str) -> Option<bool>,
 }
 
 pub fn prepare_create(
@@ -156,6 +158,7 @@ pub fn prepare_create(
         ("", "pods") => {
             default_pod(kind, &name, object, context.priority_of_class)?;
             default_tolerations(object, context.default_toleration_seconds);
+            mount_service_account_token(object, namespace, context.account_automount);
         }
         ("", "namespaces") => {
             object["spec"] = json!({"finalizers": ["kubernetes"]});
@@ -227,6 +230,78 @@ fn default_pod(
         spec["priority"] = json!(0);
     }
     Ok(())
+}
+
+/// Where the ServiceAccount admission mounts a pod's API credentials.
+pub const SERVICE_ACCOUNT_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The ServiceAccount admission (plugin/pkg/admission/serviceaccount): the pod runs as
+/// `default` unless it names an account, and unless the pod or its account opts out, it gets
+/// the projected `kube-api-access-*` volume (a bound token, the cluster's CA, the namespace)
+/// mounted read-only in every container. Unlike the real plugin, a pod naming an account that
+/// does not exist is not refused.
+fn mount_service_account_token(
+    pod: &mut Value,
+    namespace: &str,
+    account_automount: &dyn Fn(&str, &str) -> Option<bool>,
+) {
+    let spec = &mut pod["spec"];
+    let named = spec["serviceAccountName"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned);
+    let account = named.unwrap_or_else(|| {
+        spec["serviceAccountName"] = json!("default");
+        "default".to_owned()
+    });
+    spec["serviceAccount"] = json!(account);
+    let automount = spec["automountServiceAccountToken"]
+        .as_bool()
+        .or_else(|| account_automount(namespace, &account))
+        .unwrap_or(true);
+    if !automount {
+        return;
+    }
+    let volume = format!("kube-api-access-{}", generated_suffix());
+    let mut mounted = false;
+    for list in ["initContainers", "containers"] {
+        for container in spec[list].as_array_mut().into_iter().flatten() {
+            let taken = container["volumeMounts"].as_array().is_some_and(|mounts| {
+                mounts
+                    .iter()
+                    .any(|m| m["mountPath"] == SERVICE_ACCOUNT_MOUNT_PATH)
+            });
+            if taken {
+                continue;
+            }
+            if !container["volumeMounts"].is_array() {
+                container["volumeMounts"] = json!([]);
+            }
+            if let Some(mounts) = container["volumeMounts"].as_array_mut() {
+                mounts.push(json!({"name": volume, "readOnly": true, "mountPath": SERVICE_ACCOUNT_MOUNT_PATH}));
+                mounted = true;
+            }
+        }
+    }
+    if !mounted {
+        return;
+    }
+    if !spec["volumes"].is_array() {
+        spec["volumes"] = json!([]);
+    }
+    if let Some(volumes) = spec["volumes"].as_array_mut() {
+        volumes.push(json!({
+            "name": volume,
+            "projected": {
+                "defaultMode": 420,
+                "sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+                ],
+            },
+        }));
+    }
 }
 
 /// The DefaultTolerationSeconds admission
@@ -509,6 +584,7 @@ mod tests {
 
     const NO_CLASSES: CreateContext<'static> = CreateContext {
         priority_of_class: &|_| None,
+        account_automount: &|_, _| None,
         default_toleration_seconds: 300,
     };
 
@@ -521,6 +597,7 @@ mod tests {
         let mut pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}], "priorityClassName": "system-node-critical"}});
         let context = CreateContext {
             priority_of_class: &|_| Some(2_000_001_000),
+            account_automount: &|_, _| None,
             default_toleration_seconds: 300,
         };
         prepare_create(&kind("pods"), "default", &mut pod, &context).unwrap();

@@ -19,6 +19,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
+use super::launch::{self, InCluster};
+use super::probes;
 use super::runtime::{Exit, Logs, Runtime};
 use super::{KUBELET_ANNOTATION, READY_AFTER_ANNOTATION, STOP_SECONDS_ANNOTATION, WorldOptions};
 use crate::store::strategy::now_rfc3339;
@@ -46,6 +48,12 @@ enum Action {
         uid: String,
         container: String,
     },
+    /// A pod's volumes could not be set up: try starting it again.
+    Retry {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
     /// Renew every running kubelet's node lease.
     RenewLeases,
 }
@@ -59,6 +67,41 @@ struct Kubelets {
     runtime: Runtime,
     /// Exit codes of container processes, by pod UID and container, for the pod's final status.
     exit_codes: HashMap<(String, String), i32>,
+    in_cluster: InCluster,
+    /// The probes of running container processes, by pod UID and container.
+    probing: HashMap<(String, String), CancellationToken>,
+    probe_outcomes: tokio::sync::mpsc::UnboundedSender<probes::Outcome>,
+    pod_addresses: PodAddresses,
+    /// The addresses given to pods whose containers run as processes, by pod UID.
+    pod_ips: HashMap<String, String>,
+    /// Pods waiting to try setting up their containers again.
+    retrying: std::collections::HashSet<String>,
+}
+
+/// Pod IPs for pods whose containers run as processes: each its own loopback address, from a
+/// /16 of 127.0.0.0/8 picked at random, so that several simulators on one host rarely share
+/// one.
+struct PodAddresses {
+    base: [u8; 2],
+    next: u32,
+}
+
+impl PodAddresses {
+    fn new() -> Self {
+        Self {
+            base: [rand::random_range(64..100), rand::random_range(0..=255)],
+            next: 0,
+        }
+    }
+
+    fn allocate(&mut self) -> String {
+        let index = self.next % (254 * 256);
+        self.next += 1;
+        let [a, b] = self.base;
+        let third = b.wrapping_add(u8::try_from(index / 254).unwrap_or(0));
+        let fourth = index % 254 + 1;
+        format!("127.{a}.{third}.{fourth}")
+    }
 }
 
 fn seconds_annotation(object: &Value, annotation: &str) -> Duration {
@@ -105,11 +148,22 @@ fn restart_backoff(restarts: u32) -> Duration {
         .min(Duration::from_secs(300))
 }
 
-pub async fn run(store: Store, options: WorldOptions, logs: Logs, stop: CancellationToken) {
+pub async fn run(
+    store: Store,
+    options: WorldOptions,
+    logs: Logs,
+    in_cluster: InCluster,
+    stop: CancellationToken,
+) {
     let Ok(subscription) = store.subscribe(0) else {
         return;
     };
-    let (runtime, mut exits) = Runtime::new(options.run_images.clone(), logs);
+    let (runtime, mut exits) = Runtime::new(
+        options.run_images.clone(),
+        options.container_init.clone(),
+        logs,
+    );
+    let (probe_outcomes, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
     let mut kubelets = Kubelets {
         store: store.clone(),
         options,
@@ -117,6 +171,12 @@ pub async fn run(store: Store, options: WorldOptions, logs: Logs, stop: Cancella
         stops: HashMap::new(),
         runtime,
         exit_codes: HashMap::new(),
+        in_cluster,
+        probing: HashMap::new(),
+        probe_outcomes,
+        pod_addresses: PodAddresses::new(),
+        pod_ips: HashMap::new(),
+        retrying: std::collections::HashSet::new(),
     };
     kubelets.timers.insert(Action::RenewLeases, Duration::ZERO);
     for pod in store.all(&store.kind("", "pods")) {
@@ -128,6 +188,7 @@ pub async fn run(store: Store, options: WorldOptions, logs: Logs, stop: Cancella
             () = stop.cancelled() => return,
             Some(expired) = kubelets.timers.next() => kubelets.act(expired.into_inner()),
             Some(exit) = exits.recv() => kubelets.container_exited(exit),
+            Some(outcome) = outcomes.recv() => kubelets.probed(&outcome),
             received = live.recv() => match received {
                 Ok(change) if change.collection == "/pods" && change.kind == crate::store::ChangeKind::Deleted => kubelets.pod_gone(&change.object),
                 Ok(change) if change.collection == "/pods" => kubelets.pod_changed(&change.object),
@@ -218,6 +279,40 @@ impl Kubelets {
                 // attach/detach controller's change to the node brings the pod back here.
                 return;
             }
+            // A pod whose containers run as processes gets its own address, and stays Pending
+            // (ContainerCreating) until its volumes and environment can be set up.
+            let processes = containers(pod).any(|c| self.runtime.runs(c));
+            let pod_ip = if processes {
+                self.pod_ips
+                    .entry(uid.clone())
+                    .or_insert_with(|| self.pod_addresses.allocate())
+                    .clone()
+            } else {
+                format!(
+                    "10.244.{}.{}",
+                    rand::random_range(0..255),
+                    rand::random_range(1..255)
+                )
+            };
+            let mut addressed = (**pod).clone();
+            addressed["status"]["podIP"] = json!(pod_ip);
+            let launches = match self.prepare_all(&addressed) {
+                Ok(launches) => launches,
+                Err(error) => {
+                    if self.retrying.insert(uid.clone()) {
+                        self.record(pod, None, "FailedMount", &error);
+                        self.timers.insert(
+                            Action::Retry {
+                                namespace,
+                                name,
+                                uid,
+                            },
+                            Duration::from_secs(1),
+                        );
+                    }
+                    return;
+                }
+            };
             for container in container_names(pod) {
                 let image = pod["spec"]["containers"]
                     .as_array()
@@ -247,10 +342,10 @@ impl Kubelets {
             }
             // Without a readiness delay the pod is Ready in the same status write that makes
             // it Running, as the kubelet's status manager reports a container without a
-            // readiness probe.
+            // readiness probe; a process with one waits for it to pass.
             let ready_after = seconds_annotation(pod, READY_AFTER_ANNOTATION);
-            self.start(&namespace, &name, &uid, ready_after.is_zero());
-            self.start_processes(&namespace, &name, &uid);
+            self.start(&namespace, &name, &uid, ready_after.is_zero(), &pod_ip);
+            self.start_processes(&addressed, launches);
             self.sync_volumes_in_use(&node, pod);
             if !ready_after.is_zero() {
                 self.timers.insert(
@@ -301,6 +396,8 @@ impl Kubelets {
     fn pod_gone(&mut self, pod: &Arc<Value>) {
         let uid = text(&pod["metadata"]["uid"]);
         self.runtime.signal(&uid, Signal::SIGKILL);
+        self.stop_probing(&uid, None);
+        self.pod_ips.remove(&uid);
         self.exit_codes.retain(|(pod, _), _| *pod != uid);
         let node = text(&pod["spec"]["nodeName"]);
         if !node.is_empty() && self.kubelet_running(&node) {
@@ -413,6 +510,19 @@ impl Kubelets {
                 uid,
                 container,
             } => self.restart(&namespace, &name, &uid, &container),
+            Action::Retry {
+                namespace,
+                name,
+                uid,
+            } => {
+                self.retrying.remove(&uid);
+                let pods = self.store.kind("", "pods");
+                if let Ok(pod) = self.store.get(&pods, Some(&namespace), &name)
+                    && pod["metadata"]["uid"] == uid.as_str()
+                {
+                    self.pod_changed(&pod);
+                }
+            }
             Action::RenewLeases => {
                 self.renew_leases();
                 self.timers
@@ -488,19 +598,30 @@ impl Kubelets {
             .ok()
     }
 
-    fn start(&self, namespace: &str, name: &str, uid: &str, ready: bool) {
+    /// Whether a just started container counts as ready: a process with a readiness probe
+    /// waits for it to pass.
+    fn ready_at_start(&self, container: &Value) -> bool {
+        !(self.runtime.runs(container) && probes::has_readiness_probe(container))
+    }
+
+    fn start(&self, namespace: &str, name: &str, uid: &str, no_delay: bool, pod_ip: &str) {
         self.update_pod(namespace, name, uid, |pod| {
             let now = now_rfc3339();
+            let ready = no_delay && containers(pod).all(|c| self.ready_at_start(c));
             let ready_status = if ready { "True" } else { "False" };
             let statuses: Vec<Value> = pod["spec"]["containers"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|c| json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": ready, "started": true, "restartCount": 0, "state": {"running": {"startedAt": now}}}))
+                .map(|c| {
+                    let ready = no_delay && self.ready_at_start(c);
+                    json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": ready, "started": true, "restartCount": 0, "state": {"running": {"startedAt": now}}})
+                })
                 .collect();
             pod["status"]["phase"] = json!("Running");
             pod["status"]["startTime"] = json!(now);
-            pod["status"]["podIP"] = json!(format!("10.244.{}.{}", rand::random_range(0..255), rand::random_range(1..255)));
+            pod["status"]["podIP"] = json!(pod_ip);
+            pod["status"]["podIPs"] = json!([{"ip": pod_ip}]);
             pod["status"]["containerStatuses"] = json!(statuses);
             pod["status"]["conditions"] = json!([
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
@@ -511,52 +632,179 @@ impl Kubelets {
         });
     }
 
+    /// The ready-after delay is over, or a container restarted: containers without a readiness
+    /// probe to wait for are ready.
     fn mark_ready(&self, namespace: &str, name: &str, uid: &str) {
+        self.update_readiness(namespace, name, uid, |spec| {
+            self.ready_at_start(spec).then_some(true)
+        });
+    }
+
+    /// Sets what `decide` says (per container spec; `None` leaves it) on running containers,
+    /// and the pod's Ready and ContainersReady conditions from all of them.
+    fn update_readiness(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        decide: impl Fn(&Value) -> Option<bool>,
+    ) {
         self.update_pod(namespace, name, uid, |pod| {
             let now = now_rfc3339();
+            let specs: Vec<Value> = containers(pod).cloned().collect();
             let mut all_ready = true;
             if let Some(statuses) = pod["status"]["containerStatuses"].as_array_mut() {
                 for status in statuses {
                     let running = status["state"]["running"].is_object();
-                    status["ready"] = json!(running);
-                    all_ready &= running;
+                    let spec = specs.iter().find(|c| c["name"] == status["name"]);
+                    if let Some(ready) = spec.and_then(&decide) {
+                        status["ready"] = json!(ready && running);
+                    }
+                    all_ready &= status["ready"].as_bool() == Some(true);
                 }
             }
-            if !all_ready {
-                return;
-            }
+            let (wanted, reason) = if all_ready {
+                ("True", None)
+            } else {
+                ("False", Some("ContainersNotReady"))
+            };
             if let Some(conditions) = pod["status"]["conditions"].as_array_mut() {
                 for condition in conditions
                     .iter_mut()
                     .filter(|c| c["type"] == "Ready" || c["type"] == "ContainersReady")
                 {
-                    condition["status"] = json!("True");
-                    condition["lastTransitionTime"] = json!(now);
+                    if condition["status"] != wanted {
+                        condition["status"] = json!(wanted);
+                        condition["lastTransitionTime"] = json!(now);
+                        match reason {
+                            Some(reason) => condition["reason"] = json!(reason),
+                            None => {
+                                condition.as_object_mut().map(|c| c.remove("reason"));
+                            }
+                        }
+                    }
                 }
             }
         });
     }
 
-    /// Starts the processes of the pod's containers that the runtime runs; one that cannot
-    /// start ends at once, as a container whose start failed.
-    fn start_processes(&mut self, namespace: &str, name: &str, uid: &str) {
+    /// A probe's result changed: readiness sets the container's ready flag, a failed liveness
+    /// probe restarts the container (its process is stopped; the restart policy brings it back).
+    fn probed(&mut self, outcome: &probes::Outcome) {
         let pods = self.store.kind("", "pods");
-        let Ok(pod) = self.store.get(&pods, Some(namespace), name) else {
+        let found = self.store.list(&pods, None, None, 1, &|pod| {
+            pod["metadata"]["uid"] == outcome.uid.as_str()
+        });
+        let Some(pod) = found.items.first() else {
             return;
         };
-        if pod["metadata"]["uid"] != uid {
+        if pod["metadata"]["deletionTimestamp"].is_string() {
             return;
         }
-        let run: Vec<Value> = containers(&pod)
+        let (namespace, name) = (
+            text(&pod["metadata"]["namespace"]),
+            text(&pod["metadata"]["name"]),
+        );
+        if !outcome.healthy {
+            self.record(
+                pod,
+                Some(&outcome.container),
+                "Unhealthy",
+                &format!("{} probe failed: {}", outcome.kind.name(), outcome.message),
+            );
+        }
+        match outcome.kind {
+            probes::Kind::Readiness => {
+                self.update_readiness(&namespace, &name, &outcome.uid, |spec| {
+                    (spec["name"] == outcome.container.as_str()).then_some(outcome.healthy)
+                });
+            }
+            probes::Kind::Liveness => {
+                self.record(
+                    pod,
+                    Some(&outcome.container),
+                    "Killing",
+                    &format!(
+                        "Container {} failed liveness probe, will be restarted",
+                        outcome.container
+                    ),
+                );
+                self.runtime
+                    .signal_container(&outcome.uid, &outcome.container, Signal::SIGTERM);
+            }
+        }
+    }
+
+    /// What each container the runtime runs needs to start, or why it cannot yet.
+    fn prepare_all(&self, pod: &Value) -> Result<Vec<(Value, launch::Launch)>, String> {
+        containers(pod)
             .filter(|c| self.runtime.runs(c))
-            .cloned()
-            .collect();
-        for container in run {
-            if let Err(error) = self.runtime.start(&pod, &container) {
+            .map(|container| Ok((container.clone(), self.prepare(pod, container)?)))
+            .collect()
+    }
+
+    fn prepare(&self, pod: &Value, container: &Value) -> Result<launch::Launch, String> {
+        let uid = text(&pod["metadata"]["uid"]);
+        let (program, args) = self.runtime.command(container)?;
+        let node = text(&pod["spec"]["nodeName"]);
+        let context = launch::Context {
+            store: &self.store,
+            in_cluster: &self.in_cluster,
+            node_root: self
+                .options
+                .node_roots
+                .as_ref()
+                .map(|roots| roots.join(&node)),
+            pod_dir: self.runtime.pod_dir(&uid),
+        };
+        launch::prepare(&context, pod, container, program, args)
+    }
+
+    /// Starts one container process, and its probes.
+    fn spawn(
+        &mut self,
+        pod: &Value,
+        container: &Value,
+        prepared: &launch::Launch,
+    ) -> Result<(), String> {
+        let uid = text(&pod["metadata"]["uid"]);
+        let name = text(&container["name"]);
+        self.runtime.start(&uid, &name, prepared)?;
+        let stop = CancellationToken::new();
+        probes::start(
+            container,
+            &uid,
+            text(&pod["status"]["podIP"]).as_str(),
+            self.options.probe_period_max,
+            &self.probe_outcomes,
+            &stop,
+        );
+        if let Some(previous) = self.probing.insert((uid, name), stop) {
+            previous.cancel();
+        }
+        Ok(())
+    }
+
+    fn stop_probing(&mut self, uid: &str, container: Option<&str>) {
+        self.probing.retain(|(pod, name), stop| {
+            let ends = pod == uid && container.is_none_or(|c| c == name);
+            if ends {
+                stop.cancel();
+            }
+            !ends
+        });
+    }
+
+    /// Starts the prepared processes of the pod's containers; one that cannot start ends at
+    /// once, as a container whose start failed.
+    fn start_processes(&mut self, pod: &Value, launches: Vec<(Value, launch::Launch)>) {
+        let uid = text(&pod["metadata"]["uid"]);
+        for (container, prepared) in launches {
+            if let Err(error) = self.spawn(pod, &container, &prepared) {
                 let container = text(&container["name"]);
-                self.record(&pod, Some(&container), "Failed", &format!("Error: {error}"));
+                self.record(pod, Some(&container), "Failed", &format!("Error: {error}"));
                 self.container_exited(Exit {
-                    uid: uid.to_owned(),
+                    uid: uid.clone(),
                     container,
                     code: 128,
                 });
@@ -569,6 +817,7 @@ impl Kubelets {
     /// whose containers have all ended for good turns Succeeded or Failed.
     fn container_exited(&mut self, exit: Exit) {
         self.runtime.exited(&exit);
+        self.stop_probing(&exit.uid, Some(&exit.container));
         let pods = self.store.kind("", "pods");
         let found = self.store.list(&pods, None, None, 1, &|pod| {
             pod["metadata"]["uid"] == exit.uid.as_str()
@@ -685,7 +934,10 @@ impl Kubelets {
         let Some(spec) = containers(&pod).find(|c| c["name"] == container).cloned() else {
             return;
         };
-        if let Err(error) = self.runtime.start(&pod, &spec) {
+        let started = self
+            .prepare(&pod, &spec)
+            .and_then(|prepared| self.spawn(&pod, &spec, &prepared));
+        if let Err(error) = started {
             self.record(&pod, Some(container), "Failed", &format!("Error: {error}"));
             self.container_exited(Exit {
                 uid: uid.to_owned(),

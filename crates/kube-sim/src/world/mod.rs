@@ -10,10 +10,13 @@ mod disruption;
 mod events;
 mod gc;
 mod kubelet;
+pub(crate) mod launch;
 mod node_affinity;
 mod node_lifecycle;
 mod pod_gc;
+mod probes;
 mod provisioner;
+mod root_ca;
 mod runtime;
 mod service_accounts;
 mod statefulsets;
@@ -29,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 pub use attach_detach::{DRIVER as CSI_DRIVER, attachment_name, unique_volume_name};
 pub use cloud::{Cloud, Instance};
 pub use gc::orphan_dependents;
+pub use launch::InCluster;
 pub use runtime::{ImageRule, Logs};
 
 use crate::audit::Audit;
@@ -69,6 +73,16 @@ pub struct WorldOptions {
     pub default_toleration_seconds: i64,
     /// Images whose containers the kubelet runs as local processes (see runtime.rs).
     pub run_images: Vec<ImageRule>,
+    /// The `kube-sim` binary, whose `run-container` mounts a container's volumes in a mount
+    /// namespace of its own (`kube-sim serve` names itself); without it container processes
+    /// run without their volumes.
+    pub container_init: Option<std::path::PathBuf>,
+    /// Each node's own filesystem for hostPath volumes: `<dir>/<node>/…` (the host's own paths
+    /// when `None`).
+    pub node_roots: Option<std::path::PathBuf>,
+    /// Probes run at least this often (their `periodSeconds` shortened), as the other timings
+    /// here are, so that demos need not wait 10 s per readiness check.
+    pub probe_period_max: Option<Duration>,
 }
 
 impl Default for WorldOptions {
@@ -88,6 +102,9 @@ impl Default for WorldOptions {
             pod_gc_period: Duration::from_secs(20),
             default_toleration_seconds: 300,
             run_images: Vec::new(),
+            container_init: None,
+            node_roots: None,
+            probe_period_max: None,
         }
     }
 }
@@ -128,14 +145,26 @@ impl World {
         store: Store,
         audit: Audit,
         logs: Logs,
+        in_cluster: InCluster,
         options: &WorldOptions,
         stop: &CancellationToken,
     ) -> Self {
+        if options.workloads {
+            let ca_pem = in_cluster.ca_pem.clone();
+            tokio::spawn(controller::run(
+                store.clone(),
+                stop.clone(),
+                Duration::from_secs(1),
+                root_ca::concerns,
+                move |store: &Store| root_ca::reconcile(store, &ca_pem),
+            ));
+        }
         if options.kubelet {
             tokio::spawn(kubelet::run(
                 store.clone(),
                 options.clone(),
                 logs.clone(),
+                in_cluster,
                 stop.clone(),
             ));
         }

@@ -1,7 +1,7 @@
 //! The container runtime, for images an option maps to local programs: such a container runs
-//! as a real process (its own process group), with the container's command, args and plain
-//! environment, stdout and stderr in a log file per container that `pods/log` serves. Other
-//! images stay simulated (they run until stopped and log nothing).
+//! as a real process (its own process group) as launch.rs prepared it, stdout and stderr in a
+//! log file per container that `pods/log` serves. Other images stay simulated (they run until
+//! stopped and log nothing).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -14,6 +14,8 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::Value;
 use tokio::sync::mpsc;
+
+use super::launch::Launch;
 
 /// `PATTERN=DIR`: containers whose image matches PATTERN (exact, or a prefix ending in `*`) run
 /// the program named by their `command[0]` (or, without a command, by the image's last path
@@ -97,6 +99,11 @@ impl Logs {
         })
     }
 
+    /// The pod's own directory: its logs, its volumes, its containers' specs.
+    pub fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.dir.path().join(uid)
+    }
+
     pub fn current(&self, uid: &str, container: &str) -> PathBuf {
         self.dir.path().join(uid).join(format!("{container}.log"))
     }
@@ -119,6 +126,9 @@ pub struct Exit {
 
 pub struct Runtime {
     rules: Vec<ImageRule>,
+    /// The `kube-sim` binary, whose `run-container` mounts volumes; without it volumes are
+    /// not mounted.
+    container_init: Option<PathBuf>,
     logs: Logs,
     exits: mpsc::UnboundedSender<Exit>,
     /// Process groups of running containers, by pod UID and container name.
@@ -126,10 +136,15 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    pub fn new(rules: Vec<ImageRule>, logs: Logs) -> (Self, mpsc::UnboundedReceiver<Exit>) {
+    pub fn new(
+        rules: Vec<ImageRule>,
+        container_init: Option<PathBuf>,
+        logs: Logs,
+    ) -> (Self, mpsc::UnboundedReceiver<Exit>) {
         let (exits, receiver) = mpsc::unbounded_channel();
         let runtime = Self {
             rules,
+            container_init,
             logs,
             exits,
             running: HashMap::new(),
@@ -147,51 +162,63 @@ impl Runtime {
         self.rule_for(container).is_some()
     }
 
-    /// Starts a container's process; a previous run's log becomes the `previous` log.
-    pub fn start(&mut self, pod: &Value, container: &Value) -> Result<(), String> {
+    /// The program and arguments the container's image rule names.
+    pub fn command(&self, container: &Value) -> Result<(PathBuf, Vec<String>), String> {
         let rule = self
             .rule_for(container)
             .ok_or("no image rule matches this container")?;
-        let (program, args) = rule
-            .command(container)
-            .ok_or("the container names no command and its image no program")?;
-        let uid = pod["metadata"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let name = container["name"].as_str().unwrap_or_default().to_owned();
-        let log = self.logs.current(&uid, &name);
-        let log_file = open_log(&log, &self.logs.previous(&uid, &name))
+        rule.command(container)
+            .ok_or_else(|| "the container names no command and its image no program".to_owned())
+    }
+
+    /// Starts a container's process; a previous run's log becomes the `previous` log. With
+    /// volumes to mount, the container init (`kube-sim run-container`) mounts them in a mount
+    /// namespace of its own and then becomes the program.
+    pub fn start(&mut self, uid: &str, name: &str, launch: &Launch) -> Result<(), String> {
+        let log = self.logs.current(uid, name);
+        let log_file = open_log(&log, &self.logs.previous(uid, name))
             .map_err(|e| format!("cannot open the log {}: {e}", log.display()))?;
         let stderr = log_file
             .try_clone()
             .map_err(|e| format!("cannot share the log file: {e}"))?;
-        let mut command = tokio::process::Command::new(&program);
+        let mut command = if let Some(init) = self
+            .container_init
+            .as_ref()
+            .filter(|_| !launch.mounts.is_empty())
+        {
+            let spec = self.logs.pod_dir(uid).join(format!("{name}.json"));
+            let json = serde_json::to_vec(launch).map_err(|e| e.to_string())?;
+            std::fs::write(&spec, json)
+                .map_err(|e| format!("cannot write {}: {e}", spec.display()))?;
+            let mut command = tokio::process::Command::new(init);
+            command.arg("run-container").arg(spec).env_clear();
+            command
+        } else {
+            let mut command = tokio::process::Command::new(&launch.program);
+            command
+                .args(&launch.args)
+                .env_clear()
+                .envs(launch.env.iter().map(|(k, v)| (k, v)));
+            if let Some(dir) = &launch.working_dir {
+                command.current_dir(dir);
+            }
+            command
+        };
         command
-            .args(&args)
-            .env_clear()
-            .envs(std::env::var_os("PATH").map(|path| ("PATH", path)))
-            .env(
-                "HOSTNAME",
-                pod["metadata"]["name"].as_str().unwrap_or_default(),
-            )
-            .envs(environment(pod, container))
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(stderr)
             .process_group(0)
             .kill_on_drop(true);
-        if let Some(dir) = container["workingDir"].as_str() {
-            command.current_dir(dir);
-        }
         let mut child = command
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+            .map_err(|e| format!("cannot start {}: {e}", launch.program.display()))?;
         let pid = child
             .id()
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw)
             .ok_or("the process ended before it could be watched")?;
+        let (uid, name) = (uid.to_owned(), name.to_owned());
         self.running.insert((uid.clone(), name.clone()), pid);
         let exits = self.exits.clone();
         tokio::spawn(async move {
@@ -217,6 +244,18 @@ impl Runtime {
     /// Whether any of the pod's containers still runs as a process.
     pub fn any_running(&self, uid: &str) -> bool {
         self.running.keys().any(|(pod, _)| pod == uid)
+    }
+
+    /// Sends `signal` to one container's process group.
+    pub fn signal_container(&self, uid: &str, container: &str, signal: Signal) {
+        if let Some(pid) = self.running.get(&(uid.to_owned(), container.to_owned())) {
+            // Gone already: its exit is on its way.
+            let _ = killpg(*pid, signal);
+        }
+    }
+
+    pub fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.logs.pod_dir(uid)
     }
 
     /// Sends `signal` to every process group of the pod.
@@ -249,31 +288,6 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
         .unwrap_or(128)
 }
 
-/// The container's `env`: plain values, and the downward API fields a pod knows of itself.
-fn environment(pod: &Value, container: &Value) -> Vec<(String, String)> {
-    container["env"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry["name"].as_str()?.to_owned();
-            if let Some(value) = entry["value"].as_str() {
-                return Some((name, value.to_owned()));
-            }
-            let value = match entry["valueFrom"]["fieldRef"]["fieldPath"].as_str()? {
-                "metadata.name" => &pod["metadata"]["name"],
-                "metadata.namespace" => &pod["metadata"]["namespace"],
-                "metadata.uid" => &pod["metadata"]["uid"],
-                "spec.nodeName" => &pod["spec"]["nodeName"],
-                "spec.serviceAccountName" => &pod["spec"]["serviceAccountName"],
-                "status.podIP" => &pod["status"]["podIP"],
-                _ => return None,
-            };
-            Some((name, value.as_str().unwrap_or_default().to_owned()))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,22 +318,5 @@ mod tests {
         );
         assert!("no-equals".parse::<ImageRule>().is_err());
         assert!("=dir".parse::<ImageRule>().is_err());
-    }
-
-    #[test]
-    fn environment_has_values_and_downward_fields() {
-        let pod = json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "n"}});
-        let container = json!({"env": [
-            {"name": "A", "value": "1"},
-            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
-        ]});
-        assert_eq!(
-            environment(&pod, &container),
-            vec![
-                ("A".to_owned(), "1".to_owned()),
-                ("NODE".to_owned(), "n".to_owned())
-            ]
-        );
     }
 }
