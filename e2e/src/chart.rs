@@ -1,4 +1,4 @@
-//! A program's Helm chart rendered by the real helm, as `helm install` would render it.
+//! A program's Helm chart, installed and rendered by the real helm.
 
 use std::path::Path;
 use std::process::Command;
@@ -41,4 +41,55 @@ pub fn render(
     }
     parse_documents(&String::from_utf8(output.stdout)?)
         .with_context(|| format!("read what helm rendered for {}", chart.display()))
+}
+
+/// `helm install <release> <chart> -n <namespace> --create-namespace -f <values>` into the
+/// cluster of `kubeconfig`, as an operator installs it.
+pub fn install(
+    helm: &Path,
+    kubeconfig: &Path,
+    chart: &Path,
+    release: &str,
+    namespace: &str,
+    values: &[&Path],
+) -> Result<()> {
+    let mut command = Command::new(helm);
+    command
+        .arg("install")
+        .arg(release)
+        .arg(chart)
+        .args(["--namespace", namespace, "--create-namespace"])
+        .arg("--kubeconfig")
+        .arg(kubeconfig);
+    for file in values {
+        command.arg("--values").arg(file);
+    }
+    let output = command
+        .output()
+        .with_context(|| format!("run {}", helm.display()))?;
+    if !output.status.success() {
+        bail!(
+            "helm install {release} {} failed: {}",
+            chart.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// `helm uninstall <release> -n <namespace> --wait`.
+pub fn uninstall(helm: &Path, kubeconfig: &Path, release: &str, namespace: &str) -> Result<()> {
+    let output = Command::new(helm)
+        .args(["uninstall", release, "--namespace", namespace, "--wait"])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .output()
+        .with_context(|| format!("run {}", helm.display()))?;
+    if !output.status.success() {
+        bail!(
+            "helm uninstall {release} failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
 }

@@ -31,15 +31,17 @@ impl std::fmt::Debug for Cluster {
 impl Cluster {
     /// Starts `kube-sim serve` with `nodes` Ready nodes (node-0…), whose kubelets renew their
     /// Lease every `renew_interval` and count as down after `grace` without, and connects to it.
+    /// `extra_args` go to `kube-sim serve` as they are.
     pub async fn start(
         kube_sim: &Path,
         nodes: usize,
         renew_interval: Duration,
         grace: Duration,
         work_dir: &Path,
+        extra_args: &[String],
     ) -> Result<Self> {
         let kubeconfig = work_dir.join("kubeconfig");
-        let args = vec![
+        let mut args = vec![
             "serve".to_owned(),
             "--listen=127.0.0.1:0".to_owned(),
             format!("--kubeconfig-out={}", kubeconfig.display()),
@@ -50,6 +52,7 @@ impl Cluster {
             ),
             format!("--node-monitor-grace-period={}ms", grace.as_millis()),
         ];
+        args.extend_from_slice(extra_args);
         let log = work_dir.join("logs/kube-sim.log");
         let mut process = Guarded::spawn("kube-sim", kube_sim, &args, &[], &log)?;
         // The kubeconfig appears (atomically) once the server accepts requests.

@@ -14,6 +14,8 @@ pub struct Options {
     pub acts: Vec<String>,
     /// Leave the cluster running until Ctrl-C.
     pub keep: bool,
+    /// Set the stage (install the charts, pods Ready) and play no act.
+    pub install_only: bool,
 }
 
 /// How the demo ended.
@@ -26,7 +28,11 @@ pub enum Ending {
 }
 
 pub async fn run(options: Options) -> Result<Ending> {
-    let acts = chosen_acts(&options.acts)?;
+    let acts = if options.install_only {
+        Vec::new()
+    } else {
+        chosen_acts(&options.acts)?
+    };
     let timeline = Timeline::new();
     let interrupted = interrupt();
     tokio::pin!(interrupted);
@@ -52,6 +58,10 @@ pub async fn run(options: Options) -> Result<Ending> {
             stage
                 .timeline
                 .fail(&format!("act {number} ({}): {error:#}", act.slug));
+            println!(
+                "Our pods when the act failed:\n{}",
+                stage.pods_report().await
+            );
             ending = Ending::ActFailed(act.slug.to_owned());
             break;
         }
@@ -87,6 +97,11 @@ fn chosen_acts(slugs: &[String]) -> Result<Vec<&'static Act>> {
 fn summarize(stage: &Stage, acts: &[&Act], ending: &Ending) {
     let took = seconds(stage.timeline.elapsed());
     match ending {
+        Ending::AllPassed if acts.is_empty() => {
+            stage.timeline.heading(&format!(
+                "The charts are installed and their pods Ready ({took})"
+            ));
+        }
         Ending::AllPassed => {
             let played = match acts.len() {
                 1 => "The act".to_owned(),

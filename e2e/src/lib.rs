@@ -1,17 +1,16 @@
 //! nodegrace end to end: the demo (`cargo xtask demo`) runs the release binaries as an operator
-//! would — kube-sim as the cluster, the node agents installed from their charts and running as
-//! processes of simulated machines, each machine with a real elogind — and plays a story whose
-//! acts check their own outcome.
+//! would — kube-sim as the cluster, each chart installed with helm and its pods run by kube-sim
+//! as processes under their ServiceAccount's RBAC, each machine with a real elogind — and plays
+//! a story whose acts check their own outcome.
 
 pub mod acts;
 pub mod chart;
 pub mod cluster;
 pub mod demo;
-pub mod kubelet;
+pub mod images;
 pub mod manifests;
 pub mod node_host;
 pub mod observe;
-pub mod probe;
 pub mod processes;
 pub mod stage;
 pub mod timeline;

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use nodegrace_e2e::demo::{self, Ending, Options};
-use nodegrace_e2e::kubelet::ImageBinaries;
-use nodegrace_e2e::stage::Inputs;
+use nodegrace_e2e::images::ImageBinaries;
+use nodegrace_e2e::stage::{CHARTS, Inputs};
 
 /// The repository this binary was built from: its charts and demo values are read from there.
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
@@ -25,6 +25,17 @@ struct Args {
     /// Play only this act (repeatable); all acts by default.
     #[arg(long = "act", value_name = "SLUG")]
     acts: Vec<String>,
+    /// Install only this chart (repeatable); all four by default. Acts need the charts they
+    /// show.
+    #[arg(long = "chart", value_name = "CHART")]
+    charts: Vec<String>,
+    /// Install the charts, wait until their pods are Ready, and stop: no act is played.
+    #[arg(long)]
+    install_only: bool,
+    /// Install CHART from its rendering with its ClusterRole's rule for RESOURCE removed (not
+    /// with helm), to show the act that needs it fail with the API server's 403.
+    #[arg(long, value_name = "CHART:RESOURCE", value_parser = parse_without_rule)]
+    without_rule: Option<(String, String)>,
     /// Where the program binaries and kube-sim are [default: this binary's directory].
     #[arg(long)]
     bin_dir: Option<PathBuf>,
@@ -38,6 +49,19 @@ struct Args {
     /// (emptied at start) [default: target/demo].
     #[arg(long)]
     work_dir: Option<PathBuf>,
+}
+
+fn parse_without_rule(value: &str) -> Result<(String, String), String> {
+    value
+        .split_once(':')
+        .filter(|(chart, resource)| CHARTS.contains(chart) && !resource.is_empty())
+        .map(|(chart, resource)| (chart.to_owned(), resource.to_owned()))
+        .ok_or_else(|| {
+            format!(
+                "`{value}` is not CHART:RESOURCE with CHART one of {}",
+                CHARTS.join(", ")
+            )
+        })
 }
 
 fn parse_override(value: &str) -> Result<(String, PathBuf), String> {
@@ -84,6 +108,19 @@ fn run() -> Result<Ending> {
             PathBuf::from("helm")
         }
     });
+    for chart in &args.charts {
+        if !CHARTS.contains(&chart.as_str()) {
+            bail!(
+                "--chart {chart}: no such chart; the charts are {}",
+                CHARTS.join(", ")
+            );
+        }
+    }
+    let charts = if args.charts.is_empty() {
+        CHARTS.iter().map(|chart| (*chart).to_owned()).collect()
+    } else {
+        args.charts
+    };
     let options = Options {
         inputs: Inputs {
             binaries: ImageBinaries {
@@ -94,8 +131,11 @@ fn run() -> Result<Ending> {
             charts_dir: repo.join("charts"),
             values_dir: repo.join("e2e/demo"),
             work_dir: args.work_dir.unwrap_or_else(|| repo.join("target/demo")),
+            charts,
+            without_rule: args.without_rule,
         },
         acts: args.acts,
+        install_only: args.install_only,
         keep: args.keep,
     };
     // One thread: the death signal that ties every child to the demo follows the thread that

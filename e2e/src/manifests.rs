@@ -71,3 +71,17 @@ pub async fn create(client: &Client, object: &Value, namespace: &str) -> Result<
         .map_err(|error| anyhow!("create {}: {error}", describe(object)))?;
     Ok(serde_json::to_value(created)?)
 }
+
+/// Creates the namespace unless it exists, as `helm install --create-namespace` does.
+pub async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(name).await?.is_none() {
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?,
+            )
+            .await?;
+    }
+    Ok(())
+}

@@ -1,21 +1,22 @@
-//! The demo's world, set up once before the acts: kube-sim with its workloads, one machine (a
-//! real elogind) per node, and the agents installed from their charts and running as processes.
+//! The demo's world, set up once before the acts: one machine (a real elogind) per node,
+//! kube-sim with its workloads, and the four charts installed with helm, their pods run by
+//! kube-sim's kubelets as processes with their ServiceAccounts' tokens.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use crate::chart;
 use crate::cluster::Cluster;
-use crate::kubelet::{self, ImageBinaries, PodProcess};
+use crate::images::ImageBinaries;
 use crate::manifests::{self, describe_all, kind_of};
 use crate::node_host::NodeHost;
-use crate::probe::http_get_succeeds;
 use crate::timeline::{Timeline, seconds};
 use crate::wait::{poll_for, poll_until};
 
@@ -27,7 +28,7 @@ pub const SHUTDOWN_INHIBITOR_AGENT: &str = "shutdown-inhibitor-agent";
 pub const OUT_OF_SERVICE_GC: &str = "out-of-service-gc";
 pub const TERMINATION_CONTROLLER: &str = "termination-controller";
 /// The charts, installed in this order.
-const CHARTS: [&str; 4] = [
+pub const CHARTS: [&str; 4] = [
     SHUTDOWN_INHIBITOR_AGENT,
     GRACEFUL_SHUTDOWN_AGENT,
     OUT_OF_SERVICE_GC,
@@ -38,9 +39,6 @@ const CHARTS: [&str; 4] = [
 pub const NODE_LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(1);
 pub const NODE_MONITOR_GRACE_PERIOD: Duration = Duration::from_secs(6);
 const WORKLOADS: &str = include_str!("../demo/workloads.yaml");
-/// Kinds a chart renders that kube-sim does not serve yet (it has no RBAC; every request is
-/// allowed). Listed, not silently dropped.
-const NOT_SERVED: [&str; 4] = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where the demo finds what it runs.
@@ -51,18 +49,28 @@ pub struct Inputs {
     pub charts_dir: PathBuf,
     pub values_dir: PathBuf,
     pub work_dir: PathBuf,
+    /// The charts to install (a subset of [`CHARTS`], in its order).
+    pub charts: Vec<String>,
+    /// A chart installed from its rendering with the ClusterRole rule covering this resource
+    /// removed, instead of with helm: (chart, resource), to show the rule is needed.
+    pub without_rule: Option<(String, String)>,
 }
 
 #[derive(Debug)]
 pub struct Stage {
     pub timeline: Timeline,
-    pub pods: Vec<PodProcess>,
     pub nodes: Vec<NodeHost>,
     pub cluster: Cluster,
     /// The graceful agent's priority groups as its chart configured them: (priority, period).
     pub shutdown_groups: Vec<(i32, Duration)>,
     pub work_dir: PathBuf,
-    binaries: ImageBinaries,
+    /// Each chart's pods once installed: (program, how many).
+    installed: Vec<(String, usize)>,
+}
+
+/// Where the machines' filesystems are (`kube-sim serve --node-roots`).
+fn machine_roots(work_dir: &Path) -> PathBuf {
+    work_dir.join("nodes")
 }
 
 impl Stage {
@@ -73,18 +81,45 @@ impl Stage {
                 .with_context(|| format!("clear {}", work_dir.display()))?;
         }
         std::fs::create_dir_all(work_dir.join("logs"))?;
-        timeline.heading("Setting up: a cluster, its workloads, one machine per node, the agents");
-        let kube_sim = inputs.binaries.binary_for("kube-sim")?;
+        timeline.heading("Setting up: one machine per node, a cluster, its workloads, the charts");
+        let elogind = logind_harness::provision(&logind_harness::work_dir().join("elogind"))
+            .context("provision elogind (downloaded from Debian's archive on first use)")?;
+        timeline.event(&format!(
+            "elogind from Debian's packages, unpacked at {}",
+            elogind.daemon().display()
+        ));
+        let roots = machine_roots(work_dir);
+        let mut nodes = Vec::new();
+        for index in 0..NODES {
+            let name = format!("node-{index}");
+            let host = NodeHost::boot(&name, &roots).await?;
+            timeline.event(&format!(
+                "{name}: real elogind on its own system bus (pid {})",
+                host.logind()?.elogind_pid().await?
+            ));
+            nodes.push(host);
+        }
+        let kube_sim = inputs.binaries.binary("kube-sim")?;
+        let mut args = vec![
+            "--tls".to_owned(),
+            format!("--node-roots={}", roots.display()),
+            // Probes every second at most: the charts' 10 s default would only make people wait.
+            "--probe-period-max=1s".to_owned(),
+        ];
+        for rule in inputs.binaries.run_image_rules(&work_dir.join("images"))? {
+            args.push(format!("--run-image={rule}"));
+        }
         let cluster = Cluster::start(
             &kube_sim,
             NODES,
             NODE_LEASE_RENEW_INTERVAL,
             NODE_MONITOR_GRACE_PERIOD,
             work_dir,
+            &args,
         )
         .await?;
         timeline.event(&format!(
-            "kube-sim serving {NODES} Ready nodes (pid {})",
+            "kube-sim serving {NODES} Ready nodes over TLS (pid {}); it runs our images' pods as processes, RBAC enforced",
             cluster.pid()
         ));
         let client = cluster.client().clone();
@@ -96,31 +131,13 @@ impl Stage {
         ));
         timeline.show("kubectl get pods -A -o wide");
 
-        let elogind = logind_harness::provision(&logind_harness::work_dir().join("elogind"))
-            .context("provision elogind (downloaded from Debian's archive on first use)")?;
-        timeline.event(&format!(
-            "elogind from Debian's packages, unpacked at {}",
-            elogind.daemon().display()
-        ));
-        let mut nodes = Vec::new();
-        for index in 0..NODES {
-            let name = format!("node-{index}");
-            let host = NodeHost::boot(&name, index as u8, work_dir).await?;
-            timeline.event(&format!(
-                "{name}: real elogind on its own system bus (pid {})",
-                host.logind()?.elogind_pid().await?
-            ));
-            nodes.push(host);
-        }
-
         let mut stage = Self {
             timeline,
-            pods: Vec::new(),
             nodes,
             cluster,
             shutdown_groups: Vec::new(),
             work_dir: work_dir.clone(),
-            binaries: inputs.binaries.clone(),
+            installed: Vec::new(),
         };
         stage.install_charts(inputs).await?;
         Ok(stage)
@@ -137,233 +154,250 @@ impl Stage {
             .with_context(|| format!("no machine for {name}"))
     }
 
-    /// The process of `program`'s pod on `node`.
-    pub fn agent(&self, node: &str, program: &str) -> Result<&PodProcess> {
-        self.pods
-            .iter()
-            .find(|pod| pod.node == node && pod.program == program)
-            .with_context(|| format!("no {program} runs on {node}"))
+    /// The name of `program`'s pod on `node`.
+    pub async fn agent_pod(&self, node: &str, program: &str) -> Result<String> {
+        let pods: Api<Pod> = Api::namespaced(self.client().clone(), AGENTS_NAMESPACE);
+        let params = ListParams::default()
+            .labels(&format!("app.kubernetes.io/name={program}"))
+            .fields(&format!("spec.nodeName={node}"));
+        pods.list(&params)
+            .await?
+            .items
+            .into_iter()
+            .find(|pod| pod.metadata.deletion_timestamp.is_none())
+            .and_then(|pod| pod.metadata.name)
+            .with_context(|| format!("no {program} pod runs on {node}"))
     }
 
-    /// `helm install` of each chart, then its workload's pods started on their machines.
+    /// `helm install` of each chart; kube-sim's kubelets run the pods, the demo waits until
+    /// their readiness probes pass.
     async fn install_charts(&mut self, inputs: &Inputs) -> Result<()> {
-        let client = self.client().clone();
-        Api::<Namespace>::all(client.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": AGENTS_NAMESPACE}}))?,
-            )
-            .await?;
-        for program in CHARTS {
+        let started = self.timeline.elapsed();
+        for program in CHARTS
+            .into_iter()
+            .filter(|program| inputs.charts.iter().any(|chosen| chosen == program))
+        {
             let values = inputs.values_dir.join(format!("{program}.values.yaml"));
-            let objects = chart::render(
-                &inputs.helm,
-                &inputs.charts_dir.join(program),
-                program,
-                AGENTS_NAMESPACE,
-                &values,
-            )?;
-            let (skipped, served): (Vec<&Value>, Vec<&Value>) = objects
-                .iter()
-                .partition(|object| NOT_SERVED.contains(&kind_of(object)));
-            for object in &served {
-                manifests::create(&client, object, AGENTS_NAMESPACE).await?;
-            }
-            self.timeline.event(&format!(
-                "helm template charts/{program} -f e2e/demo/{program}.values.yaml: created {}",
-                describe_all(served.iter().copied())
-            ));
-            if !skipped.is_empty() {
-                self.timeline.event(&format!(
-                    "  not created (kube-sim has no RBAC yet; every request is allowed): {}",
-                    describe_all(skipped.iter().copied())
-                ));
+            let chart_dir = inputs.charts_dir.join(program);
+            let objects =
+                chart::render(&inputs.helm, &chart_dir, program, AGENTS_NAMESPACE, &values)?;
+            match &inputs.without_rule {
+                Some((chart, resource)) if chart == program => {
+                    let trimmed = without_rule(&objects, resource)?;
+                    manifests::ensure_namespace(self.client(), AGENTS_NAMESPACE).await?;
+                    for object in &trimmed {
+                        manifests::create(self.client(), object, AGENTS_NAMESPACE).await?;
+                    }
+                    self.timeline.event(&format!(
+                        "helm template {program} charts/{program} -f e2e/demo/{program}.values.yaml, its ClusterRole's rule for {resource} removed, created: {}",
+                        describe_all(&trimmed)
+                    ));
+                }
+                _ => {
+                    chart::install(
+                        &inputs.helm,
+                        self.cluster.kubeconfig(),
+                        &chart_dir,
+                        program,
+                        AGENTS_NAMESPACE,
+                        &[&values],
+                    )?;
+                    self.timeline.event(&format!(
+                        "helm install {program} charts/{program} -n {AGENTS_NAMESPACE} -f e2e/demo/{program}.values.yaml: {}",
+                        describe_all(&objects)
+                    ));
+                }
             }
             if program == GRACEFUL_SHUTDOWN_AGENT {
                 self.shutdown_groups = shutdown_groups(&objects)?;
             }
-            self.start_chart_pods(program, expected_pods(&objects))
-                .await?;
+            self.installed
+                .push((program.to_owned(), expected_pods(&objects)));
         }
-        self.wait_until_ready(0).await?;
+        self.wait_until_ready(None).await?;
+        self.timeline.event(&format!(
+            "every chart's pods Ready (their readiness probes pass) {} after the first install",
+            seconds(self.timeline.elapsed().saturating_sub(started))
+        ));
         self.timeline.show(&format!(
             "kubectl -n {AGENTS_NAMESPACE} get daemonsets,deployments,pods -o wide"
         ));
         Ok(())
     }
 
-    /// Waits until the chart's workload has `expected` pods bound to nodes, then starts them.
-    async fn start_chart_pods(&mut self, program: &str, expected: usize) -> Result<()> {
+    /// Waits until every installed chart has its pods Ready: everywhere, or those on a node
+    /// that booted at `since`, Ready again since then.
+    async fn wait_until_ready(&self, node: Option<(&str, jiff::Timestamp)>) -> Result<()> {
         let pods: Api<Pod> = Api::namespaced(self.client().clone(), AGENTS_NAMESPACE);
-        let selector = format!("app.kubernetes.io/name={program}");
-        let bound = poll_for(READY_TIMEOUT, || async {
-            let listed: Vec<Pod> = pods
-                .list(&ListParams::default().labels(&selector))
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .filter(|pod| {
-                    pod.metadata.deletion_timestamp.is_none()
-                        && pod
-                            .spec
-                            .as_ref()
-                            .is_some_and(|spec| spec.node_name.is_some())
-                })
-                .collect();
-            (listed.len() == expected).then_some(listed)
-        })
-        .await;
-        let Some(bound) = bound else {
-            bail!(
-                "the {program} chart has not {expected} pods bound to nodes after {READY_TIMEOUT:?} (label {selector})"
-            );
-        };
-        for pod in &bound {
-            self.start_pod(pod).await?;
-        }
-        Ok(())
-    }
-
-    /// What the node's kubelet does for a pod of ours: runs its process on the node's machine.
-    async fn start_pod(&mut self, pod: &Pod) -> Result<()> {
-        let pod = serde_json::to_value(pod)?;
-        let node = self.node(pod["spec"]["nodeName"].as_str().unwrap_or_default())?;
-        let process = kubelet::start(
-            self.cluster.client(),
-            &pod,
-            node,
-            &self.binaries,
-            self.cluster.kubeconfig(),
-        )
-        .await?;
-        self.pods.push(process);
-        Ok(())
-    }
-
-    /// Waits until the processes from `first` on pass their readiness probes.
-    async fn wait_until_ready(&mut self, first: usize) -> Result<()> {
-        let started = self.timeline.elapsed();
-        for index in first..self.pods.len() {
-            let ready = poll_until(READY_TIMEOUT, || {
-                let exited = self.pods[index].has_exited();
-                let target = self.pods[index].readiness.clone();
-                async move {
-                    exited
-                        || match target {
-                            Some((address, path)) => http_get_succeeds(address, &path).await,
-                            None => true,
-                        }
-                }
+        for (program, expected) in &self.installed {
+            let mut params =
+                ListParams::default().labels(&format!("app.kubernetes.io/name={program}"));
+            if let Some((node, _)) = node {
+                params = params.fields(&format!("spec.nodeName={node}"));
+            }
+            // Condition times are whole seconds.
+            let since = node.map(|(_, since)| since.as_second());
+            let ready = poll_for(READY_TIMEOUT, || async {
+                let listed = pods.list(&params).await.ok()?.items;
+                let live: Vec<&Pod> = listed
+                    .iter()
+                    .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+                    .collect();
+                let enough = node.is_some() || live.len() == *expected;
+                let ready = live.iter().all(|pod| match since {
+                    None => pod_ready(pod),
+                    Some(since) => ready_since(pod).is_some_and(|at| at >= since),
+                });
+                (enough && ready).then_some(())
             })
             .await;
-            let pod = &mut self.pods[index];
-            let exited = pod.has_exited();
-            if !ready || exited {
+            if ready.is_none() {
                 bail!(
-                    "{} on {} ({}) {}; its log ({}):\n{}",
-                    pod.program,
-                    pod.node,
-                    pod.pod,
-                    if exited {
-                        "exited"
-                    } else {
-                        "did not become ready"
-                    },
-                    pod.log.display(),
-                    log_tail(&pod.log)
+                    "{program}'s pods are not all Ready after {READY_TIMEOUT:?}:\n{}",
+                    pod_report(&pods, &params).await
                 );
             }
         }
-        self.timeline.event(&format!(
-            "{} processes of our pods ready (readiness probes pass) after {}",
-            self.pods.len() - first,
-            seconds(self.timeline.elapsed().saturating_sub(started))
-        ));
         Ok(())
     }
 
-    /// The machine behind `node` loses power: its processes end at once, its logind with them,
-    /// and the node's kubelet stops reporting (kube-sim's `sim.nodegrace.io/kubelet: stopped`).
+    /// The machine behind `node` loses power: its logind ends, its kubelet stops reporting
+    /// (kube-sim's `sim.nodegrace.io/kubelet: stopped`) and kube-sim kills its pods' processes.
     pub async fn power_off(&mut self, node: &str) -> Result<()> {
-        for pod in self.pods.iter_mut().filter(|pod| pod.node == node) {
-            pod.kill();
-        }
-        self.pods.retain(|pod| pod.node != node);
         if let Some(host) = self.nodes.iter_mut().find(|host| host.name() == node) {
             host.power_off();
         }
-        Api::<Node>::all(self.client().clone())
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
-                ),
-            )
-            .await
-            .with_context(|| format!("stop {node}'s kubelet"))?;
-        Ok(())
+        set_kubelet(self.client(), node, Some("stopped")).await
     }
 
-    /// The machine behind `node` was terminated and its Node is gone: its processes end.
+    /// The machine behind `node` was terminated and its Node is gone.
     pub fn machine_terminated(&mut self, node: &str) {
-        for pod in self.pods.iter_mut().filter(|pod| pod.node == node) {
-            pod.kill();
-        }
-        self.pods.retain(|pod| pod.node != node);
         if let Some(host) = self.nodes.iter_mut().find(|host| host.name() == node) {
             host.power_off();
         }
     }
 
-    /// The machine behind `node` boots again: a fresh elogind, its kubelet reporting again,
-    /// and the processes of our pods still bound to it started anew, as a kubelet restarts its
-    /// pods' containers after a reboot.
+    /// The machine behind `node` boots again: a fresh elogind, its kubelet reporting again
+    /// and starting our pods' containers anew, as after a reboot.
     pub async fn power_on(&mut self, node: &str) -> Result<()> {
         let index = self
             .nodes
             .iter()
             .position(|host| host.name() == node)
             .with_context(|| format!("no machine for {node}"))?;
-        let address_index = u8::try_from(index).context("too many machines")?;
-        self.nodes[index] = NodeHost::boot(node, address_index, &self.work_dir).await?;
-        Api::<Node>::all(self.client().clone())
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": null}}}),
-                ),
-            )
-            .await
-            .with_context(|| format!("restart {node}'s kubelet"))?;
-        let ours: Vec<Pod> = Api::<Pod>::namespaced(self.client().clone(), AGENTS_NAMESPACE)
-            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-            .await?
-            .items
-            .into_iter()
-            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-            .collect();
-        let first = self.pods.len();
-        for pod in &ours {
-            self.start_pod(pod).await?;
-        }
-        self.wait_until_ready(first).await
+        self.nodes[index] = NodeHost::boot(node, &machine_roots(&self.work_dir)).await?;
+        let booted = jiff::Timestamp::now();
+        set_kubelet(self.client(), node, None).await?;
+        self.wait_until_ready(Some((node, booted))).await
     }
 
-    /// Stops everything, agents first, then the machines, then the cluster.
+    /// Stops everything: the machines, then the cluster (its pods' processes end with it).
     pub fn tear_down(mut self) {
-        for pod in &mut self.pods {
-            pod.kill();
-        }
-        self.pods.clear();
         self.nodes.clear();
     }
 
     pub fn kubeconfig(&self) -> &Path {
         self.cluster.kubeconfig()
     }
+}
+
+/// The rendered objects with the ClusterRole rule that covers `resource` taken out.
+fn without_rule(objects: &[Value], resource: &str) -> Result<Vec<Value>> {
+    let mut trimmed = objects.to_vec();
+    let mut removed = false;
+    for object in trimmed.iter_mut().filter(|o| kind_of(o) == "ClusterRole") {
+        if let Some(rules) = object["rules"].as_array_mut() {
+            let before = rules.len();
+            rules.retain(|rule| {
+                !rule["resources"]
+                    .as_array()
+                    .is_some_and(|resources| resources.iter().any(|r| r == resource))
+            });
+            removed |= rules.len() < before;
+        }
+    }
+    if !removed {
+        bail!("no ClusterRole rule of the chart covers {resource}");
+    }
+    Ok(trimmed)
+}
+
+async fn set_kubelet(client: &Client, node: &str, state: Option<&str>) -> Result<()> {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": state}}}),
+            ),
+        )
+        .await
+        .with_context(|| format!("set {node}'s kubelet {}", state.unwrap_or("running")))?;
+    Ok(())
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+impl Stage {
+    /// Every pod of ours: phase, readiness, last log lines (printed when an act fails).
+    pub async fn pods_report(&self) -> String {
+        let pods: Api<Pod> = Api::namespaced(self.client().clone(), AGENTS_NAMESPACE);
+        pod_report(&pods, &ListParams::default()).await
+    }
+}
+
+/// When the pod last turned Ready (in seconds), if it is Ready.
+fn ready_since(pod: &Pod) -> Option<i64> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?
+        .last_transition_time
+        .as_ref()
+        .map(|time| time.0.as_second())
+}
+
+/// Each pod's phase, readiness and last log lines, for a failure message.
+async fn pod_report(pods: &Api<Pod>, params: &ListParams) -> String {
+    let Ok(listed) = pods.list(params).await else {
+        return "(the pods could not be listed)".to_owned();
+    };
+    let mut report = String::new();
+    for pod in listed.items {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|status| status.phase.clone())
+            .unwrap_or_default();
+        let logs = pods
+            .logs(
+                &name,
+                &kube::api::LogParams {
+                    tail_lines: Some(15),
+                    ..kube::api::LogParams::default()
+                },
+            )
+            .await
+            .unwrap_or_else(|error| format!("(no logs: {error})"));
+        let _ = writeln!(
+            report,
+            "{name}: {phase}, ready={}; its log (kubectl -n {AGENTS_NAMESPACE} logs {name}):\n{logs}",
+            pod_ready(&pod)
+        );
+    }
+    report
 }
 
 /// Creates the workloads; returns what was created and how many pods they make.
@@ -438,10 +472,4 @@ fn shutdown_groups(objects: &[Value]) -> Result<Vec<(i32, Duration)>> {
         .collect::<Result<_>>()?;
     groups.sort_by_key(|(priority, _)| *priority);
     Ok(groups)
-}
-
-pub fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
 }

@@ -27,7 +27,7 @@ pub struct DemoArgs {
     #[arg(long)]
     keep: bool,
     /// Play only this act (repeatable): lease-blocks-shutdown, priority-shutdown, out-of-service,
-    /// node-termination.
+    /// node-termination, leader-failover.
     #[arg(long = "act", value_name = "SLUG")]
     acts: Vec<String>,
 }
@@ -40,22 +40,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     bail!("could not start {}: {error}", prepared.demo.display())
 }
 
-/// The demo as a check: run to the end, failing when an act fails.
-pub fn check() -> Result<()> {
-    let prepared = prepare()?;
-    run_command(&mut demo_command(
-        &prepared,
-        &DemoArgs {
-            keep: false,
-            acts: Vec::new(),
-        },
-    ))
-}
-
-/// The built demo and the helm it renders the charts with.
-struct Prepared {
-    demo: PathBuf,
-    helm: PathBuf,
+/// The built demo and the helm it installs the charts with.
+pub struct Prepared {
+    pub demo: PathBuf,
+    pub helm: PathBuf,
 }
 
 fn demo_command(prepared: &Prepared, args: &DemoArgs) -> Command {
@@ -71,7 +59,7 @@ fn demo_command(prepared: &Prepared, args: &DemoArgs) -> Command {
     command
 }
 
-fn prepare() -> Result<Prepared> {
+pub fn prepare() -> Result<Prepared> {
     setup::require_root(
         "the demo needs root: each simulated machine runs elogind in its own PID and mount namespaces",
         "sudo -E env PATH=\"$PATH\" cargo xtask demo",

@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod e2e;
 mod helm;
 mod logind;
 mod peer_tests;
@@ -28,6 +29,9 @@ enum Task {
     Demo(demo::DemoArgs),
     /// Installs what the tests need, then runs fmt, clippy, the test suite and the chart checks.
     Test,
+    /// The charts installed with helm into a fresh kube-sim (pods run as processes, RBAC
+    /// enforced), each alone and all together, then the scenarios. Needs root.
+    E2e(e2e::E2eArgs),
     /// Runs a real elogind on a private bus for manual experiments.
     Logind {
         #[command(subcommand)]
@@ -51,6 +55,7 @@ fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Demo(args) => demo::run(&args),
         Task::Test => test::run(),
+        Task::E2e(args) => e2e::run(&args),
         Task::Logind { action } => logind::run(action),
         Task::Bench { which } => bench::run(&which),
         Task::Charts => helm::check_charts(),

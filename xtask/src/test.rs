@@ -5,7 +5,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{cargo, demo, helm, peer_tests, project_root, run_command, setup};
+use crate::{cargo, e2e, helm, peer_tests, project_root, run_command, setup};
 
 pub fn run() -> Result<()> {
     setup::ensure_system_packages()?;
@@ -48,8 +48,9 @@ pub fn run() -> Result<()> {
         run_command(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast"]))
     })?;
     step("peer tests", peer_tests::run)?;
-    // The README's first command, end to end against the release binaries.
-    step("demo", demo::check)?;
+    // The README's first command is the e2e's story with all four charts; e2e adds each chart
+    // alone and the least-privilege proof, against the release binaries.
+    step("e2e", || e2e::run(&e2e::E2eArgs::default()))?;
     step("stray processes", check_no_stray_processes)?;
     Ok(())
 }

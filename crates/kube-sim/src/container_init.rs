@@ -30,6 +30,9 @@ fn prepare_and_exec(spec: &Path) -> Result<std::convert::Infallible, String> {
     let launch: Launch =
         serde_json::from_str(&text).map_err(|e| format!("the container spec is invalid: {e}"))?;
     let stash = spec.with_extension("stash");
+    // The container dies with the simulator, as with a machine, even when kube-sim is killed.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| format!("cannot tie the container to kube-sim's life: {e}"))?;
     if !launch.mounts.is_empty() {
         unshare(CloneFlags::CLONE_NEWNS).map_err(|e| {
             format!(

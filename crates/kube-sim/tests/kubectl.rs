@@ -1228,3 +1228,120 @@ fn conformance_admission_policies_judge_with_the_tokens_node() -> Result<()> {
     );
     Ok(())
 }
+
+/// The helm the chart checks install under target/tools, if there.
+fn helm() -> Option<PathBuf> {
+    let helm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/helm");
+    if helm.is_file() {
+        return Some(helm);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "helm is missing from target/tools (`cargo xtask charts` installs it)"
+    );
+    eprintln!("SKIPPED: helm is not under target/tools; `cargo xtask charts` installs it");
+    None
+}
+
+/// Each node agent's chart as rendered (RBAC and its own-node ValidatingAdmissionPolicy): the
+/// agent's pod-bound token writes its own Node's status, is refused another Node's by the
+/// policy, and anything its ClusterRole does not grant by RBAC.
+#[test]
+fn node_agent_charts_let_an_agent_write_only_its_own_node() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let Some(helm) = helm() else {
+        return Ok(());
+    };
+    let sim = Sim::start_with(2, &["--tls"])?;
+    sim.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: nodegrace}\n")?;
+    let charts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../charts");
+    for chart in ["shutdown-inhibitor-agent", "graceful-shutdown-agent"] {
+        let rendered = Command::new(&helm)
+            .args(["template", chart])
+            .arg(charts.join(chart))
+            .args(["--namespace", "nodegrace"])
+            .output()?;
+        ensure!(rendered.status.success(), "helm template {chart} failed");
+        sim.apply(&String::from_utf8_lossy(&rendered.stdout))?;
+        // The DaemonSet's pods run simulated (their image maps to no binary): enough to bind
+        // a token to the one on node-0.
+        let selector = format!("app.kubernetes.io/name={chart}");
+        let pod_on_node_0 = || -> Result<String> {
+            sim.jsonpath(
+                &[
+                    "pods",
+                    "-n",
+                    "nodegrace",
+                    "-l",
+                    &selector,
+                    "--field-selector",
+                    "spec.nodeName=node-0",
+                ],
+                "{.items[0].metadata.name} {.items[0].metadata.uid}",
+            )
+        };
+        sim.wait_for("the agent's pod on node-0", Duration::from_secs(20), |_| {
+            Ok(pod_on_node_0()?.contains(' '))
+        })?;
+        let found = pod_on_node_0()?;
+        let (pod, uid) = found.split_once(' ').context("no pod")?;
+        let body = sim.dir.path().join(format!("{chart}-token.json"));
+        std::fs::write(
+            &body,
+            format!(
+                r#"{{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{{"boundObjectRef":{{"kind":"Pod","apiVersion":"v1","name":"{pod}","uid":"{uid}"}}}}}}"#
+            ),
+        )?;
+        let answer = sim.ok(&[
+            "create",
+            "--raw",
+            &format!("/api/v1/namespaces/nodegrace/serviceaccounts/{chart}/token"),
+            "-f",
+            body.to_str().unwrap_or_default(),
+        ])?;
+        let answer: serde_json::Value = serde_json::from_str(&answer)?;
+        let token = format!(
+            "--token={}",
+            answer["status"]["token"].as_str().context("no token")?
+        );
+        let condition =
+            r#"{"status":{"conditions":[{"type":"ChartCheck","status":"True","reason":"Test"}]}}"#;
+        sim.ok(&[
+            "patch",
+            "node",
+            "node-0",
+            "--subresource=status",
+            "-p",
+            condition,
+            &token,
+        ])?;
+        let refused = sim.kubectl(&[
+            "patch",
+            "node",
+            "node-1",
+            "--subresource=status",
+            "-p",
+            condition,
+            &token,
+        ])?;
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        ensure!(
+            !refused.status.success()
+                && stderr.contains(&format!(
+                    "{chart} may write only the Node its pod runs on, not node-1"
+                )),
+            "{chart}: {stderr}"
+        );
+        let secrets = sim.kubectl(&["get", "secrets", "-A", &token])?;
+        let stderr = String::from_utf8_lossy(&secrets.stderr);
+        ensure!(
+            stderr.contains(&format!(
+                r#"User "system:serviceaccount:nodegrace:{chart}" cannot list resource "secrets""#
+            )),
+            "{chart}: {stderr}"
+        );
+    }
+    Ok(())
+}

@@ -2,6 +2,7 @@
 //! checks its outcome from the API and logind (never from logs); it fails with a message that
 //! says what did not happen. Adding an act is one module and one line in [`ALL`].
 
+mod leader_failover;
 mod lease_blocks_shutdown;
 mod node_termination;
 mod out_of_service;
@@ -27,6 +28,7 @@ pub const ALL: &[Act] = &[
     priority_shutdown::ACT,
     out_of_service::ACT,
     node_termination::ACT,
+    leader_failover::ACT,
 ];
 
 pub fn find(slug: &str) -> Option<&'static Act> {

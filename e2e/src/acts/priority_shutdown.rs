@@ -76,7 +76,7 @@ async fn play(stage: &mut Stage) -> Result<()> {
         seconds(delay)
     ));
 
-    let own_pod = stage.agent(NODE, GRACEFUL_SHUTDOWN_AGENT)?.pod.clone();
+    let own_pod = stage.agent_pod(NODE, GRACEFUL_SHUTDOWN_AGENT).await?;
     let victims = pods_on_node(stage, &groups, &own_pod).await?;
     for (index, (priority, period)) in groups.iter().enumerate() {
         let names: Vec<&str> = victims

@@ -110,6 +110,17 @@ async fn handle(State(app): State<App>, request: Request) -> Response {
             Bytes::from(serde_json::to_vec(&review).unwrap_or_default()),
             "application/json",
         )
+    } else if protobuf_post || (content_type.contains("protobuf") && parts.method != Method::PATCH)
+    {
+        // helm's release records (Secrets, ConfigMaps) and their deletion, through client-go's
+        // typed clients.
+        match protobuf::object(&body) {
+            Some(object) => (
+                Bytes::from(serde_json::to_vec(&object).unwrap_or_default()),
+                "application/json",
+            ),
+            None => (body, content_type),
+        }
     } else {
         (body, content_type)
     };

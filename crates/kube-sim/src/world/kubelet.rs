@@ -456,12 +456,11 @@ impl Kubelets {
             });
     }
 
+    /// A stopped kubelet is a machine gone dark: its container processes die with it. A kubelet
+    /// coming back picks up the pods it ignored while stopped and, as after a reboot, starts
+    /// again the containers of its running pods that have no process.
     fn node_changed(&mut self, node: &Arc<Value>) {
-        // A kubelet coming back picks up the pods it ignored while stopped.
         let name = text(&node["metadata"]["name"]);
-        if node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() == Some("stopped") {
-            return;
-        }
         let pods = self.store.kind("", "pods");
         let bound: Vec<Arc<Value>> = self
             .store
@@ -469,8 +468,35 @@ impl Kubelets {
                 pod["spec"]["nodeName"] == name.as_str()
             })
             .items;
+        if node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() == Some("stopped") {
+            for pod in &bound {
+                let uid = text(&pod["metadata"]["uid"]);
+                self.runtime.signal(&uid, Signal::SIGKILL);
+                self.stop_probing(&uid, None);
+            }
+            return;
+        }
         for pod in bound {
             self.pod_changed(&pod);
+            let running = pod["status"]["phase"] == "Running"
+                && pod["metadata"]["deletionTimestamp"].is_null();
+            if !running {
+                continue;
+            }
+            let uid = text(&pod["metadata"]["uid"]);
+            let dead: Vec<String> = containers(&pod)
+                .filter(|c| self.runtime.runs(c))
+                .map(|c| text(&c["name"]))
+                .filter(|container| !self.runtime.is_running(&uid, container))
+                .collect();
+            for container in dead {
+                self.restart(
+                    text(&pod["metadata"]["namespace"]).as_str(),
+                    text(&pod["metadata"]["name"]).as_str(),
+                    &uid,
+                    &container,
+                );
+            }
         }
     }
 
@@ -831,6 +857,10 @@ impl Kubelets {
         );
         self.exit_codes
             .insert((exit.uid.clone(), exit.container.clone()), exit.code);
+        if !self.kubelet_running(text(&pod["spec"]["nodeName"]).as_str()) {
+            // The machine is off: nobody reports, nothing restarts until it is back.
+            return;
+        }
         if pod["metadata"]["deletionTimestamp"].is_string() {
             if !self.runtime.any_running(&exit.uid)
                 && let Some((key, _)) = self.stops.remove(&exit.uid)
@@ -928,7 +958,11 @@ impl Kubelets {
         let Ok(pod) = self.store.get(&pods, Some(namespace), name) else {
             return;
         };
-        if pod["metadata"]["uid"] != uid || pod["metadata"]["deletionTimestamp"].is_string() {
+        if pod["metadata"]["uid"] != uid
+            || pod["metadata"]["deletionTimestamp"].is_string()
+            || self.runtime.is_running(uid, container)
+            || !self.kubelet_running(text(&pod["spec"]["nodeName"]).as_str())
+        {
             return;
         }
         let Some(spec) = containers(&pod).find(|c| c["name"] == container).cloned() else {
@@ -966,7 +1000,10 @@ impl Kubelets {
                 status["state"] = json!({"running": {"startedAt": now}});
             }
         });
-        self.mark_ready(namespace, name, uid);
+        // A restarted container with a readiness probe is unready until the probe passes again.
+        self.update_readiness(namespace, name, uid, |spec| {
+            (spec["name"] == container).then(|| self.ready_at_start(spec))
+        });
     }
 
     /// A running kubelet reports its node Ready (a node created bare, or coming back).

@@ -171,9 +171,10 @@ impl Runtime {
             .ok_or_else(|| "the container names no command and its image no program".to_owned())
     }
 
-    /// Starts a container's process; a previous run's log becomes the `previous` log. With
-    /// volumes to mount, the container init (`kube-sim run-container`) mounts them in a mount
-    /// namespace of its own and then becomes the program.
+    /// Starts a container's process; a previous run's log becomes the `previous` log. The
+    /// container init (`kube-sim run-container`), when known, ties the process's life to
+    /// kube-sim's, mounts its volumes in a mount namespace of its own, then becomes the
+    /// program.
     pub fn start(&mut self, uid: &str, name: &str, launch: &Launch) -> Result<(), String> {
         let log = self.logs.current(uid, name);
         let log_file = open_log(&log, &self.logs.previous(uid, name))
@@ -242,6 +243,11 @@ impl Runtime {
     }
 
     /// Whether any of the pod's containers still runs as a process.
+    pub fn is_running(&self, uid: &str, container: &str) -> bool {
+        self.running
+            .contains_key(&(uid.to_owned(), container.to_owned()))
+    }
+
     pub fn any_running(&self, uid: &str) -> bool {
         self.running.keys().any(|(pod, _)| pod == uid)
     }
