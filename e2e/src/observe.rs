@@ -56,3 +56,22 @@ pub fn condition_command(node: &str, condition_type: &str) -> String {
         "kubectl get node {node} -o jsonpath='{{.status.conditions[?(@.type==\"{condition_type}\")]}}'"
     )
 }
+
+/// The body of `GET http://<address><path>` (a program's admin endpoint).
+pub async fn http_get(address: &str, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .with_context(|| format!("connect to {address}"))?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_owned()))
+}

@@ -108,6 +108,20 @@ fn an_agent_that_never_releases_its_lock_fails_the_shutdown_act() {
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
+/// The pids of the processes whose parent is `parent`.
+fn children_of(parent: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // pid (comm) state ppid …: the command may hold spaces, the last ')' ends it.
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+            (ppid == parent).then(|| entry.file_name().to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
 /// A demo started by a test; a failing test kills it (its children die with it).
 struct Running(std::process::Child);
 
@@ -146,7 +160,7 @@ fn a_kept_cluster_answers_the_printed_commands_and_ctrl_c_stops_everything() {
             break PathBuf::from(path);
         }
     };
-    assert!(transcript.contains("All 4 acts passed"), "{transcript}");
+    assert!(transcript.contains("All 5 acts passed"), "{transcript}");
 
     // Every command the timeline offers works on the kept cluster, as a user would type it
     // (logind commands only while their machine is still on).
@@ -183,9 +197,17 @@ fn a_kept_cluster_answers_the_printed_commands_and_ctrl_c_stops_everything() {
     assert!(ran >= 3 || !kubectl, "ran {ran} commands of:\n{transcript}");
 
     let started = processes_mentioning(&work_dir.display().to_string());
+    let kube_sim = started
+        .iter()
+        .find(|process| process.contains("kube-sim serve"))
+        .and_then(|process| process.split(':').next())
+        .unwrap_or_else(|| panic!("no kube-sim among {started:#?}"))
+        .to_owned();
+    // Our pods' processes, which kube-sim's kubelets started.
+    let pods = children_of(&kube_sim);
     assert!(
-        started.len() >= 7,
-        "kube-sim, the agents of node-0 and node-1, out-of-service-gc, termination-controller: {started:#?}"
+        pods.len() >= 7,
+        "the agents of node-0 and node-1, out-of-service-gc, two termination-controllers: {pods:#?}"
     );
     let scenarios = format!("logind-scenarios/{}-", child.id());
     let machines = processes_mentioning(&scenarios);
@@ -203,6 +225,11 @@ fn a_kept_cluster_answers_the_printed_commands_and_ctrl_c_stops_everything() {
         let left: Vec<String> = processes_mentioning(&work_dir.display().to_string())
             .into_iter()
             .chain(processes_mentioning(&scenarios))
+            .chain(
+                pods.iter()
+                    .filter(|pid| Path::new("/proc").join(pid).exists())
+                    .cloned(),
+            )
             .collect();
         if left.is_empty() || Instant::now() > deadline {
             break left;

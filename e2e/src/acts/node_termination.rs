@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 use super::Act;
 use crate::manifests::{self, describe_all};
-use crate::observe::node_condition;
-use crate::stage::Stage;
+use crate::observe::{http_get, node_condition};
+use crate::stage::{AGENTS_NAMESPACE, Stage, TERMINATION_CONTROLLER};
 use crate::timeline::seconds;
 use crate::wait::poll_for;
 
@@ -104,6 +104,17 @@ async fn play(stage: &mut Stage) -> Result<()> {
         "kube-sim's cloud: {NODE}'s machine terminated (1 terminate call); the finalizer went \
          and the Node with it, {} after the delete",
         seconds(gone)
+    ));
+    let judged = webhook_deletes(&client).await?;
+    if judged == 0 {
+        bail!(
+            "termination-controller's admission webhook judged no Node DELETE: kube-sim did not \
+             reach it through its Service"
+        );
+    }
+    stage.timeline.event(&format!(
+        "termination-controller's admission webhook judged the DELETE, called through its \
+         Service (webhook_reviews_total{{operation=\"DELETE\"}} = {judged})"
     ));
     let violations: serde_json::Value = sim_get(&client, "/sim/v1/audit/violations").await?;
     let count = violations.as_array().map_or(0, Vec::len);
@@ -242,4 +253,34 @@ async fn wait_gone(client: &Client) -> Result<()> {
     })
     .await;
     gone.with_context(|| format!("{NODE} still exists {TIMEOUT:?} after the grant"))
+}
+
+/// The chart's admin port, where each replica serves its metrics.
+const CONTROLLER_ADMIN_PORT: u16 = 9454;
+
+/// How many Node DELETEs the controller's webhook judged, summed over its replicas' metrics.
+async fn webhook_deletes(client: &Client) -> Result<u64> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), AGENTS_NAMESPACE);
+    let params =
+        ListParams::default().labels(&format!("app.kubernetes.io/name={TERMINATION_CONTROLLER}"));
+    let mut judged = 0.0;
+    for pod in pods.list(&params).await?.items {
+        let Some(ip) = pod.status.and_then(|status| status.pod_ip) else {
+            continue;
+        };
+        let metrics = http_get(&format!("{ip}:{CONTROLLER_ADMIN_PORT}"), "/metrics")
+            .await
+            .unwrap_or_default();
+        judged += metrics
+            .lines()
+            .filter(|line| {
+                line.starts_with("nodegrace_termination_controller_webhook_reviews_total{")
+                    && line.contains("operation=\"DELETE\"")
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    // A counter of a few reviews: exact as a float.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(judged as u64)
 }
