@@ -52,15 +52,7 @@ fn prepare_and_exec(spec: &Path) -> Result<std::convert::Infallible, String> {
             mount_volume(volume, &mut shadows)?;
         }
     }
-    let mut command = std::process::Command::new(&launch.program);
-    command
-        .args(&launch.args)
-        .env_clear()
-        .envs(launch.env.iter().map(|(k, v)| (k, v)));
-    if let Some(dir) = &launch.working_dir {
-        command.current_dir(dir);
-    }
-    let error = command.exec();
+    let error = launch.command().exec();
     Err(format!(
         "cannot start {}: {error}",
         launch.program.display()

@@ -98,6 +98,41 @@ impl Sim {
         self.ok(&["apply", "-f", path.to_str().unwrap_or_default()])
     }
 
+    /// A TokenRequest for `account` (bound to a pod when given: name and uid), as kubectl's
+    /// `--token=…` flag.
+    fn token_flag(
+        &self,
+        namespace: &str,
+        account: &str,
+        pod: Option<(&str, &str)>,
+    ) -> Result<String> {
+        let bound = pod.map_or_else(String::new, |(name, uid)| {
+            format!(r#""boundObjectRef":{{"kind":"Pod","apiVersion":"v1","name":"{name}","uid":"{uid}"}}"#)
+        });
+        let body = self
+            .dir
+            .path()
+            .join(format!("token-request-{}.json", rand_suffix()));
+        std::fs::write(
+            &body,
+            format!(
+                r#"{{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{{{bound}}}}}"#
+            ),
+        )?;
+        let answer = self.ok(&[
+            "create",
+            "--raw",
+            &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token"),
+            "-f",
+            body.to_str().unwrap_or_default(),
+        ])?;
+        let answer: serde_json::Value = serde_json::from_str(&answer)?;
+        let token = answer["status"]["token"]
+            .as_str()
+            .context("no token in the TokenRequest's answer")?;
+        Ok(format!("--token={token}"))
+    }
+
     fn wait_for(
         &self,
         what: &str,
@@ -968,23 +1003,7 @@ fn conformance_rbac_is_enforced_for_service_account_tokens() -> Result<()> {
     ensure!(can_i(&["get", "node/node-1"])? == "no");
     ensure!(can_i(&["patch", "node/node-0"])? == "no");
 
-    let body = sim.dir.path().join("token-request.json");
-    std::fs::write(
-        &body,
-        r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{}}"#,
-    )?;
-    let answer = sim.ok(&[
-        "create",
-        "--raw",
-        "/api/v1/namespaces/apps/serviceaccounts/reader/token",
-        "-f",
-        body.to_str().unwrap_or_default(),
-    ])?;
-    let answer: serde_json::Value = serde_json::from_str(&answer)?;
-    let token = answer["status"]["token"]
-        .as_str()
-        .context("no token in the TokenRequest")?;
-    let token_flag = format!("--token={token}");
+    let token_flag = sim.token_flag("apps", "reader", None)?;
     sim.ok(&["get", "pods", "-n", "apps", &token_flag])?;
     sim.ok(&["get", "node", "node-0", &token_flag])?;
     let whoami = sim.ok(&[
@@ -1180,25 +1199,7 @@ fn conformance_admission_policies_judge_with_the_tokens_node() -> Result<()> {
     let sim = Sim::start_with(2, &["--tls"])?;
     sim.apply(OWN_NODE_POLICY)?;
     let uid = sim.jsonpath(&["pod", "agent-0", "-n", "agents"], "{.metadata.uid}")?;
-    let body = sim.dir.path().join("bound-token.json");
-    std::fs::write(
-        &body,
-        format!(
-            r#"{{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{{"boundObjectRef":{{"kind":"Pod","apiVersion":"v1","name":"agent-0","uid":"{uid}"}}}}}}"#
-        ),
-    )?;
-    let answer = sim.ok(&[
-        "create",
-        "--raw",
-        "/api/v1/namespaces/agents/serviceaccounts/agent/token",
-        "-f",
-        body.to_str().unwrap_or_default(),
-    ])?;
-    let answer: serde_json::Value = serde_json::from_str(&answer)?;
-    let token = format!(
-        "--token={}",
-        answer["status"]["token"].as_str().context("no token")?
-    );
+    let token = sim.token_flag("agents", "agent", Some(("agent-0", &uid)))?;
     let whoami = sim.ok(&["auth", "whoami", &token, "-o", "json"])?;
     ensure!(
         whoami.contains(r#""authentication.kubernetes.io/node-name": ["#)
@@ -1287,25 +1288,7 @@ fn node_agent_charts_let_an_agent_write_only_its_own_node() -> Result<()> {
         })?;
         let found = pod_on_node_0()?;
         let (pod, uid) = found.split_once(' ').context("no pod")?;
-        let body = sim.dir.path().join(format!("{chart}-token.json"));
-        std::fs::write(
-            &body,
-            format!(
-                r#"{{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{{"boundObjectRef":{{"kind":"Pod","apiVersion":"v1","name":"{pod}","uid":"{uid}"}}}}}}"#
-            ),
-        )?;
-        let answer = sim.ok(&[
-            "create",
-            "--raw",
-            &format!("/api/v1/namespaces/nodegrace/serviceaccounts/{chart}/token"),
-            "-f",
-            body.to_str().unwrap_or_default(),
-        ])?;
-        let answer: serde_json::Value = serde_json::from_str(&answer)?;
-        let token = format!(
-            "--token={}",
-            answer["status"]["token"].as_str().context("no token")?
-        );
+        let token = sim.token_flag("nodegrace", chart, Some((pod, uid)))?;
         let condition =
             r#"{"status":{"conditions":[{"type":"ChartCheck","status":"True","reason":"Test"}]}}"#;
         sim.ok(&[

@@ -47,6 +47,21 @@ pub struct Launch {
     pub mounts: Vec<Mount>,
 }
 
+impl Launch {
+    /// The program as a command: its arguments, only its own environment, its directory.
+    pub fn command(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(&self.program);
+        command
+            .args(&self.args)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        if let Some(dir) = &self.working_dir {
+            command.current_dir(dir);
+        }
+        command
+    }
+}
+
 /// What preparing a container reads beyond the pod.
 pub struct Context<'a> {
     pub store: &'a Store,

@@ -182,11 +182,7 @@ impl Runtime {
         let stderr = log_file
             .try_clone()
             .map_err(|e| format!("cannot share the log file: {e}"))?;
-        let mut command = if let Some(init) = self
-            .container_init
-            .as_ref()
-            .filter(|_| !launch.mounts.is_empty())
-        {
+        let mut command = if let Some(init) = &self.container_init {
             let spec = self.logs.pod_dir(uid).join(format!("{name}.json"));
             let json = serde_json::to_vec(launch).map_err(|e| e.to_string())?;
             std::fs::write(&spec, json)
@@ -195,15 +191,7 @@ impl Runtime {
             command.arg("run-container").arg(spec).env_clear();
             command
         } else {
-            let mut command = tokio::process::Command::new(&launch.program);
-            command
-                .args(&launch.args)
-                .env_clear()
-                .envs(launch.env.iter().map(|(k, v)| (k, v)));
-            if let Some(dir) = &launch.working_dir {
-                command.current_dir(dir);
-            }
-            command
+            tokio::process::Command::from(launch.command())
         };
         command
             .stdin(Stdio::null())
