@@ -29,6 +29,12 @@ pub struct InCluster {
     pub tokens: TokenIssuer,
 }
 
+fn home(context: &Context<'_>) -> Result<PathBuf, String> {
+    let home = context.pod_dir.join("home");
+    std::fs::create_dir_all(&home).map_err(|e| format!("cannot make {}: {e}", home.display()))?;
+    Ok(home)
+}
+
 /// A volume mounted into the container: `source` on the host at `target` in the container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mount {
@@ -105,7 +111,8 @@ pub fn prepare(
         program,
         args,
         env,
-        working_dir: container["workingDir"].as_str().map(str::to_owned),
+        // An image without a WORKDIR starts in `/`, never in kube-sim's own directory.
+        working_dir: Some(container["workingDir"].as_str().unwrap_or("/").to_owned()),
         mounts: mounts(context, pod, container)?,
     })
 }
@@ -156,6 +163,9 @@ fn environment(
             "HOSTNAME".to_owned(),
             text(&pod["metadata"]["name"]).to_owned(),
         ),
+        // No image gives a home: the pod's own directory keeps what a program writes there
+        // (kubectl's cache, say) off the host.
+        ("HOME".to_owned(), home(context)?.display().to_string()),
     ];
     let host = &context.in_cluster.host;
     let port = context.in_cluster.port;
