@@ -714,16 +714,23 @@ impl Kubelets {
         });
     }
 
+    /// The pod a process belongs to (processes know their pod by UID only).
+    fn pod_by_uid(&self, uid: &str) -> Option<Arc<Value>> {
+        let pods = self.store.kind("", "pods");
+        self.store
+            .list(&pods, None, None, 1, &|pod| pod["metadata"]["uid"] == uid)
+            .items
+            .into_iter()
+            .next()
+    }
+
     /// A probe's result changed: readiness sets the container's ready flag, a failed liveness
     /// probe restarts the container (its process is stopped; the restart policy brings it back).
     fn probed(&mut self, outcome: &probes::Outcome) {
-        let pods = self.store.kind("", "pods");
-        let found = self.store.list(&pods, None, None, 1, &|pod| {
-            pod["metadata"]["uid"] == outcome.uid.as_str()
-        });
-        let Some(pod) = found.items.first() else {
+        let Some(pod) = self.pod_by_uid(&outcome.uid) else {
             return;
         };
+        let pod = &pod;
         if pod["metadata"]["deletionTimestamp"].is_string() {
             return;
         }
@@ -844,13 +851,10 @@ impl Kubelets {
     fn container_exited(&mut self, exit: Exit) {
         self.runtime.exited(&exit);
         self.stop_probing(&exit.uid, Some(&exit.container));
-        let pods = self.store.kind("", "pods");
-        let found = self.store.list(&pods, None, None, 1, &|pod| {
-            pod["metadata"]["uid"] == exit.uid.as_str()
-        });
-        let Some(pod) = found.items.first() else {
+        let Some(pod) = self.pod_by_uid(&exit.uid) else {
             return;
         };
+        let pod = &pod;
         let (namespace, name) = (
             text(&pod["metadata"]["namespace"]),
             text(&pod["metadata"]["name"]),
@@ -948,7 +952,10 @@ impl Kubelets {
                 },
                 backoff,
             );
-        } else if let Ok(pod) = self.store.get(&pods, Some(&namespace), &name) {
+        } else if let Ok(pod) =
+            self.store
+                .get(&self.store.kind("", "pods"), Some(&namespace), &name)
+        {
             self.sync_volumes_in_use(text(&pod["spec"]["nodeName"]).as_str(), &pod);
         }
     }
