@@ -13,11 +13,13 @@ use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::watcher;
 
+use logind_harness::LogindHarness;
+
 use super::Act;
 use crate::observe::{condition_command, describe, inhibitors, node, node_condition};
 use crate::stage::{GRACEFUL_SHUTDOWN_AGENT, Stage};
 use crate::timeline::{Timeline, millis, seconds};
-use crate::wait::poll_for;
+use crate::wait::{poll_for, poll_until};
 
 pub const ACT: Act = Act {
     slug: "priority-shutdown",
@@ -29,6 +31,8 @@ const NODE: &str = "node-1";
 const SHUTTING_DOWN_TAINT: &str = "nodegrace.io/shutting-down";
 /// How long the agent may take to get its drop-in applied by logind.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long our pod watch may lag behind a read of the API server.
+const WATCH_CATCH_UP: Duration = Duration::from_secs(5);
 
 /// A pod on the node when the power-off began.
 #[derive(Debug, Clone)]
@@ -95,36 +99,13 @@ async fn play(stage: &mut Stage) -> Result<()> {
         ));
     }
 
-    let seen: RefCell<HashMap<String, Seen>> = RefCell::default();
-    let (synced_tx, synced) = tokio::sync::oneshot::channel();
-    let watch = record_pods(stage.client().clone(), &victims, timeline, &seen, synced_tx);
-    let shutdown = async {
-        synced
-            .await
-            .context("the pod watch ended before it synced")?;
-        let powered_off = SystemTime::now();
-        logind.power_off().await.context("call PowerOff")?;
-        timeline.event(&format!(
-            "PowerOff on {NODE} (as `systemctl poweroff`): logind announces PrepareForShutdown and waits for delay locks"
-        ));
-        let proceeded = logind
-            .wait_for_shutdown_hook(delay + Duration::from_secs(10))
-            .await
-            .context("logind never went ahead with the shutdown")?;
-        timeline.event(&format!("{NODE}'s logind goes ahead with the power-off"));
-        anyhow::Ok((powered_off, proceeded))
-    };
-    let (powered_off, proceeded) = tokio::select! {
-        outcome = shutdown => outcome?,
-        () = watch => bail!("the pod watch on {NODE} ended"),
-    };
-    let seen = seen.into_inner();
+    let (powered_off, proceeded, seen) = power_off_watching(stage, logind, delay, &victims).await?;
 
     let mut last_gone = powered_off;
     // The moment (in watch order) the previous group's last pod was gone, and which pod it was.
     let mut previous_group_done: Option<Moment> = None;
     for (index, (priority, period)) in groups.iter().enumerate() {
-        let Some(span) = group_span(&victims, &seen, index, proceeded)? else {
+        let Some(span) = group_span(&victims, &seen, index) else {
             continue;
         };
         if let Some(previous) = &previous_group_done
@@ -157,7 +138,11 @@ async fn play(stage: &mut Stage) -> Result<()> {
         last_gone = last_gone.max(span.last_gone.at);
         previous_group_done = Some(span.last_gone);
     }
-    let released_after = proceeded.duration_since(last_gone).unwrap_or_default();
+    // Our watch may deliver the last deletion after logind proceeded (see above).
+    let released_after = match proceeded.duration_since(last_gone) {
+        Ok(after) => format!("{} later", millis(after)),
+        Err(_) => "as it went".to_owned(),
+    };
     let waited = proceeded.duration_since(powered_off).unwrap_or_default();
     if waited + Duration::from_secs(1) >= delay {
         bail!(
@@ -166,8 +151,7 @@ async fn play(stage: &mut Stage) -> Result<()> {
         );
     }
     timeline.event(&format!(
-        "last pod gone → logind went ahead {} later ({} after PowerOff; it would have waited up to {})",
-        millis(released_after),
+        "last pod gone → logind went ahead {released_after} ({} after PowerOff; it would have waited up to {})",
         seconds(waited),
         seconds(delay)
     ));
@@ -182,6 +166,65 @@ async fn play(stage: &mut Stage) -> Result<()> {
     ));
     stage.timeline.show("kubectl get nodes");
     Ok(())
+}
+
+/// Powers the node off through logind while watching its pods. Returns when PowerOff was
+/// called, when logind went ahead, and what the watch saw of each pod — once it has seen every
+/// victim gone.
+async fn power_off_watching(
+    stage: &Stage,
+    logind: &LogindHarness,
+    delay: Duration,
+    victims: &HashMap<String, Victim>,
+) -> Result<(SystemTime, SystemTime, HashMap<String, Seen>)> {
+    let timeline = &stage.timeline;
+    let seen: RefCell<HashMap<String, Seen>> = RefCell::default();
+    let (synced_tx, synced) = tokio::sync::oneshot::channel();
+    let mut watch = Box::pin(record_pods(
+        stage.client().clone(),
+        victims,
+        timeline,
+        &seen,
+        synced_tx,
+    ));
+    let shutdown = async {
+        synced
+            .await
+            .context("the pod watch ended before it synced")?;
+        let powered_off = SystemTime::now();
+        logind.power_off().await.context("call PowerOff")?;
+        timeline.event(&format!(
+            "PowerOff on {NODE} (as `systemctl poweroff`): logind announces PrepareForShutdown and waits for delay locks"
+        ));
+        let proceeded = logind
+            .wait_for_shutdown_hook(delay + Duration::from_secs(10))
+            .await
+            .context("logind never went ahead with the shutdown")?;
+        timeline.event(&format!("{NODE}'s logind goes ahead with the power-off"));
+        anyhow::Ok((powered_off, proceeded))
+    };
+    let (powered_off, proceeded) = tokio::select! {
+        outcome = shutdown => outcome?,
+        () = &mut watch => bail!("the pod watch on {NODE} ended"),
+    };
+    // Our watch is one reader among others: the agent's may see a deletion (and release its
+    // lock) before ours delivers it. A read made now is ordered after the shutdown went ahead,
+    // so a victim it still finds was not gone when logind proceeded.
+    if let Some(left) = victims_left(stage, victims).await?.first() {
+        bail!("the shutdown went ahead while {left} was still on {NODE}");
+    }
+    let caught_up = tokio::select! {
+        caught_up = poll_until(WATCH_CATCH_UP, || async {
+            let seen = seen.borrow();
+            victims.keys().all(|uid| seen.get(uid).is_some_and(|record| record.gone.is_some()))
+        }) => caught_up,
+        () = &mut watch => bail!("the pod watch on {NODE} ended"),
+    };
+    if !caught_up {
+        bail!("the pod watch on {NODE} did not deliver every deletion the API server had made");
+    }
+    drop(watch);
+    Ok((powered_off, proceeded, seen.into_inner()))
 }
 
 /// A watch event about one pod: its place in watch order and when it arrived.
@@ -200,23 +243,16 @@ struct GroupSpan {
     last_gone: Moment,
 }
 
-/// The span of group `index`, or `None` if no pod was in it. Fails if one of its pods was not
-/// gone before the shutdown went ahead.
+/// The span of group `index`, or `None` if no pod was in it or the watch missed its deletion.
 fn group_span(
     victims: &HashMap<String, Victim>,
     seen: &HashMap<String, Seen>,
     index: usize,
-    proceeded: SystemTime,
-) -> Result<Option<GroupSpan>> {
+) -> Option<GroupSpan> {
     let mut span: Option<GroupSpan> = None;
     for (uid, victim) in victims.iter().filter(|(_, victim)| victim.group == index) {
         let record = seen.get(uid).copied().unwrap_or_default();
-        let Some(gone) = record.gone.filter(|(_, at)| *at <= proceeded) else {
-            bail!(
-                "the shutdown went ahead while {} was still on {NODE}",
-                victim.name
-            );
-        };
+        let gone = record.gone?;
         let moment = |(seq, at): (u64, SystemTime)| Moment {
             seq,
             at,
@@ -245,7 +281,21 @@ fn group_span(
             },
         });
     }
-    Ok(span)
+    span
+}
+
+/// The victims (`namespace/name`) a fresh read of the API server still finds on the node.
+async fn victims_left(stage: &Stage, victims: &HashMap<String, Victim>) -> Result<Vec<String>> {
+    let pods = Api::<Pod>::all(stage.client().clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={NODE}")))
+        .await
+        .context("list the pods still on the node")?;
+    Ok(pods
+        .items
+        .iter()
+        .filter_map(|pod| victims.get(pod.metadata.uid.as_deref()?))
+        .map(|victim| victim.name.clone())
+        .collect())
 }
 
 /// The pods the agent must stop, by UID: everything bound to the node but its own pod and
