@@ -17,6 +17,10 @@ use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
 use serde_json::json;
 
+#[path = "common/store.rs"]
+mod store_wait;
+use store_wait::wait_until;
+
 async fn bare() -> Result<KubeSim> {
     Ok(KubeSim::start(SimOptions {
         world: WorldOptions::none(),
@@ -37,22 +41,6 @@ fn api_error(error: kube::Error) -> Result<kube::core::Status> {
         kube::Error::Api(status) => Ok(*status),
         other => Err(other).context("expected an API error"),
     }
-}
-
-async fn wait_until<F, Fut>(what: &str, mut check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while !check().await? {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
 }
 
 #[tokio::test]
@@ -257,33 +245,40 @@ async fn reflectors_recover_from_closed_watches_and_410() -> Result<()> {
     let sim = bare().await?;
     let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(
+    let mut events = reflector::reflector(
         writer,
         watcher(leases.clone(), watcher::Config::default().any_semantic()),
     )
     .default_backoff()
-    .applied_objects();
-    let task = tokio::spawn(async move { stream.for_each(|_| async {}).await });
-    store.wait_until_ready().await?;
+    .boxed();
+    // The test drives the reflector itself and looks again after every event it yields (the
+    // errors of a cut watch included: the backoff keeps the stream going past them).
+    let mut drive_until = async |what: &str, done: &dyn Fn(&watcher::Event<Lease>) -> bool| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match tokio::time::timeout_at(deadline, events.next()).await {
+                Ok(Some(Ok(event))) if done(&event) => return Ok(()),
+                Ok(Some(_)) => {}
+                Ok(None) => anyhow::bail!("the reflector ended before {what}"),
+                Err(_) => anyhow::bail!("timed out waiting for {what}"),
+            }
+        }
+    };
+    drive_until("the reflector's first list", &|event| {
+        matches!(event, watcher::Event::InitDone)
+    })
+    .await?;
     leases
         .create(&PostParams::default(), &lease("before")?)
         .await?;
-    wait_until("the reflector to see before", || async {
-        Ok(store.state().len() == 1)
-    })
-    .await?;
+    drive_until("the reflector to see before", &|_| store.state().len() == 1).await?;
     // History gone and every watch cut: the watcher must re-list to catch up.
     sim.store().compact();
     sim.faults().close_watches();
     leases
         .create(&PostParams::default(), &lease("after")?)
         .await?;
-    wait_until("the reflector to recover", || async {
-        Ok(store.state().len() == 2)
-    })
-    .await?;
-    task.abort();
-    Ok(())
+    drive_until("the reflector to recover", &|_| store.state().len() == 2).await
 }
 
 #[tokio::test]
@@ -412,7 +407,7 @@ async fn namespaces_delete_their_content_and_owners_their_dependents() -> Result
     )?;
     maps.create(&PostParams::default(), &dependent).await?;
     maps.delete("owner", &DeleteParams::default()).await?;
-    wait_until("the dependent to be collected", || async {
+    wait_until(&sim, "the dependent to be collected", || async {
         Ok(maps.get_opt("dependent").await?.is_none())
     })
     .await?;
@@ -427,7 +422,7 @@ async fn namespaces_delete_their_content_and_owners_their_dependents() -> Result
         .await?;
     let terminating = namespaces.get("doomed").await?;
     ensure!(terminating.status.and_then(|s| s.phase).as_deref() == Some("Terminating"));
-    wait_until("the namespace to go", || async {
+    wait_until(&sim, "the namespace to go", || async {
         Ok(namespaces.get_opt("doomed").await?.is_none())
     })
     .await?;

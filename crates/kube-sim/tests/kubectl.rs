@@ -1,11 +1,17 @@
 //! Conformance with the real kubectl: the simulator binary driven the way people drive a
 //! cluster. Skips (loudly) only where kubectl is missing.
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+
+#[path = "common/files.rs"]
+mod files;
+use files::wait_for_file;
 
 struct Sim {
     child: Child,
@@ -36,12 +42,12 @@ impl Sim {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !kubeconfig.exists() {
-            if Instant::now() > deadline || child.try_wait()?.is_some() {
-                bail!("kube-sim did not write its kubeconfig");
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if !wait_for_file(&kubeconfig, Duration::from_secs(30))? {
+            let _ = child.kill();
+            bail!(
+                "kube-sim did not write its kubeconfig ({:?})",
+                child.wait()?
+            );
         }
         let text = std::fs::read_to_string(&kubeconfig)?;
         let url = text
@@ -133,18 +139,50 @@ impl Sim {
         Ok(format!("--token={token}"))
     }
 
+    /// Waits until `check` holds, checking again whenever an object of `resource` changes:
+    /// a `kubectl get --watch` started before the first check prints a line for each change
+    /// (or, listing, for one made before its watch began), so none goes unseen.
     fn wait_for(
         &self,
         what: &str,
+        resource: &str,
         timeout: Duration,
         mut check: impl FnMut(&Self) -> Result<bool>,
     ) -> Result<()> {
+        let mut watch = Command::new("kubectl")
+            .args(["get", resource, "--all-namespaces", "--watch", "-o", "name"])
+            .env("KUBECONFIG", self.kubeconfig())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let lines = watch
+            .stdout
+            .take()
+            .context("no stdout of kubectl --watch")?;
+        let (changed, changes) = mpsc::channel();
+        std::thread::spawn(move || {
+            for _ in BufReader::new(lines).lines() {
+                if changed.send(()).is_err() {
+                    break;
+                }
+            }
+        });
         let deadline = Instant::now() + timeout;
-        while !check(self)? {
-            ensure!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(())
+        let waited = (|| loop {
+            if check(self)? {
+                return Ok(());
+            }
+            match changes.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(()) => {}
+                Err(RecvTimeoutError::Timeout) => bail!("timed out waiting for {what}"),
+                Err(RecvTimeoutError::Disconnected) => {
+                    bail!("the watch of {resource} ended while waiting for {what}")
+                }
+            }
+        })();
+        let _ = watch.kill();
+        let _ = watch.wait();
+        waited
     }
 }
 
@@ -181,7 +219,7 @@ fn get_describe_apply_and_api_resources() -> Result<()> {
     );
     ensure!(sim.apply(POD)?.contains("pod/web created"));
     ensure!(sim.apply(POD)?.contains("pod/web unchanged"));
-    sim.wait_for("web to run", Duration::from_secs(10), |sim| {
+    sim.wait_for("web to run", "pods", Duration::from_secs(10), |sim| {
         Ok(sim.ok(&["get", "pod", "web"])?.contains("Running"))
     })?;
     let described = sim.ok(&["describe", "pod", "web"])?;
@@ -363,7 +401,7 @@ fn drain_under_a_pdb_completes_without_violations() -> Result<()> {
     sim.apply(
         "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: web}\nspec:\n  replicas: 4\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata:\n      labels: {app: web}\n      annotations: {sim.nodegrace.io/ready-after-seconds: \"0.3\", sim.nodegrace.io/stop-seconds: \"0.2\"}\n    spec:\n      containers: [{name: c, image: nginx}]\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web}\nspec:\n  maxUnavailable: 1\n  selector: {matchLabels: {app: web}}\n",
     )?;
-    sim.wait_for("4 ready pods", Duration::from_secs(20), |sim| {
+    sim.wait_for("4 ready pods", "pods", Duration::from_secs(20), |sim| {
         Ok(sim
             .ok(&[
                 "get",
@@ -404,7 +442,7 @@ fn drain_under_a_pdb_completes_without_violations() -> Result<()> {
         !placements.split_whitespace().any(|n| n == node),
         "pods still on {node}: {placements}"
     );
-    sim.wait_for("4 replacements", Duration::from_secs(20), |sim| {
+    sim.wait_for("4 replacements", "pods", Duration::from_secs(20), |sim| {
         Ok(sim
             .ok(&[
                 "get",
@@ -512,15 +550,20 @@ fn conformance_eviction_refuses_an_unready_pod_of_an_empty_budget() -> Result<()
         "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: stuck}\n\
          spec: {maxUnavailable: 0, selector: {matchLabels: {app: stuck}}}\n",
     )?;
-    sim.wait_for("the budget's status", Duration::from_secs(10), |sim| {
-        Ok(sim.ok(&[
-            "get",
-            "pdb",
-            "stuck",
-            "-o",
-            "jsonpath={.status.observedGeneration}",
-        ])? == "1")
-    })?;
+    sim.wait_for(
+        "the budget's status",
+        "poddisruptionbudgets",
+        Duration::from_secs(10),
+        |sim| {
+            Ok(sim.ok(&[
+                "get",
+                "pdb",
+                "stuck",
+                "-o",
+                "jsonpath={.status.observedGeneration}",
+            ])? == "1")
+        },
+    )?;
     let eviction = sim.dir.path().join("eviction.json");
     std::fs::write(
         &eviction,
@@ -559,7 +602,7 @@ fn conformance_pods_are_admitted_and_described_as_on_a_real_cluster() -> Result<
     let phase = sim.ok(&["get", "pod", "forged", "-o", "jsonpath={.status.phase}"])?;
     ensure!(phase == "Pending", "{phase}");
     sim.apply(POD)?;
-    sim.wait_for("web's events", Duration::from_secs(10), |sim| {
+    sim.wait_for("web's events", "events", Duration::from_secs(10), |sim| {
         Ok(sim.ok(&["describe", "pod", "web"])?.contains("Started"))
     })?;
     let described = sim.ok(&["describe", "pod", "web"])?;
@@ -849,9 +892,12 @@ fn conformance_statefulset_replaces_a_pod_only_after_it_is_gone() -> Result<()> 
     sim.ok(&["delete", "pod", "db-0", "--wait=false"])?;
     // Scaling up makes the controller look at the set again; db-2 must wait behind db-0.
     sim.ok(&["scale", "statefulset", "db", "--replicas=3"])?;
-    sim.wait_for("the scale to be observed", Duration::from_secs(30), |sim| {
-        Ok(sim.jsonpath(&["sts", "db"], "{.status.observedGeneration}")? == "2")
-    })?;
+    sim.wait_for(
+        "the scale to be observed",
+        "statefulsets",
+        Duration::from_secs(30),
+        |sim| Ok(sim.jsonpath(&["sts", "db"], "{.status.observedGeneration}")? == "2"),
+    )?;
     let still = sim.jsonpath(
         &["pod", "db-0"],
         "{.metadata.uid} {.metadata.deletionTimestamp}",
@@ -864,7 +910,7 @@ fn conformance_statefulset_replaces_a_pod_only_after_it_is_gone() -> Result<()> 
     ensure!(!pods.contains("db-2"), "{pods}");
     sim.ok(&["delete", "pod", "db-0", "--force", "--grace-period=0"])?;
     sim.ok(&["annotate", "node", "node-0", "sim.nodegrace.io/kubelet-"])?;
-    sim.wait_for("a new db-0", Duration::from_secs(30), |sim| {
+    sim.wait_for("a new db-0", "pods", Duration::from_secs(30), |sim| {
         let uid = sim.jsonpath(
             &["pods", "-l", "app=db"],
             "{.items[?(@.metadata.name==\"db-0\")].metadata.uid}",
@@ -896,14 +942,17 @@ fn conformance_logs_of_containers_run_as_processes() -> Result<()> {
          ---\napiVersion: v1\nkind: Pod\nmetadata: {name: crasher}\nspec:\n  \
          containers: [{name: c, image: 'busybox:stable', command: [sh, -c, 'echo bye; exit 3']}]\n",
     )?;
-    sim.wait_for("counter to succeed", Duration::from_secs(30), |sim| {
-        Ok(sim.jsonpath(&["pod", "counter"], "{.status.phase}")? == "Succeeded")
-    })?;
+    sim.wait_for(
+        "counter to succeed",
+        "pods",
+        Duration::from_secs(30),
+        |sim| Ok(sim.jsonpath(&["pod", "counter"], "{.status.phase}")? == "Succeeded"),
+    )?;
     let logs = sim.ok(&["logs", "counter"])?;
     ensure!(logs == "line 1\nline 2\nline 3\n", "{logs:?}");
     let tail = sim.ok(&["logs", "counter", "--tail=1"])?;
     ensure!(tail == "line 3\n", "{tail:?}");
-    sim.wait_for("crasher to back off", Duration::from_secs(30), |sim| {
+    sim.wait_for("crasher to back off", "pods", Duration::from_secs(30), |sim| {
         let state = sim.jsonpath(&["pod", "crasher"], "{.status.containerStatuses[0].state.waiting.reason} {.status.containerStatuses[0].lastState.terminated.exitCode}")?;
         Ok(state == "CrashLoopBackOff 3")
     })?;
@@ -936,16 +985,21 @@ fn serve_flags_set_the_lease_renewal_and_the_node_monitor_grace() -> Result<()> 
     };
     let first = renewed()?;
     // Both deadlines are far shorter than the real defaults (10 s renewal, 40 s grace).
-    sim.wait_for("a second renewal", Duration::from_secs(5), |_| {
+    sim.wait_for("a second renewal", "leases", Duration::from_secs(5), |_| {
         Ok(renewed()? != first)
     })?;
     sim.stop_kubelet("node-0")?;
-    sim.wait_for("node-0 to turn Unknown", Duration::from_secs(20), |sim| {
-        Ok(sim.jsonpath(
-            &["node", "node-0"],
-            r#"{.status.conditions[?(@.type=="Ready")].status}"#,
-        )? == "Unknown")
-    })
+    sim.wait_for(
+        "node-0 to turn Unknown",
+        "nodes",
+        Duration::from_secs(20),
+        |sim| {
+            Ok(sim.jsonpath(
+                &["node", "node-0"],
+                r#"{.status.conditions[?(@.type=="Ready")].status}"#,
+            )? == "Unknown")
+        },
+    )
 }
 
 const READER: &str = r#"
@@ -1114,10 +1168,15 @@ fn conformance_processes_run_in_the_cluster_with_their_service_account() -> Resu
     let rule = format!("tools:*={}", bin.display());
     let sim = Sim::start_with(1, &["--tls", "--run-image", &rule])?;
     sim.apply(IN_CLUSTER)?;
-    sim.wait_for("the pod to finish", Duration::from_secs(60), |sim| {
-        let phase = sim.jsonpath(&["pod", "lister", "-n", "apps"], "{.status.phase}")?;
-        Ok(phase == "Succeeded" || phase == "Failed")
-    })?;
+    sim.wait_for(
+        "the pod to finish",
+        "pods",
+        Duration::from_secs(60),
+        |sim| {
+            let phase = sim.jsonpath(&["pod", "lister", "-n", "apps"], "{.status.phase}")?;
+            Ok(phase == "Succeeded" || phase == "Failed")
+        },
+    )?;
     let logs = sim.ok(&["logs", "lister", "-n", "apps"])?;
     let ip = sim.jsonpath(&["pod", "lister", "-n", "apps"], "{.status.podIP}")?;
     ensure!(ip.starts_with("127."), "{ip}");
@@ -1283,9 +1342,12 @@ fn node_agent_charts_let_an_agent_write_only_its_own_node() -> Result<()> {
                 "{.items[0].metadata.name} {.items[0].metadata.uid}",
             )
         };
-        sim.wait_for("the agent's pod on node-0", Duration::from_secs(20), |_| {
-            Ok(pod_on_node_0()?.contains(' '))
-        })?;
+        sim.wait_for(
+            "the agent's pod on node-0",
+            "pods",
+            Duration::from_secs(20),
+            |_| Ok(pod_on_node_0()?.contains(' ')),
+        )?;
         let found = pod_on_node_0()?;
         let (pod, uid) = found.split_once(' ').context("no pod")?;
         let token = sim.token_flag("nodegrace", chart, Some((pod, uid)))?;

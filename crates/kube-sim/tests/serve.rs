@@ -2,7 +2,11 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "common/files.rs"]
+mod files;
+use files::wait_for_file;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_kube-sim");
 
@@ -30,11 +34,10 @@ fn once_the_kubeconfig_exists_stdout_has_its_url() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !kubeconfig.exists() {
-        assert!(Instant::now() < deadline, "no kubeconfig after 30 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        wait_for_file(&kubeconfig, Duration::from_secs(30)).unwrap(),
+        "no kubeconfig after 30 s"
+    );
     let mut url = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut url)

@@ -13,6 +13,10 @@ use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
 use serde_json::json;
 
+#[path = "common/store.rs"]
+mod store_wait;
+use store_wait::wait_until;
+
 fn quick_world() -> WorldOptions {
     WorldOptions {
         lease_renew_interval: Duration::from_millis(100),
@@ -33,22 +37,6 @@ async fn sim_with(nodes: usize, world: WorldOptions) -> Result<KubeSim> {
         ..SimOptions::default()
     })
     .await?)
-}
-
-async fn wait_until<F, Fut>(what: &str, mut check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !check().await? {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
 }
 
 fn pod(name: &str, node: Option<&str>, extra: &serde_json::Value) -> Result<Pod> {
@@ -84,11 +72,11 @@ async fn kubelets_start_pods_and_stop_them_after_their_stop_time() -> Result<()>
     let slow = json!({"metadata": {"annotations": {"sim.nodegrace.io/ready-after-seconds": "0.3", "sim.nodegrace.io/stop-seconds": "0.5"}}});
     pods.create(&PostParams::default(), &pod("p", Some("node-0"), &slow)?)
         .await?;
-    wait_until("p to run", || async {
+    wait_until(&sim, "p to run", || async {
         Ok(pods.get("p").await?.status.and_then(|s| s.phase).as_deref() == Some("Running"))
     })
     .await?;
-    wait_until("p to be ready", || async {
+    wait_until(&sim, "p to be ready", || async {
         Ok(ready(&pods.get("p").await?))
     })
     .await?;
@@ -98,7 +86,7 @@ async fn kubelets_start_pods_and_stop_them_after_their_stop_time() -> Result<()>
         pods.get("p").await?.metadata.deletion_timestamp.is_some(),
         "a running pod terminates gracefully"
     );
-    wait_until("p to be gone", || async {
+    wait_until(&sim, "p to be gone", || async {
         Ok(pods.get_opt("p").await?.is_none())
     })
     .await?;
@@ -135,7 +123,7 @@ async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted()
         &pod("tolerant", Some("node-0"), &tolerant)?,
     )
     .await?;
-    wait_until("the pods to run", || async {
+    wait_until(&sim, "the pods to run", || async {
         Ok(pods
             .list(&ListParams::default())
             .await?
@@ -153,7 +141,7 @@ async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted()
             ),
         )
         .await?;
-    wait_until("node-0 to turn Unknown", || async {
+    wait_until(&sim, "node-0 to turn Unknown", || async {
         Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
     })
     .await?;
@@ -176,7 +164,7 @@ async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted()
         "{taints:?}"
     );
     // The taint manager marks both; with the kubelet gone they stay Terminating forever.
-    wait_until("plain to be evicted", || async {
+    wait_until(&sim, "plain to be evicted", || async {
         Ok(pods
             .get("plain")
             .await?
@@ -204,14 +192,18 @@ async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted()
             .is_none(),
         "tolerationSeconds not yet up"
     );
-    wait_until("tolerant to be evicted after its toleration", || async {
-        Ok(pods
-            .get("tolerant")
-            .await?
-            .metadata
-            .deletion_timestamp
-            .is_some())
-    })
+    wait_until(
+        &sim,
+        "tolerant to be evicted after its toleration",
+        || async {
+            Ok(pods
+                .get("tolerant")
+                .await?
+                .metadata
+                .deletion_timestamp
+                .is_some())
+        },
+    )
     .await?;
     ensure!(node_ready(&nodes.get("node-1").await?).as_deref() == Some("True"));
 
@@ -224,7 +216,7 @@ async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted()
             ),
         )
         .await?;
-    wait_until("node-0 to recover", || async {
+    wait_until(&sim, "node-0 to recover", || async {
         let node = nodes.get("node-0").await?;
         Ok(node_ready(&node).as_deref() == Some("True")
             && node
@@ -233,9 +225,11 @@ async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted()
                 .is_none_or(|t| t.is_empty()))
     })
     .await?;
-    wait_until("the returning kubelet to finish the evictions", || async {
-        Ok(pods.list(&ListParams::default()).await?.items.is_empty())
-    })
+    wait_until(
+        &sim,
+        "the returning kubelet to finish the evictions",
+        || async { Ok(pods.list(&ListParams::default()).await?.items.is_empty()) },
+    )
     .await
 }
 
@@ -252,7 +246,7 @@ async fn budgets_track_healthy_pods_and_replicasets_replace_pods_elsewhere() -> 
         "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}, "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}},
     }))?).await?;
     pdbs.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"maxUnavailable": "34%", "selector": {"matchLabels": {"app": "web"}}}}))?).await?;
-    wait_until("the budget to see 3 healthy pods", || async {
+    wait_until(&sim, "the budget to see 3 healthy pods", || async {
         let status = pdbs.get("web").await?.status;
         Ok(status.is_some_and(|s| {
             s.current_healthy == 3
@@ -282,7 +276,7 @@ async fn budgets_track_healthy_pods_and_replicasets_replace_pods_elsewhere() -> 
         &DeleteParams::default(),
     )
     .await?;
-    wait_until("a replacement on another node", || async {
+    wait_until(&sim, "a replacement on another node", || async {
         let items = pods.list(&ListParams::default()).await?.items;
         let live: Vec<&Pod> = items
             .iter()
@@ -317,7 +311,7 @@ async fn the_scheduler_follows_required_and_preferred_node_affinity() -> Result<
     let nowhere = json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [hostname("In", &["node-9"])]}}}}});
     pods.create(&PostParams::default(), &pod("nowhere", None, &nowhere)?)
         .await?;
-    wait_until("the preferring pods on node-2", || async {
+    wait_until(&sim, "the preferring pods on node-2", || async {
         let placed: Vec<Option<String>> = pods
             .list(&ListParams::default())
             .await?
@@ -330,6 +324,7 @@ async fn the_scheduler_follows_required_and_preferred_node_affinity() -> Result<
     })
     .await?;
     wait_until(
+        &sim,
         "the scheduler to find no node for the pod no node suits",
         || async {
             let nowhere = pods.get("nowhere").await?;
@@ -360,7 +355,7 @@ async fn daemonsets_cover_tolerated_nodes() -> Result<()> {
         "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}},
     }))?).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
-    wait_until("agents on node-0 and node-1 only", || async {
+    wait_until(&sim, "agents on node-0 and node-1 only", || async {
         let mut placed: Vec<String> = pods
             .list(&ListParams::default())
             .await?
@@ -384,12 +379,12 @@ async fn a_deleted_pod_held_by_a_finalizer_finishes_and_waits() -> Result<()> {
     let held = json!({"metadata": {"finalizers": ["nodegrace.io/hold"]}});
     pods.create(&PostParams::default(), &pod("held", Some("node-0"), &held)?)
         .await?;
-    wait_until("held to run", || async {
+    wait_until(&sim, "held to run", || async {
         Ok(ready(&pods.get("held").await?))
     })
     .await?;
     pods.delete("held", &DeleteParams::default()).await?;
-    wait_until("held to finish", || async {
+    wait_until(&sim, "held to finish", || async {
         let pod = pods.get("held").await?;
         let status = pod.status.clone().unwrap_or_default();
         let terminated = status
@@ -428,7 +423,7 @@ async fn a_deleted_pod_held_by_a_finalizer_finishes_and_waits() -> Result<()> {
         &Patch::Merge(json!({"metadata": {"finalizers": null}})),
     )
     .await?;
-    wait_until("held to be gone", || async {
+    wait_until(&sim, "held to be gone", || async {
         Ok(pods.get_opt("held").await?.is_none())
     })
     .await
@@ -443,7 +438,7 @@ async fn attached_pod(sim: &KubeSim, node: &str) -> Result<String> {
     pods.create(&PostParams::default(), &pod("db", Some(node), &json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}))?).await?;
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
     let name = kube_sim::world::attachment_name("pv-1", node);
-    wait_until("the attachment", || async {
+    wait_until(sim, "the attachment", || async {
         Ok(attachments
             .get_opt(&name)
             .await?
@@ -452,7 +447,7 @@ async fn attached_pod(sim: &KubeSim, node: &str) -> Result<String> {
     .await?;
     let nodes: Api<Node> = Api::all(client);
     let unique = kube_sim::world::unique_volume_name("pv-1");
-    wait_until("the kubelet to report the volume in use", || async {
+    wait_until(sim, "the kubelet to report the volume in use", || async {
         let status = nodes.get(node).await?.status.unwrap_or_default();
         let in_use = status.volumes_in_use.unwrap_or_default().contains(&unique);
         let attached = status
@@ -498,13 +493,13 @@ async fn volumes_detach_after_the_kubelet_unmounted_them() -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     pods.delete("db", &DeleteParams::default()).await?;
     let nodes: Api<Node> = Api::all(client.clone());
-    wait_until("the kubelet to unmount", || async {
+    wait_until(&sim, "the kubelet to unmount", || async {
         let status = nodes.get("node-0").await?.status.unwrap_or_default();
         Ok(status.volumes_in_use.unwrap_or_default().is_empty())
     })
     .await?;
     let attachments: Api<VolumeAttachment> = Api::all(client);
-    wait_until("the detach to finish", || async {
+    wait_until(&sim, "the detach to finish", || async {
         Ok(attachments.get_opt(&name).await?.is_none())
     })
     .await
@@ -519,7 +514,7 @@ async fn a_dead_nodes_volume_stays_attached_until_out_of_service() -> Result<()>
     let client = sim.client();
     let nodes: Api<Node> = Api::all(client.clone());
     kill_node_and_force_delete_pod(&sim, "node-0").await?;
-    wait_until("node-0 to turn Unknown", || async {
+    wait_until(&sim, "node-0 to turn Unknown", || async {
         Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
     })
     .await?;
@@ -541,7 +536,7 @@ async fn a_dead_nodes_volume_stays_attached_until_out_of_service() -> Result<()>
             &Patch::Merge(out_of_service),
         )
         .await?;
-    wait_until("the forced detach", || async {
+    wait_until(&sim, "the forced detach", || async {
         Ok(attachments.get_opt(&name).await?.is_none())
     })
     .await
@@ -564,7 +559,7 @@ async fn a_dead_nodes_volume_detaches_after_the_unmount_wait() -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     kill_node_and_force_delete_pod(&sim, "node-0").await?;
     let attachments: Api<VolumeAttachment> = Api::all(client);
-    wait_until("the detach after the wait", || async {
+    wait_until(&sim, "the detach after the wait", || async {
         Ok(attachments.get_opt(&name).await?.is_none())
     })
     .await?;
@@ -579,7 +574,7 @@ async fn a_dead_nodes_volume_detaches_after_the_unmount_wait() -> Result<()> {
 async fn the_cloud_counts_terminations_and_stops_the_machine() -> Result<()> {
     let sim = sim(2).await?;
     let cloud = sim.world().cloud();
-    wait_until("instances for both nodes", || async {
+    wait_until(&sim, "instances for both nodes", || async {
         cloud.reconcile();
         Ok(cloud.instances().len() == 2)
     })
@@ -628,7 +623,7 @@ async fn a_read_write_once_volume_moves_only_after_its_old_attachment_is_gone() 
     )
     .await?;
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
-    wait_until("the Multi-Attach error", || async {
+    wait_until(&sim, "the Multi-Attach error", || async {
         Ok(events
             .list(&ListParams::default())
             .await?
@@ -657,11 +652,11 @@ async fn a_read_write_once_volume_moves_only_after_its_old_attachment_is_gone() 
         )
         .await?;
     let attachments: Api<VolumeAttachment> = Api::all(client);
-    wait_until("the old attachment to go", || async {
+    wait_until(&sim, "the old attachment to go", || async {
         Ok(attachments.get_opt(&old).await?.is_none())
     })
     .await?;
-    wait_until("db-2 to run with the volume attached", || async {
+    wait_until(&sim, "db-2 to run with the volume attached", || async {
         let running = pods
             .get("db-2")
             .await?
@@ -698,7 +693,7 @@ async fn the_pod_gc_sweep_finishes_terminating_pods_on_out_of_service_nodes() ->
         &pod("stuck", Some("node-0"), &held)?,
     )
     .await?;
-    wait_until("stuck to run", || async {
+    wait_until(&sim, "stuck to run", || async {
         Ok(pods
             .get("stuck")
             .await?
@@ -711,7 +706,7 @@ async fn the_pod_gc_sweep_finishes_terminating_pods_on_out_of_service_nodes() ->
     let nodes: Api<Node> = Api::all(client.clone());
     stop_kubelet(&nodes, "node-0").await?;
     pods.delete("stuck", &DeleteParams::default()).await?;
-    wait_until("node-0 to turn Unknown", || async {
+    wait_until(&sim, "node-0 to turn Unknown", || async {
         Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
     })
     .await?;
@@ -723,6 +718,7 @@ async fn the_pod_gc_sweep_finishes_terminating_pods_on_out_of_service_nodes() ->
         .patch("node-0", &PatchParams::default(), &Patch::Merge(taint))
         .await?;
     wait_until(
+        &sim,
         "the sweep to mark it Failed and delete it with grace 0",
         || async {
             let pod = pods.get("stuck").await?;
@@ -826,30 +822,34 @@ async fn probes_drive_readiness_and_restart_unhealthy_containers() -> Result<()>
         let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
         Ok(phase.as_deref() == Some("Running") && !ready(&pod))
     };
-    wait_until("the pod to run, unready", running_unready).await?;
+    wait_until(&sim, "the pod to run, unready", running_unready).await?;
     ready_flag.store(true, Ordering::SeqCst);
-    wait_until("the probe to make it Ready", || async {
+    wait_until(&sim, "the probe to make it Ready", || async {
         Ok(ready(&pods.get("probed").await?))
     })
     .await?;
     ready_flag.store(false, Ordering::SeqCst);
-    wait_until("the probe to make it unready", || async {
+    wait_until(&sim, "the probe to make it unready", || async {
         Ok(!ready(&pods.get("probed").await?))
     })
     .await?;
     live_flag.store(false, Ordering::SeqCst);
     // Stopped, to be restarted after the kubelet's back-off.
-    wait_until("the container to be stopped for a restart", || async {
-        let pod = pods.get("probed").await?;
-        let status = pod.status.and_then(|s| s.container_statuses);
-        let status = status.as_ref().and_then(|s| s.first());
-        Ok(status.is_some_and(|s| {
-            s.last_state
-                .as_ref()
-                .is_some_and(|l| l.terminated.is_some())
-                && s.state.as_ref().is_some_and(|s| s.waiting.is_some())
-        }))
-    })
+    wait_until(
+        &sim,
+        "the container to be stopped for a restart",
+        || async {
+            let pod = pods.get("probed").await?;
+            let status = pod.status.and_then(|s| s.container_statuses);
+            let status = status.as_ref().and_then(|s| s.first());
+            Ok(status.is_some_and(|s| {
+                s.last_state
+                    .as_ref()
+                    .is_some_and(|l| l.terminated.is_some())
+                    && s.state.as_ref().is_some_and(|s| s.waiting.is_some())
+            }))
+        },
+    )
     .await?;
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::default_namespaced(sim.client());
     let reasons: Vec<String> = events
