@@ -100,14 +100,8 @@ pub async fn admit(
                 let ignore = webhook["failurePolicy"].as_str() == Some("Ignore");
                 match call(store, webhook, request, &object, mutating).await {
                     Ok(response) => {
-                        warnings.extend(
-                            response["warnings"]
-                                .as_array()
-                                .into_iter()
-                                .flatten()
-                                .filter_map(Value::as_str)
-                                .map(str::to_owned),
-                        );
+                        warnings
+                            .extend(crate::json::strings(&response["warnings"]).map(str::to_owned));
                         if response["allowed"] != true {
                             return Err((denied(name, &response["status"]), warnings));
                         }

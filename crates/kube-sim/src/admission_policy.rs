@@ -57,12 +57,8 @@ pub fn validate(
                 reason: None,
             },
         };
-        let actions: Vec<&str> = binding["spec"]["validationActions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        let actions: Vec<&str> =
+            crate::json::strings(&binding["spec"]["validationActions"]).collect();
         if actions.contains(&"Warn") {
             warnings.push(format!(
                 "Validation failed for ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}': {}",

@@ -278,12 +278,7 @@ fn check(schema: &Value, value: &Value, old: Option<&Value>, path: &str, causes:
     }
     check_bounds(schema, value, path, causes);
     if let Some(map) = value.as_object() {
-        for required in schema["required"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-        {
+        for required in crate::json::strings(&schema["required"]) {
             if !map.contains_key(required) {
                 causes.push(cause(
                     "FieldValueRequired",

@@ -14,6 +14,7 @@ pub mod crd_schema;
 pub mod error;
 pub mod eviction;
 pub mod faults;
+pub(crate) mod json;
 pub mod managed_fields;
 pub mod patch;
 pub mod populate;

@@ -69,15 +69,9 @@ impl Shape<'_> {
             Self::Schema(schema) => {
                 let node = schema_at(schema, names);
                 match node["x-kubernetes-list-type"].as_str() {
-                    Some("map") => ListType::Map(
-                        node["x-kubernetes-list-map-keys"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .filter_map(Value::as_str)
-                            .map(str::to_owned)
-                            .collect(),
-                    ),
+                    Some("map") => ListType::Map(crate::json::owned_strings(
+                        &node["x-kubernetes-list-map-keys"],
+                    )),
                     Some("set") => ListType::Set,
                     _ => ListType::Atomic,
                 }

@@ -83,16 +83,7 @@ impl LabelSelector {
             .flatten()
         {
             let key = expression["key"].as_str().unwrap_or_default().to_owned();
-            let values: Vec<String> = expression["values"]
-                .as_array()
-                .map(|values| {
-                    values
-                        .iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default();
+            let values = crate::json::owned_strings(&expression["values"]);
             requirements.push(match expression["operator"].as_str().unwrap_or_default() {
                 "In" => Requirement::In(key, values),
                 "NotIn" => Requirement::NotIn(key, values),

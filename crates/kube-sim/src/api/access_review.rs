@@ -9,6 +9,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Value, json};
 
+use crate::json::owned_strings;
+
 use super::{App, json_response};
 use crate::auth::attributes::{Attributes, Request, Resource};
 use crate::auth::{User, authorize};
@@ -122,24 +124,16 @@ pub fn review(
 }
 
 fn named_subject(spec: &Value) -> User {
-    let strings = |value: &Value| -> Vec<String> {
-        value
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|v| v.as_str().map(str::to_owned))
-            .collect()
-    };
     let extra: BTreeMap<String, Vec<String>> = spec["extra"]
         .as_object()
         .into_iter()
         .flatten()
-        .map(|(key, values)| (key.clone(), strings(values)))
+        .map(|(key, values)| (key.clone(), owned_strings(values)))
         .collect();
     User {
         name: spec["user"].as_str().unwrap_or_default().to_owned(),
         uid: spec["uid"].as_str().unwrap_or_default().to_owned(),
-        groups: strings(&spec["groups"]),
+        groups: owned_strings(&spec["groups"]),
         extra,
     }
 }

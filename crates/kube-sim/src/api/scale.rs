@@ -40,12 +40,7 @@ fn selector_string(selector: &Value) -> String {
         .flatten()
     {
         let key = expression["key"].as_str().unwrap_or_default();
-        let mut values: Vec<&str> = expression["values"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        let mut values: Vec<&str> = crate::json::strings(&expression["values"]).collect();
         values.sort_unstable();
         let text = match expression["operator"].as_str().unwrap_or_default() {
             "In" => format!("{key} in ({})", values.join(",")),

@@ -6,6 +6,8 @@
 
 use serde_json::Value;
 
+use crate::json::strings;
+
 use super::User;
 use super::attributes::{Attributes, Request, Resource};
 use crate::error::ApiError;
@@ -147,14 +149,6 @@ fn subject_matches(subject: &Value, namespace: &str, user: &User) -> bool {
         }
         _ => false,
     }
-}
-
-fn strings(value: &Value) -> impl Iterator<Item = &str> {
-    value
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
 }
 
 fn rule_allows(rule: &Value, attributes: &Attributes) -> bool {

@@ -566,15 +566,7 @@ fn check_immutable(kind: &ResourceType, current: &Value, updated: &Value) -> Res
 }
 
 pub fn finalizers(object: &Value) -> Vec<String> {
-    object["metadata"]["finalizers"]
-        .as_array()
-        .map(|list| {
-            list.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
+    crate::json::owned_strings(&object["metadata"]["finalizers"])
 }
 
 #[cfg(test)]

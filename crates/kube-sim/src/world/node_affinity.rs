@@ -53,12 +53,7 @@ fn term_matches(term: &Value, node: &Value) -> bool {
 }
 
 fn values(requirement: &Value) -> Vec<&str> {
-    requirement["values"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect()
+    crate::json::strings(&requirement["values"]).collect()
 }
 
 fn label_matches(requirement: &Value, labels: &Value) -> bool {

@@ -13,6 +13,8 @@ use std::sync::Arc;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::Value;
+
+use crate::json::owned_strings;
 use tokio::sync::mpsc;
 
 use super::launch::Launch;
@@ -55,16 +57,8 @@ impl ImageRule {
 
     /// The program and arguments a container runs under this rule.
     fn command(&self, container: &Value) -> Option<(PathBuf, Vec<String>)> {
-        let strings = |value: &Value| -> Vec<String> {
-            value
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect()
-        };
-        let command = strings(&container["command"]);
-        let mut args = strings(&container["args"]);
+        let command = owned_strings(&container["command"]);
+        let mut args = owned_strings(&container["args"]);
         let program = match command.split_first() {
             Some((program, rest)) => {
                 let mut all = rest.to_vec();
