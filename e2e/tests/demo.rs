@@ -108,6 +108,53 @@ fn an_agent_that_never_releases_its_lock_fails_the_shutdown_act() {
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
+/// Waits until each process (`"<pid>: <command>"` or `"<pid>"`) has ended, woken by its pidfd,
+/// or until `deadline`.
+fn wait_for_exits(processes: &[String], deadline: Instant) {
+    for process in processes {
+        let Some(pid) = process
+            .split(':')
+            .next()
+            .and_then(|pid| pid.trim().parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            continue;
+        };
+        // No pidfd: the process is gone already.
+        let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        else {
+            continue;
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(timeout) = rustix::event::Timespec::try_from(left) else {
+            continue;
+        };
+        let mut ended = [rustix::event::PollFd::new(
+            &pidfd,
+            rustix::event::PollFlags::IN,
+        )];
+        // A timeout or an error leaves the process to the check that follows.
+        let _ = rustix::event::poll(&mut ended, Some(&timeout));
+    }
+}
+
+/// Whether process `pid` exists and has not ended: a zombie has ended, and waits only for
+/// whoever inherited it to reap it.
+fn has_not_ended(pid: &str) -> bool {
+    std::fs::read_to_string(Path::new("/proc").join(pid).join("stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
 /// The pids of the processes whose parent is `parent`.
 fn children_of(parent: &str) -> Vec<String> {
     std::fs::read_dir("/proc")
@@ -220,22 +267,17 @@ fn a_kept_cluster_answers_the_printed_commands_and_ctrl_c_stops_everything() {
     // Ctrl-C is how a kept demo ends: its acts passed, so it exits 0.
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let left = loop {
-        let left: Vec<String> = processes_mentioning(&work_dir.display().to_string())
+    let still_there = || -> Vec<String> {
+        processes_mentioning(&work_dir.display().to_string())
             .into_iter()
             .chain(processes_mentioning(&scenarios))
-            .chain(
-                pods.iter()
-                    .filter(|pid| Path::new("/proc").join(pid).exists())
-                    .cloned(),
-            )
-            .collect();
-        if left.is_empty() || Instant::now() > deadline {
-            break left;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+            .chain(pods.iter().filter(|pid| has_not_ended(pid)).cloned())
+            .collect()
     };
+    // Killed processes that were not the demo's children end on their own time (a death
+    // signal, a PID namespace torn down): wait for each, then look once more.
+    wait_for_exits(&still_there(), Instant::now() + Duration::from_secs(10));
+    let left = still_there();
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
