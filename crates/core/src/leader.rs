@@ -144,7 +144,10 @@ impl Leadership {
         }
     }
 
-    /// Gives the lease up so another candidate can take over without waiting for expiry.
+    /// Gives the lease up, so that a candidate reading it next finds it free instead of held
+    /// until expiry. (A kube-lease-manager follower reads it again only when the renewal it last
+    /// saw would expire, so the handover to a running follower can still take up to a lease
+    /// duration; a new candidate takes it at once.)
     pub async fn resign(self) {
         drop(self.leader);
         match self.manager.await {

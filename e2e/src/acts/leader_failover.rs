@@ -21,7 +21,10 @@ pub const ACT: Act = Act {
     play: |stage| Box::pin(play(stage)),
 };
 
-/// The chart's lease duration is 15 s; a leader that lets go on SIGTERM is replaced at once.
+/// The chart's lease duration is 15 s. The deleted leader lets the Lease go on SIGTERM, but a
+/// follower (kube-lease-manager) reads the Lease again only when the holder's last renewal
+/// would expire, so the handover takes anywhere up to a lease duration; the replacement pod, a
+/// fresh candidate, may take it first.
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 async fn holder(leases: &Api<Lease>) -> Option<String> {
