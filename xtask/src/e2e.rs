@@ -8,7 +8,10 @@
 //!   reached through its Service, leader failover by deleting the leader pod);
 //! - least privilege: the shutdown-inhibitor-agent installed without its ClusterRole's
 //!   `nodes/status` rule must fail its act with the API server's 403.
+//!
+//! `--target kind` runs the scenarios a kind cluster can show instead (see `kind.rs`).
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -16,7 +19,7 @@ use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 
 use crate::demo::{self, Prepared};
-use crate::project_root;
+use crate::{kind, project_root};
 
 const CHARTS: [&str; 4] = [
     "shutdown-inhibitor-agent",
@@ -25,36 +28,38 @@ const CHARTS: [&str; 4] = [
     "termination-controller",
 ];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Target {
     /// A fresh kube-sim per run, a real elogind per node (needs root).
+    #[default]
     Sim,
     /// A kind cluster (needs Docker, kind and the images).
     Kind,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 pub struct E2eArgs {
     #[arg(long, value_enum, default_value_t = Target::Sim)]
     target: Target,
-}
-
-impl Default for E2eArgs {
-    fn default() -> Self {
-        Self {
-            target: Target::Sim,
-        }
-    }
+    /// With --target kind: run on this cluster instead of creating one (the images must be
+    /// pullable or already loaded on its nodes).
+    #[arg(long, requires = "target")]
+    kubeconfig: Option<PathBuf>,
+    /// With --target kind: leave the cluster this run created.
+    #[arg(long)]
+    keep: bool,
 }
 
 pub fn run(args: &E2eArgs) -> Result<()> {
     match args.target {
+        Target::Sim if args.kubeconfig.is_some() || args.keep => {
+            bail!("--kubeconfig and --keep go with --target kind")
+        }
         Target::Sim => sim(),
-        Target::Kind => bail!(
-            "--target kind: not available yet. It needs Docker and kind on this machine and the \
-             program images (ghcr.io/nodegrace/*), which the next issue builds; the scenarios \
-             themselves only need a kubeconfig"
-        ),
+        Target::Kind => kind::run(&kind::KindOptions {
+            kubeconfig: args.kubeconfig.clone(),
+            keep: args.keep,
+        }),
     }
 }
 

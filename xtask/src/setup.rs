@@ -17,6 +17,8 @@ const SYSTEM_COMMANDS: &[(&str, &str)] = &[
     ("setpriv", "util-linux"),
     ("dpkg-deb", "dpkg"),
     ("npm", "npm"),
+    // An independent reader of our OCI images: `cargo xtask image --check` verifies with it.
+    ("skopeo", "skopeo"),
 ];
 
 pub fn ensure_system_packages() -> Result<()> {
@@ -26,18 +28,23 @@ pub fn ensure_system_packages() -> Result<()> {
         .map(|(_, package)| *package)
         .collect();
     if !missing.is_empty() {
-        run_command(Command::new("apt-get").arg("update").arg("-qq"))?;
-        run_command(
-            Command::new("apt-get")
-                .args(["install", "-y", "-qq", "--no-install-recommends"])
-                .args(&missing)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
+        install_packages(&missing)?;
     }
     if !on_path("kubectl") {
         println!("warning: kubectl is not on PATH; the kubectl conformance tests will skip");
     }
     Ok(())
+}
+
+/// Installs Debian packages, without their recommendations.
+pub fn install_packages(packages: &[&str]) -> Result<()> {
+    run_command(Command::new("apt-get").arg("update").arg("-qq"))?;
+    run_command(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
 }
 
 pub fn on_path(command: &str) -> bool {

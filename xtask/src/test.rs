@@ -5,7 +5,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{cargo, e2e, helm, peer_tests, project_root, run_command, setup};
+use crate::{actionlint, cargo, e2e, helm, image, peer_tests, project_root, run_command, setup};
 
 pub fn run() -> Result<()> {
     setup::ensure_system_packages()?;
@@ -33,6 +33,7 @@ pub fn run() -> Result<()> {
         )
     })?;
     step("charts", helm::check_charts)?;
+    step("workflows", actionlint::check_workflows)?;
     // Unpacking elogind once up front keeps that download out of the first test's time.
     step("provision elogind", || {
         run_command(cargo().args([
@@ -51,6 +52,11 @@ pub fn run() -> Result<()> {
     // The README's first command is the e2e's story with all four charts; e2e adds each chart
     // alone and the least-privilege proof, against the release binaries.
     step("e2e", || e2e::run(&e2e::E2eArgs::default()))?;
+    // The e2e just built and ran these release binaries: the images carry exactly them.
+    step("images", || {
+        let built = image::build_all(&image::PROGRAMS)?;
+        image::check_all(&built)
+    })?;
     step("stray processes", check_no_stray_processes)?;
     Ok(())
 }

@@ -43,6 +43,7 @@ pub enum LogFormat {
 
 #[derive(Debug, Clone, Args)]
 pub struct LogArgs {
+    /// Log format: text for people, json for a log pipeline
     #[arg(long, env = "NODEGRACE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Level or filter, in tracing's EnvFilter syntax (e.g. `info`, `debug,kube=info`).

@@ -2,7 +2,8 @@
 
 use std::io::IsTerminal;
 
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogArgs, LogFormat};
@@ -38,9 +39,83 @@ pub fn init_tracing(args: &LogArgs) -> Result<(), TelemetryError> {
     installed.map_err(|_| TelemetryError::AlreadyInstalled)
 }
 
-/// A registry whose metrics are all named `nodegrace_<program>_…` (`-` becomes `_`).
-pub fn program_registry(program: &str) -> Registry {
-    Registry::with_prefix(format!("nodegrace_{}", program.replace('-', "_")))
+/// The registry a program serves on `/metrics`, every metric named `nodegrace_<program>_…`
+/// (`-` becomes `_`), with a catalogue of what was registered: a labelled family has no series
+/// until its first label set, so the exposition alone does not list it, but the program's docs
+/// and dashboard must.
+#[derive(Debug)]
+pub struct ProgramRegistry {
+    prefix: String,
+    registry: Registry,
+    catalogue: Vec<RegisteredMetric>,
+}
+
+/// One metric family as registered.
+#[derive(Debug, Clone)]
+pub struct RegisteredMetric {
+    /// With the program's prefix, before the type's suffix (`_total`, `_bucket`, …).
+    pub name: String,
+    pub help: String,
+    pub kind: MetricType,
+}
+
+impl RegisteredMetric {
+    /// The series names a query can select: a counter's `_total`, a histogram's three.
+    pub fn series(&self) -> Vec<String> {
+        let suffixes: &[&str] = match self.kind {
+            MetricType::Counter => &["_total"],
+            MetricType::Histogram => &["_bucket", "_sum", "_count"],
+            MetricType::Info => &["_info"],
+            _ => &[""],
+        };
+        suffixes
+            .iter()
+            .map(|suffix| format!("{}{suffix}", self.name))
+            .collect()
+    }
+
+    /// The type as the exposition format's `# TYPE` line names it.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            MetricType::Counter => "counter",
+            MetricType::Gauge => "gauge",
+            MetricType::Histogram => "histogram",
+            MetricType::Info => "info",
+            MetricType::Unknown => "unknown",
+        }
+    }
+}
+
+impl ProgramRegistry {
+    pub fn new(program: &str) -> Self {
+        let prefix = format!("nodegrace_{}", program.replace('-', "_"));
+        Self {
+            registry: Registry::with_prefix(prefix.clone()),
+            prefix,
+            catalogue: Vec::new(),
+        }
+    }
+
+    pub fn register<M: Metric + TypedMetric>(&mut self, name: &str, help: &str, metric: M) {
+        self.catalogue.push(RegisteredMetric {
+            name: format!("{}_{name}", self.prefix),
+            help: help.to_owned(),
+            kind: M::TYPE,
+        });
+        self.registry.register(name, help, metric);
+    }
+
+    pub fn catalogue(&self) -> &[RegisteredMetric] {
+        &self.catalogue
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn into_registry(self) -> Registry {
+        self.registry
+    }
 }
 
 #[cfg(test)]
@@ -51,14 +126,37 @@ mod tests {
 
     #[test]
     fn registry_prefixes_the_program() {
-        let mut registry = program_registry("out-of-service-gc");
+        let mut registry = ProgramRegistry::new("out-of-service-gc");
         registry.register("pods", "help", Gauge::<i64>::default());
         let mut text = String::new();
-        encode(&mut text, &registry).unwrap();
+        encode(&mut text, registry.registry()).unwrap();
         assert!(
             text.contains("nodegrace_out_of_service_gc_pods 0"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_catalogue_lists_families_without_series_and_their_series_names() {
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::family::Family;
+        let mut registry = ProgramRegistry::new("termination-controller");
+        registry.register(
+            "evictions",
+            "Evictions",
+            Family::<Vec<(String, String)>, Counter>::default(),
+        );
+        let mut text = String::new();
+        encode(&mut text, registry.registry()).unwrap();
+        assert!(!text.contains("evictions"), "no series yet: {text}");
+        let [family] = registry.catalogue() else {
+            panic!("one family registered")
+        };
+        assert_eq!(
+            family.series(),
+            ["nodegrace_termination_controller_evictions_total"]
+        );
+        assert_eq!(family.kind_name(), "counter");
     }
 
     #[test]

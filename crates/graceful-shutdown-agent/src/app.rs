@@ -10,7 +10,7 @@ use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
 use nodegrace_core::logind::{DelayConfig, LogindError, SharedLogind};
 use nodegrace_core::program::{self, Started};
-use nodegrace_core::telemetry::program_registry;
+use nodegrace_core::telemetry::ProgramRegistry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -37,8 +37,9 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         .settings()
         .and_then(|settings| settings.plan())
         .context("invalid shutdown configuration")?;
-    let mut registry = program_registry(PROGRAM);
+    let mut registry = ProgramRegistry::new(PROGRAM);
     let metrics = Metrics::register(&mut registry);
+    let registry = registry.into_registry();
     let readiness = Readiness::new();
     let inhibitor_gate = readiness.gate("logind-inhibitor");
     let listen = args.common.admin.admin_listen;

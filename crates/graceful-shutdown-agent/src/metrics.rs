@@ -3,12 +3,12 @@
 
 use std::sync::atomic::AtomicU64;
 
+use nodegrace_core::telemetry::ProgramRegistry;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PodLabels {
@@ -32,7 +32,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn register(registry: &mut Registry) -> Self {
+    pub fn register(registry: &mut ProgramRegistry) -> Self {
         let metrics = Self {
             start_time_seconds: Gauge::default(),
             end_time_seconds: Gauge::default(),
@@ -103,7 +103,7 @@ mod tests {
     #[test]
     fn metrics_carry_the_program_prefix() {
         // The registry the program itself builds, so a change of prefix shows here.
-        let mut registry = nodegrace_core::telemetry::program_registry(crate::app::PROGRAM);
+        let mut registry = ProgramRegistry::new(crate::app::PROGRAM);
         let metrics = Metrics::register(&mut registry);
         metrics.inhibitor_held.set(1);
         metrics
@@ -114,7 +114,7 @@ mod tests {
             })
             .inc();
         let mut text = String::new();
-        encode(&mut text, &registry).unwrap();
+        encode(&mut text, registry.registry()).unwrap();
         assert!(
             text.contains("nodegrace_graceful_shutdown_agent_inhibitor_held 1"),
             "{text}"

@@ -1,10 +1,10 @@
 //! The controller's metrics, all `nodegrace_out_of_service_gc_…`.
 
+use nodegrace_core::telemetry::ProgramRegistry;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -26,7 +26,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn register(registry: &mut Registry) -> Self {
+    pub fn register(registry: &mut ProgramRegistry) -> Self {
         let metrics = Self::default();
         registry.register(
             "pods_force_deleted",

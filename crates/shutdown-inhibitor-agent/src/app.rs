@@ -8,7 +8,7 @@ use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
 use nodegrace_core::program::{self, Started};
-use nodegrace_core::telemetry::program_registry;
+use nodegrace_core::telemetry::ProgramRegistry;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Agent;
@@ -43,8 +43,9 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
     } = args;
     let alert_timeout =
         alert_timeout(config.as_deref(), alert_timeout_flag).context("invalid configuration")?;
-    let mut registry = program_registry(PROGRAM);
+    let mut registry = ProgramRegistry::new(PROGRAM);
     let metrics = Metrics::register(&mut registry);
+    let registry = registry.into_registry();
     let readiness = Readiness::new();
     let ready = readiness.gate("leases-and-logind");
     let started = program::start(admin.admin_listen, registry, readiness, async move {

@@ -2,9 +2,9 @@
 
 use std::sync::atomic::AtomicU64;
 
+use nodegrace_core::telemetry::ProgramRegistry;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
@@ -22,7 +22,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn register(registry: &mut Registry) -> Self {
+    pub fn register(registry: &mut ProgramRegistry) -> Self {
         let metrics = Self::default();
         registry.register(
             "block_inhibitor_held",

@@ -19,7 +19,7 @@ use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use nodegrace_core::leader::run_elected;
 use nodegrace_core::program::{self, Started};
-use nodegrace_core::telemetry::program_registry;
+use nodegrace_core::telemetry::ProgramRegistry;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::NodeDisruptionBudget;
@@ -201,8 +201,9 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         not_ready_timeout,
     };
     let election = leader.config(PROGRAM);
-    let mut registry = program_registry(PROGRAM);
+    let mut registry = ProgramRegistry::new(PROGRAM);
     let metrics = Metrics::register(&mut registry);
+    let registry = registry.into_registry();
     let readiness = Readiness::new();
     let synced = readiness.gate("caches-synced");
     // Bound now, so a port in use fails the start rather than the first review.

@@ -2,12 +2,12 @@
 //! Karpenter's where it has one (`nodes_eviction_requests_total{code}`, `pods_drained_total
 //! {reason}`, `nodes_drained_total`, `nodes_termination_duration_seconds`).
 
+use nodegrace_core::telemetry::ProgramRegistry;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabel {
@@ -79,7 +79,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn register(registry: &mut Registry) -> Self {
+    pub fn register(registry: &mut ProgramRegistry) -> Self {
         let metrics = Self::default();
         registry.register(
             "nodes_eviction_requests",

@@ -3,7 +3,9 @@
 //! release binary as an operator runs it.
 
 mod binary;
+mod dashboard;
 mod fake_logind;
+pub mod reference;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,6 +19,7 @@ pub use binary::{
     check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
     check_skeleton_binary,
 };
+pub use dashboard::check_dashboard;
 pub use fake_logind::{FakeLogind, WithExtraEvents};
 
 /// How often a condition is checked again; the wait itself is bounded by its deadline.
