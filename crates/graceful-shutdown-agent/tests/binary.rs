@@ -4,7 +4,9 @@
 use std::path::Path;
 
 use clap::CommandFactory;
+use graceful_shutdown_agent::app::PROGRAM;
 use graceful_shutdown_agent::cli::Args;
+use graceful_shutdown_agent::metrics::Metrics;
 use nodegrace_core::testing::{
     check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
 };
@@ -28,34 +30,4 @@ fn logs_in_a_pipe_are_plain_and_each_cause_is_printed_once() -> anyhow::Result<(
     check_plain_one_line_error(BINARY, &["--node-name=n", "--shutdown-grace-period=10s"])
 }
 
-/// docs/graceful-shutdown-agent.md's flag, chart value and metric tables are generated from the program and its
-/// chart; `cargo xtask docs` rewrites them.
-#[test]
-fn the_docs_reference_is_current() -> anyhow::Result<()> {
-    nodegrace_core::testing::reference::check_program_reference(
-        &workspace(),
-        graceful_shutdown_agent::app::PROGRAM,
-        &Args::command(),
-        &program_metrics(),
-    )
-}
-
-#[test]
-fn every_dashboard_query_selects_an_exported_metric_and_every_metric_is_shown() -> anyhow::Result<()>
-{
-    let program = graceful_shutdown_agent::app::PROGRAM;
-    let dashboard = workspace().join(format!("charts/{program}/dashboards/{program}.json"));
-    nodegrace_core::testing::check_dashboard(&dashboard, &program_metrics())?;
-    Ok(())
-}
-
-fn program_metrics() -> nodegrace_core::telemetry::ProgramRegistry {
-    let mut registry =
-        nodegrace_core::telemetry::ProgramRegistry::new(graceful_shutdown_agent::app::PROGRAM);
-    graceful_shutdown_agent::metrics::Metrics::register(&mut registry);
-    registry
-}
-
-fn workspace() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+nodegrace_core::operator_reference_tests!(PROGRAM, Args, Metrics);

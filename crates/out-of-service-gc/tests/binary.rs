@@ -7,7 +7,9 @@ use clap::CommandFactory;
 use nodegrace_core::testing::{
     check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
 };
+use out_of_service_gc::app::PROGRAM;
 use out_of_service_gc::cli::Args;
+use out_of_service_gc::metrics::Metrics;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_out-of-service-gc");
 
@@ -66,34 +68,4 @@ fn bad_durations_and_provider_options_name_the_flag() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// docs/out-of-service-gc.md's flag, chart value and metric tables are generated from the program and its
-/// chart; `cargo xtask docs` rewrites them.
-#[test]
-fn the_docs_reference_is_current() -> anyhow::Result<()> {
-    nodegrace_core::testing::reference::check_program_reference(
-        &workspace(),
-        out_of_service_gc::app::PROGRAM,
-        &Args::command(),
-        &program_metrics(),
-    )
-}
-
-#[test]
-fn every_dashboard_query_selects_an_exported_metric_and_every_metric_is_shown() -> anyhow::Result<()>
-{
-    let program = out_of_service_gc::app::PROGRAM;
-    let dashboard = workspace().join(format!("charts/{program}/dashboards/{program}.json"));
-    nodegrace_core::testing::check_dashboard(&dashboard, &program_metrics())?;
-    Ok(())
-}
-
-fn program_metrics() -> nodegrace_core::telemetry::ProgramRegistry {
-    let mut registry =
-        nodegrace_core::telemetry::ProgramRegistry::new(out_of_service_gc::app::PROGRAM);
-    out_of_service_gc::metrics::Metrics::register(&mut registry);
-    registry
-}
-
-fn workspace() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+nodegrace_core::operator_reference_tests!(PROGRAM, Args, Metrics);

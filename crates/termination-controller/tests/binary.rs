@@ -7,7 +7,9 @@ use clap::CommandFactory;
 use nodegrace_core::testing::{
     check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
 };
+use termination_controller::app::PROGRAM;
 use termination_controller::cli::Args;
+use termination_controller::metrics::Metrics;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
 
@@ -105,34 +107,4 @@ fn the_charts_crd_is_the_one_the_types_generate() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// docs/termination-controller.md's flag, chart value and metric tables are generated from the program and its
-/// chart; `cargo xtask docs` rewrites them.
-#[test]
-fn the_docs_reference_is_current() -> anyhow::Result<()> {
-    nodegrace_core::testing::reference::check_program_reference(
-        &workspace(),
-        termination_controller::app::PROGRAM,
-        &Args::command(),
-        &program_metrics(),
-    )
-}
-
-#[test]
-fn every_dashboard_query_selects_an_exported_metric_and_every_metric_is_shown() -> anyhow::Result<()>
-{
-    let program = termination_controller::app::PROGRAM;
-    let dashboard = workspace().join(format!("charts/{program}/dashboards/{program}.json"));
-    nodegrace_core::testing::check_dashboard(&dashboard, &program_metrics())?;
-    Ok(())
-}
-
-fn program_metrics() -> nodegrace_core::telemetry::ProgramRegistry {
-    let mut registry =
-        nodegrace_core::telemetry::ProgramRegistry::new(termination_controller::app::PROGRAM);
-    termination_controller::metrics::Metrics::register(&mut registry);
-    registry
-}
-
-fn workspace() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+nodegrace_core::operator_reference_tests!(PROGRAM, Args, Metrics);

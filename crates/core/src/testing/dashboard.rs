@@ -13,6 +13,16 @@ use crate::telemetry::{ProgramRegistry, RegisteredMetric};
 /// Grafana replaces these before Prometheus sees the query; any duration parses the same.
 const GRAFANA_INTERVALS: [&str; 3] = ["$__rate_interval", "$__interval", "$__range"];
 
+/// Checks the dashboard a program's chart ships, `charts/<program>/dashboards/<program>.json`.
+pub fn check_program_dashboard(program: &str, registry: &ProgramRegistry) -> Result<usize> {
+    let dashboard = super::reference::workspace()
+        .join("charts")
+        .join(program)
+        .join("dashboards")
+        .join(format!("{program}.json"));
+    check_dashboard(&dashboard, registry)
+}
+
 /// Returns how many queries the dashboard has.
 pub fn check_dashboard(dashboard: &Path, registry: &ProgramRegistry) -> Result<usize> {
     let text = std::fs::read_to_string(dashboard)

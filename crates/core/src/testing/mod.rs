@@ -19,8 +19,39 @@ pub use binary::{
     check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
     check_skeleton_binary,
 };
-pub use dashboard::check_dashboard;
+pub use dashboard::{check_dashboard, check_program_dashboard};
 pub use fake_logind::{FakeLogind, WithExtraEvents};
+
+/// The two tests of a program's operator documentation, in its integration tests:
+/// docs/<program>.md's generated tables (flags, chart values, metrics) are current, and the
+/// chart's Grafana dashboard selects only series the program exports and shows each.
+/// `cargo xtask docs` rewrites the tables.
+#[macro_export]
+macro_rules! operator_reference_tests {
+    ($program:expr, $args:ty, $metrics:ty) => {
+        fn program_metrics() -> $crate::telemetry::ProgramRegistry {
+            let mut registry = $crate::telemetry::ProgramRegistry::new($program);
+            <$metrics>::register(&mut registry);
+            registry
+        }
+
+        #[test]
+        fn the_docs_reference_is_current() -> anyhow::Result<()> {
+            $crate::testing::reference::check_program_reference(
+                $program,
+                &<$args as clap::CommandFactory>::command(),
+                &program_metrics(),
+            )
+        }
+
+        #[test]
+        fn every_dashboard_query_selects_an_exported_metric_and_every_metric_is_shown()
+        -> anyhow::Result<()> {
+            $crate::testing::check_program_dashboard($program, &program_metrics())?;
+            Ok(())
+        }
+    };
+}
 
 /// How often a condition is checked again; the wait itself is bounded by its deadline.
 const POLL: Duration = Duration::from_millis(10);

@@ -228,15 +228,19 @@ pub fn read_chart_file(chart: &Path, file: &str) -> Result<Value> {
     }
 }
 
+/// The workspace this crate was built in: its docs and charts are what the checks read.
+pub(super) fn workspace() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
 /// Checks the three generated sections of `docs/<program>.md`: options, values and metrics.
 pub fn check_program_reference(
-    workspace: &Path,
     program: &str,
     command: &clap::Command,
     registry: &ProgramRegistry,
 ) -> Result<()> {
-    let page = workspace.join("docs").join(format!("{program}.md"));
-    let chart = workspace.join("charts").join(program);
+    let page = workspace().join("docs").join(format!("{program}.md"));
+    let chart = workspace().join("charts").join(program);
     let schema = read_chart_file(&chart, "values.schema.json")?;
     let values = read_chart_file(&chart, "values.yaml")?;
     check_generated_section(&page, "options", &options_reference(command))?;
