@@ -21,7 +21,7 @@ use flate2::{Compression, GzBuilder};
 use ring::digest::{SHA256, digest};
 use serde_json::{Value, json};
 
-use crate::{cargo, project_root, run_command, setup, target_dir};
+use crate::{cargo, output_of, project_root, run_command, setup, target_dir};
 
 pub const PROGRAMS: [&str; 4] = [
     "graceful-shutdown-agent",
@@ -145,19 +145,9 @@ impl Source {
 }
 
 fn git(args: &[&str]) -> Result<String> {
-    let output = Command::new("git")
-        .args(args)
-        .current_dir(project_root())
-        .output()
-        .context("images are labelled with their commit: could not run git")?;
-    if !output.status.success() {
-        bail!(
-            "git {} failed (images are labelled with their commit; build from a git checkout): {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8(output.stdout)?.trim().to_owned())
+    let output = output_of(Command::new("git").args(args).current_dir(project_root()))
+        .context("images are labelled with their commit: build them from a git checkout")?;
+    Ok(output.trim().to_owned())
 }
 
 /// What the chart says about the program: where its image lives and which version it expects.
@@ -371,18 +361,8 @@ fn root_filesystem(program: &str, binary: &Path) -> Result<Vec<File>> {
 /// paths it resolves them to: copied as they are, they are exactly what the binary was tested
 /// with.
 fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
-    let output = Command::new("ldd")
-        .arg(binary)
-        .output()
-        .context("could not run ldd (Debian's libc-bin)")?;
-    if !output.status.success() {
-        bail!(
-            "ldd {} failed: {}",
-            binary.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    let listing = String::from_utf8(output.stdout)?;
+    let listing = output_of(Command::new("ldd").arg(binary))
+        .context("ldd (Debian's libc-bin) lists the libraries the image needs")?;
     let mut libraries = Vec::new();
     for line in listing.lines() {
         // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)", "/lib64/ld-linux-x86-64.so.2 (0x…)",

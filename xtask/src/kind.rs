@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::image::{self, PROGRAMS};
-use crate::{cargo, helm, project_root, run_command, setup, target_dir};
+use crate::{cargo, helm, output_of, project_root, run_command, setup, target_dir};
 
 const CLUSTER: &str = "nodegrace-e2e";
 const NAMESPACE: &str = "nodegrace";
@@ -116,20 +116,12 @@ struct Cluster {
 
 impl Cluster {
     fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let output = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .output()
-            .context("could not run kubectl")?;
-        if !output.status.success() {
-            bail!(
-                "kubectl {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8(output.stdout)?)
+        output_of(
+            Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(args),
+        )
     }
 
     fn apply(&self, manifest: &str) -> Result<()> {

@@ -151,6 +151,21 @@ pub fn run_command(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Runs a command and returns what it printed, failing with its command line and stderr.
+pub fn output_of(command: &mut Command) -> Result<String> {
+    let output = command
+        .output()
+        .with_context(|| format!("could not start {command:?}"))?;
+    if !output.status.success() {
+        bail!(
+            "{command:?} failed with {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8(output.stdout)?)
+}
+
 pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
