@@ -46,7 +46,11 @@ pub struct Chaos {
 pub struct Report {
     pub kills: u32,
     pub drains_completed: usize,
+    /// PodDisruptionBudget breaches (kube-sim's audit) plus every node disrupted beyond one at
+    /// a time; the two parts below say which.
     pub violations: usize,
+    pub pdb_breaches: usize,
+    pub most_nodes_disrupted: usize,
     pub terminations_per_instance_max: u32,
     pub finalizers_left: usize,
 }
@@ -55,10 +59,12 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "chaos kills={} drains-completed={} violations={} terminations-per-instance-max={} finalizers-left={}",
+            "chaos kills={} drains-completed={} violations={} (pdb-breaches={} most-nodes-disrupted-at-once={}) terminations-per-instance-max={} finalizers-left={}",
             self.kills,
             self.drains_completed,
             self.violations,
+            self.pdb_breaches,
+            self.most_nodes_disrupted,
             self.terminations_per_instance_max,
             self.finalizers_left
         )
@@ -150,6 +156,9 @@ fn observe(client: &Client) -> Arc<Observed> {
                     disrupting.0.remove(&node.metadata.name.unwrap_or_default());
                 }
                 _ => {}
+            }
+            if disrupting.0.len() > 1 {
+                eprintln!("chaos: nodes cordoned at once: {:?}", disrupting.0);
             }
             disrupting.1 = disrupting.1.max(disrupting.0.len());
         }
@@ -292,10 +301,16 @@ pub async fn run(chaos: Chaos) -> Result<Report> {
         finalizers_left += usize::from(deleting && ours);
     }
     let most_disrupting = observed.disrupting.lock().expect("disrupting").1;
+    let breaches = sim.world().audit().violations();
+    if !breaches.is_empty() {
+        eprintln!("chaos: PodDisruptionBudget breaches: {breaches:?}");
+    }
     let report = Report {
         kills,
         drains_completed: deleted_nodes_gone(&client).await?,
-        violations: sim.world().audit().violations().len() + most_disrupting.saturating_sub(1),
+        violations: breaches.len() + most_disrupting.saturating_sub(1),
+        pdb_breaches: breaches.len(),
+        most_nodes_disrupted: most_disrupting,
         terminations_per_instance_max: DRAINED
             .iter()
             .map(|node| terminate_calls(&sim, node))
