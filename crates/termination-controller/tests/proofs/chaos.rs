@@ -143,19 +143,33 @@ fn observe(client: &Client) -> Arc<Observed> {
     tokio::spawn(async move {
         let mut events =
             std::pin::pin!(watcher(nodes, watcher::Config::default()).default_backoff());
+        // A re-list (after a watch error) rebuilds the set: a node deleted while the watch was
+        // down sends no Delete and must not stay counted.
+        let mut relisted = BTreeSet::new();
         while let Some(Ok(event)) = events.next().await {
             seen.changes.fetch_add(1, Ordering::Relaxed);
             let mut disrupting = seen.disrupting.lock().expect("disrupting");
+            let cordoned =
+                |node: &Node| node.spec.as_ref().and_then(|spec| spec.unschedulable) == Some(true);
+            let name = |node: Node| node.metadata.name.unwrap_or_default();
             match event {
-                watcher::Event::Apply(node) | watcher::Event::InitApply(node)
-                    if node.spec.as_ref().and_then(|spec| spec.unschedulable) == Some(true) =>
-                {
-                    disrupting.0.insert(node.metadata.name.unwrap_or_default());
+                watcher::Event::Init => relisted.clear(),
+                watcher::Event::InitApply(node) => {
+                    if cordoned(&node) {
+                        relisted.insert(name(node));
+                    }
+                }
+                watcher::Event::InitDone => disrupting.0 = std::mem::take(&mut relisted),
+                watcher::Event::Apply(node) => {
+                    if cordoned(&node) {
+                        disrupting.0.insert(name(node));
+                    } else {
+                        disrupting.0.remove(&name(node));
+                    }
                 }
                 watcher::Event::Delete(node) => {
-                    disrupting.0.remove(&node.metadata.name.unwrap_or_default());
+                    disrupting.0.remove(&name(node));
                 }
-                _ => {}
             }
             if disrupting.0.len() > 1 {
                 eprintln!("chaos: nodes cordoned at once: {:?}", disrupting.0);
