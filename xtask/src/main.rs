@@ -3,6 +3,7 @@
 mod actionlint;
 mod bench;
 mod demo;
+mod disk;
 mod e2e;
 mod helm;
 mod image;

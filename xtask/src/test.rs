@@ -5,9 +5,12 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{actionlint, cargo, e2e, helm, image, peer_tests, project_root, run_command, setup};
+use crate::{
+    actionlint, cargo, disk, e2e, helm, image, peer_tests, project_root, run_command, setup,
+};
 
 pub fn run() -> Result<()> {
+    disk::ensure_room_for_a_test_run()?;
     setup::ensure_system_packages()?;
     ensure_nextest()?;
     helm::ensure_helm()?;
