@@ -30,7 +30,7 @@ pub fn ensure_room_for_a_test_run() -> Result<()> {
     if available < needed {
         bail!(
             "not enough disk for the test run: it needs about {} more under {} (a run from an \
-             empty target directory writes {}; {} is there already), but the filesystem has \
+             empty target directory needs {}; {} is there already), but the filesystem has \
              only {} free. Free space (`cargo clean` removes old build output, whose \
              incremental caches grow without bound) or set CARGO_TARGET_DIR to a directory on \
              a larger disk.",
