@@ -55,6 +55,9 @@ pub struct WorldOptions {
     /// How long without a lease renewal before a node turns Ready=Unknown (real default 40 s).
     pub node_monitor_grace: Duration,
     pub disruption: bool,
+    /// How long an evicted pod may stay undeleted before its budget counts it again (the
+    /// disruption controller's `DeletionTimeout`, 2 minutes).
+    pub disruption_deletion_timeout: Duration,
     /// The scheduler, the ReplicaSet and the DaemonSet controllers.
     pub workloads: bool,
     pub attach_detach: bool,
@@ -93,6 +96,7 @@ impl Default for WorldOptions {
             node_lifecycle: true,
             node_monitor_grace: Duration::from_secs(40),
             disruption: true,
+            disruption_deletion_timeout: disruption::DELETION_TIMEOUT,
             workloads: true,
             attach_detach: true,
             detach_delay: Duration::from_secs(1),
@@ -195,12 +199,13 @@ impl World {
             ));
         }
         if options.disruption {
+            let deletion_timeout = options.disruption_deletion_timeout;
             tokio::spawn(controller::run(
                 store.clone(),
                 stop.clone(),
                 quick,
                 disruption::concerns,
-                disruption::reconcile,
+                move |store: &Store| disruption::reconcile(store, deletion_timeout),
             ));
         }
         if options.node_lifecycle {
