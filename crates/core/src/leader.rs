@@ -3,14 +3,29 @@
 //!
 //! The work runs under a child cancellation token that is cancelled the moment leadership is
 //! lost: a deposed leader stops acting at once instead of finishing what it was doing.
+//!
+//! **Renew deadline.** kube-lease-manager keeps retrying a renewal that fails and still calls
+//! itself leader, so a replica cut off from the API server would go on acting (its cloud calls
+//! may still get through) after its lease expired and another replica took over. As client-go's
+//! `RenewDeadline`, the work is also cancelled once the lease has not been seen renewed for
+//! `duration − margin / 2`: the renewal is due at `duration − margin`, and the other replicas
+//! may take over at `duration` (by their clocks, so `margin / 2` of clock skew is covered). A
+//! renewal seen later starts the work again. Renewals are seen through a watch of the Lease on
+//! the same client, so a replica that cannot reach the API server sees none.
+
+use std::time::{Duration, SystemTime};
 
 use std::future::Future;
 
-use kube::Client;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
 use kube_lease_manager::{LeaseCreateMode, LeaseManager, LeaseParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::error_chain::Chain;
 
@@ -56,6 +71,10 @@ pub enum LeaderError {
 pub struct Leadership {
     leader: watch::Receiver<bool>,
     manager: JoinHandle<kube_lease_manager::Result<LeaseManager>>,
+    /// Until when this candidate's work may go on: the renew deadline after the last renewal
+    /// of its own seen on the Lease; `None` while it is not seen holding it.
+    held_until: watch::Receiver<Option<SystemTime>>,
+    _renewals: AbortOnDropHandle<()>,
 }
 
 impl Leadership {
@@ -67,7 +86,7 @@ impl Leadership {
         }
         let params = LeaseParams::new(config.identity.clone(), duration, margin);
         let manager = LeaseManager::new(
-            client,
+            client.clone(),
             config.lease_name.clone(),
             config.namespace.clone(),
             params,
@@ -80,11 +99,29 @@ impl Leadership {
             source,
         })?;
         let (leader, manager) = manager.watch().await;
-        Ok(Self { leader, manager })
+        let (held_until, renewals) = watch_renewals(client, config);
+        Ok(Self {
+            leader,
+            manager,
+            held_until,
+            _renewals: AbortOnDropHandle::new(renewals),
+        })
     }
 
     pub fn is_leader(&self) -> bool {
         *self.leader.borrow()
+    }
+
+    /// How long the work may still go on: leader, and its renew deadline not passed.
+    fn may_act_for(&self) -> Option<Duration> {
+        if !self.is_leader() {
+            return None;
+        }
+        let until = (*self.held_until.borrow())?;
+        until
+            .duration_since(SystemTime::now())
+            .ok()
+            .filter(|left| !left.is_zero())
     }
 
     /// Runs `work` each time this candidate becomes leader, until `stop`. The token passed to
@@ -102,10 +139,13 @@ impl Leadership {
         Fut: Future<Output = ()>,
     {
         loop {
-            while !self.is_leader() {
+            while self.may_act_for().is_none() {
                 tokio::select! {
                     () = stop.cancelled() => return Ok(()),
                     changed = self.leader.changed() => if changed.is_err() {
+                        return Err(LeaderError::LeaseTaskEnded);
+                    },
+                    changed = self.held_until.changed() => if changed.is_err() {
                         return Err(LeaderError::LeaseTaskEnded);
                     },
                 }
@@ -115,6 +155,15 @@ impl Leadership {
             let run = work(acting.clone());
             tokio::pin!(run);
             let lost = loop {
+                let Some(left) = self.may_act_for() else {
+                    if self.is_leader() {
+                        tracing::warn!(
+                            "the lease was not seen renewed within the renew deadline; \
+                             stopping all work before another replica may take over"
+                        );
+                    }
+                    break None;
+                };
                 tokio::select! {
                     () = &mut run => {
                         if stop.is_cancelled() {
@@ -126,10 +175,13 @@ impl Leadership {
                         if changed.is_err() {
                             break Some(LeaderError::LeaseTaskEnded);
                         }
-                        if !*self.leader.borrow() {
-                            break None;
+                    }
+                    changed = self.held_until.changed() => {
+                        if changed.is_err() {
+                            break Some(LeaderError::LeaseTaskEnded);
                         }
                     }
+                    () = tokio::time::sleep(left) => {}
                 }
             };
             tracing::warn!("lost leadership; stopping at once");
@@ -158,6 +210,42 @@ impl Leadership {
             Err(error) => tracing::warn!(error = %Chain(&error), "the lease manager task failed"),
         }
     }
+}
+
+/// Watches the Lease for this candidate's own renewals and publishes its renew deadline:
+/// `renewTime + duration − margin / 2` while it is the holder. `renewTime` was written by this
+/// process's own clock, so no skew enters.
+fn watch_renewals(
+    client: Client,
+    config: &LeaderConfig,
+) -> (watch::Receiver<Option<SystemTime>>, JoinHandle<()>) {
+    let (sender, receiver) = watch::channel(None);
+    let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let watching =
+        watcher::Config::default().fields(&format!("metadata.name={}", config.lease_name));
+    let identity = config.identity.clone();
+    let deadline = Duration::from_secs(config.lease_duration_seconds)
+        .saturating_sub(Duration::from_secs(config.renew_margin_seconds) / 2);
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watching).default_backoff());
+        while let Some(event) = events.next().await {
+            let lease = match event {
+                Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => Some(lease),
+                Ok(watcher::Event::Delete(_)) => None,
+                Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => continue,
+            };
+            let held_until = lease.and_then(|lease| {
+                let spec = lease.spec?;
+                if spec.holder_identity.as_deref() != Some(identity.as_str()) {
+                    return None;
+                }
+                let renewed: SystemTime = spec.renew_time?.0.into();
+                renewed.checked_add(deadline)
+            });
+            sender.send_replace(held_until);
+        }
+    });
+    (receiver, task)
 }
 
 /// Runs `work` as a replicated controller does: with `election`, only while this candidate
@@ -189,6 +277,21 @@ mod tests {
     use tokio::sync::mpsc;
 
     fn candidacy(leader: watch::Receiver<bool>) -> Leadership {
+        let (renewed, held_until) =
+            watch::channel(Some(SystemTime::now() + Duration::from_secs(3600)));
+        // The renewals' sender lives as long as the candidacy, as the real watch task's does.
+        let renewals = tokio::spawn(async move {
+            let _renewed = renewed;
+            std::future::pending::<()>().await;
+        });
+        candidacy_held(leader, held_until, renewals)
+    }
+
+    fn candidacy_held(
+        leader: watch::Receiver<bool>,
+        held_until: watch::Receiver<Option<SystemTime>>,
+        renewals: JoinHandle<()>,
+    ) -> Leadership {
         Leadership {
             leader,
             manager: tokio::spawn(async {
@@ -196,7 +299,36 @@ mod tests {
                     "x".to_owned(),
                 ))
             }),
+            held_until,
+            _renewals: AbortOnDropHandle::new(renewals),
         }
+    }
+
+    #[tokio::test]
+    async fn work_stops_at_the_renew_deadline_and_starts_again_on_a_renewal() {
+        let (_leader, leader) = watch::channel(true);
+        let (renewed, held_until) =
+            watch::channel(Some(SystemTime::now() + Duration::from_millis(300)));
+        let mut leadership =
+            candidacy_held(leader, held_until, tokio::spawn(std::future::pending()));
+        let stop = CancellationToken::new();
+        let (report, mut reports) = mpsc::unbounded_channel();
+        let runner = leadership.run_while_leader(&stop, reporting_work(&report));
+        let control = async {
+            assert_eq!(reports.recv().await, Some("started"));
+            // Still "leader" by the lease library, but no renewal seen: the work stops.
+            assert_eq!(reports.recv().await, Some("stopped"));
+            renewed.send_replace(Some(SystemTime::now() + Duration::from_secs(3600)));
+            assert_eq!(reports.recv().await, Some("started"));
+            stop.cancel();
+            assert_eq!(reports.recv().await, Some("stopped"));
+        };
+        let (result, ()) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(runner, control)
+        })
+        .await
+        .expect("the work stops at the deadline and restarts on a renewal");
+        assert!(result.is_ok(), "{result:?}");
     }
 
     /// Work that reports its start and stop, and runs until its token is cancelled.

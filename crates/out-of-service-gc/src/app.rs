@@ -133,7 +133,12 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         if !liveness_guard {
             tracing::warn!("the liveness guard is off (--liveness-guard=false)");
         }
-        let result = run_elected(client, election.as_ref(), &stop, |acting| {
+        // The election on a client of its own: a busy controller's own rate limit must
+        // never delay a renewal past the renew deadline.
+        let electing = client::client(&kube, PROGRAM)
+            .await
+            .context("build the Kubernetes client")?;
+        let result = run_elected(electing, election.as_ref(), &stop, |acting| {
             controller.run(acting)
         })
         .await

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
@@ -72,14 +73,66 @@ pub struct NodeDisruptionBudgetStatus {
     /// How many more nodes may be disrupted now.
     #[serde(default)]
     pub disruptions_allowed: i32,
-    /// The grants: node name → when its disruption was granted. A grant ends when its node
-    /// is gone (or, for a node that was never deleted, two minutes after it was given).
+    /// The grants: node name → the Node object (by UID) granted and when. A grant ends when
+    /// that object is gone (or, for a node that was never deleted, two minutes after it was
+    /// given); it never passes to a namesake.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub disrupted_nodes: BTreeMap<String, Time>,
+    pub disrupted_nodes: BTreeMap<String, Grant>,
     /// `DisruptionAllowed`: True when a disruption may be granted now; False with reason
     /// `InsufficientNodes` or `InvalidSpec`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// One node's grant: which Node object it is for, and when it was given.
+#[derive(Serialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    /// The UID of the Node granted: a namesake created later is not granted by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// When the disruption was granted.
+    pub granted_at: Time,
+}
+
+impl Grant {
+    /// Whether this grant is for `node` (name already matched). A grant written before grants
+    /// carried a UID (a bare time) counts for a node created before it was given: a namesake
+    /// registered later cannot have been its subject.
+    pub fn is_for(&self, node: &Node) -> bool {
+        match &self.uid {
+            Some(uid) => node.metadata.uid.as_deref() == Some(uid.as_str()),
+            None => node
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .is_some_and(|created| created.0 <= self.granted_at.0),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Grant {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Stored {
+            Current {
+                #[serde(default)]
+                uid: Option<String>,
+                #[serde(rename = "grantedAt")]
+                granted_at: Time,
+            },
+            /// v0.1's bare grant time.
+            Legacy(Time),
+        }
+        Ok(match Stored::deserialize(deserializer)? {
+            Stored::Current { uid, granted_at } => Self { uid, granted_at },
+            Stored::Legacy(granted_at) => Self {
+                uid: None,
+                granted_at,
+            },
+        })
+    }
 }
 
 impl NodeDisruptionBudget {
@@ -87,13 +140,16 @@ impl NodeDisruptionBudget {
         self.metadata.name.as_deref().unwrap_or_default()
     }
 
-    pub fn grants(&self) -> Option<&BTreeMap<String, Time>> {
+    pub fn grants(&self) -> Option<&BTreeMap<String, Grant>> {
         self.status.as_ref().map(|status| &status.disrupted_nodes)
     }
 
-    pub fn has_granted(&self, node: &str) -> bool {
+    /// Whether this budget has granted `node` (this Node object, not a namesake).
+    pub fn has_granted(&self, node: &Node) -> bool {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
         self.grants()
-            .is_some_and(|grants| grants.contains_key(node))
+            .and_then(|grants| grants.get(name))
+            .is_some_and(|grant| grant.is_for(node))
     }
 }
 

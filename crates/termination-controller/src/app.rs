@@ -165,6 +165,8 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         drain_timeout,
         volume_detach_timeout,
         not_ready_timeout,
+        stuck_terminating_after,
+        not_ready_max_fraction,
         webhook,
     } = args;
     let webhook = webhook_settings(webhook)?;
@@ -185,6 +187,12 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
              (got {eviction_backoff_min:?} and {eviction_backoff_max:?})"
         );
     }
+    if !(0.0..=1.0).contains(&not_ready_max_fraction) {
+        bail!(
+            "--not-ready-max-fraction must be a fraction from 0 to 1 (0.2 = 20 % of the managed \
+             nodes), got {not_ready_max_fraction}"
+        );
+    }
     let quota = Quota::with_period(std::time::Duration::from_secs_f64(1.0 / eviction_qps))
         .context("--eviction-qps is too high")?
         .allow_burst(burst);
@@ -199,6 +207,8 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         drain_timeout,
         volume_detach_timeout,
         not_ready_timeout,
+        stuck_terminating_after,
+        not_ready_max_fraction,
     };
     let election = leader.config(PROGRAM);
     let mut registry = ProgramRegistry::new(PROGRAM);
@@ -318,7 +328,12 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
             }),
             dirty,
         };
-        let elected = run_elected(client, election.as_ref(), &stop, |acting| {
+        // The election on a client of its own: a busy controller's own rate limit must
+        // never delay a renewal past the renew deadline.
+        let electing = client::client(&kube, PROGRAM)
+            .await
+            .context("build the Kubernetes client")?;
+        let elected = run_elected(electing, election.as_ref(), &stop, |acting| {
             controller.run(acting)
         });
         let result = match webhook {

@@ -1,11 +1,12 @@
 //! NodeDisruptionBudget arithmetic, as the disruption controller does it for pods.
 //!
 //! - A budget selects nothing with a null or empty selector (the seed's rule, unlike a PDB).
-//! - **Available** = Ready and not disrupted. *Disrupted* = granted by this budget, or being
-//!   deleted without waiting for a grant (a node without our finalizer goes away regardless).
-//!   A node being deleted that still waits for this budget's grant counts as available: it
-//!   is untouched until granted, and counting it as gone would let two waiting nodes block
-//!   each other forever.
+//! - **Available** = Ready and not disrupted. *Disrupted* = granted by this budget, cordoned by
+//!   this controller (its drain or termination has begun, whichever budget granted it, and
+//!   also for budgets created or re-selected since), or being deleted without waiting for a
+//!   grant (a node without our finalizer goes away regardless). A node being deleted that
+//!   still waits, untouched, for a grant counts as available: counting it as gone would let
+//!   two waiting nodes block each other forever.
 //! - `desiredAvailable` = `minAvailable`, or selected − `maxUnavailable` (never below 0);
 //!   percentages of the selected nodes round **up** in both, as `GetScaledValueFromIntOrPercent`
 //!   with `roundUp` does for PDBs (so `maxUnavailable: 10%` of 5 nodes allows 1).
@@ -27,6 +28,8 @@ pub struct NodeFacts<'a> {
     pub deleting: bool,
     /// Being deleted and held by our finalizer: it waits for grants before anything happens.
     pub awaits_grants: bool,
+    /// Cordoned by this controller: its drain or its machine's termination has begun.
+    pub disrupting: bool,
 }
 
 /// A spec the controller cannot act on; the budget then fails closed.
@@ -159,18 +162,17 @@ impl std::fmt::Display for Numbers {
     }
 }
 
-/// The numbers of a budget with `limit` over `nodes` (those it selects), given the nodes it
-/// has granted.
+/// The numbers of a budget with `limit` over `nodes` (those it selects), each with whether
+/// the budget has granted it.
 pub fn numbers<'a>(
     limit: Limit,
-    nodes: impl IntoIterator<Item = &'a NodeFacts<'a>>,
-    granted: impl Fn(&str) -> bool,
+    nodes: impl IntoIterator<Item = (&'a NodeFacts<'a>, bool)>,
 ) -> Numbers {
     let mut expected = 0;
     let mut available = 0;
-    for node in nodes {
+    for (node, granted) in nodes {
         expected += 1;
-        let disrupted = granted(node.name) || (node.deleting && !node.awaits_grants);
+        let disrupted = granted || node.disrupting || (node.deleting && !node.awaits_grants);
         if node.ready && !disrupted {
             available += 1;
         }
@@ -224,6 +226,7 @@ mod tests {
                 ready: true,
                 deleting: false,
                 awaits_grants: false,
+                disrupting: false,
             })
             .collect()
     }
@@ -246,7 +249,7 @@ mod tests {
         ];
         for (spec, desired, allowed) in cases {
             let limit = Limit::of(&spec).unwrap();
-            let numbers = numbers(limit, &nodes, |_| false);
+            let numbers = numbers(limit, nodes.iter().map(|node| (node, false)));
             assert_eq!(
                 (
                     numbers.expected,
@@ -271,7 +274,7 @@ mod tests {
         nodes[3].deleting = true;
         nodes[3].awaits_grants = true;
         let limit = Limit::of(&spec(None, int(3))).unwrap();
-        let numbers = numbers(limit, &nodes, |name| name == "n3");
+        let numbers = numbers(limit, nodes.iter().map(|node| (node, node.name == "n3")));
         assert_eq!(numbers.available, 2, "n2 (waiting) and n4");
         assert_eq!(numbers.desired, 2);
         assert_eq!(numbers.allowed, 0);

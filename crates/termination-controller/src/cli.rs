@@ -62,6 +62,16 @@ pub struct Args {
     /// its termination. Off when unset.
     #[arg(long, env = "NODEGRACE_NOT_READY_TIMEOUT", value_parser = duration_flag)]
     pub not_ready_timeout: Option<Duration>,
+    /// A pod whose deletionTimestamp (its deletion plus its grace period) is this far in the
+    /// past no longer holds the drain (Karpenter's rule for pods stuck terminating: no kubelet
+    /// to confirm their end, or a finalizer nobody removes).
+    #[arg(long, env = "NODEGRACE_STUCK_TERMINATING_AFTER", default_value = "1m", value_parser = duration_flag)]
+    pub stuck_terminating_after: Duration,
+    /// --not-ready-timeout deletes nothing while more than this fraction of the managed nodes
+    /// (or of one zone's, by topology.kubernetes.io/zone) is NotReady, rounded up as
+    /// Karpenter's node repair does: that many dead at once is a partition, not dead machines.
+    #[arg(long, env = "NODEGRACE_NOT_READY_MAX_FRACTION", default_value_t = 0.2)]
+    pub not_ready_max_fraction: f64,
     #[command(flatten)]
     pub webhook: WebhookArgs,
 }

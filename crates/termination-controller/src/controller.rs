@@ -11,13 +11,14 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, Preconditions};
 use nodegrace_core::controller::Dirty;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::conditions::node_condition;
 use nodegrace_core::k8s::events::EventReport;
-use nodegrace_core::k8s::nodes::node_reference;
+use nodegrace_core::k8s::node_identity::NodeIdentity;
+use nodegrace_core::k8s::nodes::{Readiness, node_reference, readiness};
 use nodegrace_core::k8s::watched::Watched;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -27,6 +28,7 @@ use tokio_util::time::{DelayQueue, delay_queue};
 use crate::api::{FINALIZER, NodeDisruptionBudget};
 use crate::grants::refresh_statuses;
 use crate::metrics::NdbLabel;
+use crate::partition;
 use crate::shared::Shared;
 use crate::termination::{Finished, NodeTermination, has_finalizer, ours, remove_finalizer};
 
@@ -55,15 +57,22 @@ impl Controller {
     async fn look_after_nodes(&self, acting: &CancellationToken) {
         let shared = &self.shared;
         let (poke, poked) = watch::channel(());
+        // Termination tasks by the Node's UID: a namesake is another node, with a task of
+        // its own.
         let mut workers: HashSet<String> = HashSet::new();
         // Nodes (by uid) whose finalizer a task removed: the cache may still show them with
         // it for a moment, and they must not get a second task.
         let mut released: HashSet<String> = HashSet::new();
-        let mut running: JoinSet<(String, String, Finished)> = JoinSet::new();
+        let mut running: JoinSet<(NodeIdentity, Finished)> = JoinSet::new();
         let mut bookkeeping: JoinSet<String> = JoinSet::new();
         let mut in_bookkeeping: HashSet<String> = HashSet::new();
         let mut checks: DelayQueue<String> = DelayQueue::new();
         let mut scheduled: HashMap<String, delay_queue::Key> = HashMap::new();
+        // NotReady nodes the partition guard holds, checked again whenever some node's
+        // readiness changes or a node comes or goes (that moves the fractions), and the
+        // readiness last seen of each node.
+        let mut held: HashSet<String> = HashSet::new();
+        let mut ready_seen: HashMap<String, bool> = HashMap::new();
         let mut budgets = shared.budgets.cache.clone();
         let mut pdbs = shared.pdbs.clone();
         for node in shared.nodes().state() {
@@ -71,18 +80,25 @@ impl Controller {
                 .mark(node.metadata.name.as_deref().unwrap_or_default());
         }
         loop {
+            let mut fractions_moved = false;
             for name in self.dirty.take() {
                 let Some(node) = shared.nodes().get(None, &name) else {
+                    fractions_moved |= ready_seen.remove(&name).is_some();
                     continue;
                 };
-                let uid = node.metadata.uid.clone().unwrap_or_default();
+                let ready = readiness(&node) == Readiness::Ready;
+                fractions_moved |= ready_seen.insert(name.clone(), ready) != Some(ready);
+                let Some(identity) = NodeIdentity::of(&node) else {
+                    continue;
+                };
                 if ours(&node) {
-                    if !released.contains(&uid) && workers.insert(name.clone()) {
-                        let task = NodeTermination::new(Arc::clone(shared), &name);
+                    if !released.contains(identity.uid())
+                        && workers.insert(identity.uid().to_owned())
+                    {
+                        let task = NodeTermination::new(Arc::clone(shared), identity.clone());
                         let wake = poked.clone();
                         let stop = acting.child_token();
-                        let owned = name.clone();
-                        running.spawn(async move { (owned, uid, task.run(wake, stop).await) });
+                        running.spawn(async move { (identity, task.run(wake, stop).await) });
                     }
                 } else if node.metadata.deletion_timestamp.is_none()
                     && shared.settings.manages(&node) != has_finalizer(&node)
@@ -90,8 +106,7 @@ impl Controller {
                 {
                     let client = shared.client.clone();
                     let add = shared.settings.manages(&node);
-                    let owned = name.clone();
-                    bookkeeping.spawn(async move { set_finalizer(&client, owned, add).await });
+                    bookkeeping.spawn(async move { set_finalizer(&client, identity, add).await });
                 }
                 if let Some(timeout) = shared.settings.not_ready_timeout {
                     if let Some(key) = scheduled.remove(&name) {
@@ -105,6 +120,14 @@ impl Controller {
                     }
                 }
             }
+            if fractions_moved {
+                for name in held.drain() {
+                    if let Some(key) = scheduled.remove(&name) {
+                        checks.remove(&key);
+                    }
+                    scheduled.insert(name.clone(), checks.insert(name, Duration::ZERO));
+                }
+            }
             shared.metrics.nodes_terminating.set(workers.len() as i64);
             // Any node, budget or PDB change may let a waiting node or queue go on.
             poke.send_replace(());
@@ -114,12 +137,12 @@ impl Controller {
                 changed = budgets.changed() => if changed.is_err() { break },
                 changed = pdbs.changed() => if changed.is_err() { break },
                 Some(finished) = running.join_next() => {
-                    if let Ok((name, uid, finished)) = finished {
-                        workers.remove(&name);
+                    if let Ok((node, finished)) = finished {
+                        workers.remove(node.uid());
                         if finished == Finished::Released {
-                            released.insert(uid);
+                            released.insert(node.uid().to_owned());
                         }
-                        self.dirty.mark(&name);
+                        self.dirty.mark(node.name());
                     }
                     // Forget released nodes once they are gone from the cache.
                     let present: HashSet<String> = shared.nodes().state().iter().filter_map(|node| node.metadata.uid.clone()).collect();
@@ -134,12 +157,23 @@ impl Controller {
                     let name = expired.into_inner();
                     scheduled.remove(&name);
                     if let Some(node) = shared.nodes().get(None, &name) {
-                        delete_not_ready(shared, &node).await;
+                        // A leader that loses its lease mid-request stops here too.
+                        tokio::select! {
+                            () = acting.cancelled() => break,
+                            check = delete_not_ready(shared, &node) => {
+                                if check == NotReadyCheck::Held {
+                                    held.insert(name);
+                                } else {
+                                    shared.metrics.not_ready_deletions_held.set(0);
+                                }
+                            }
+                        }
                     }
                 }
             }
         }
         running.shutdown().await;
+        bookkeeping.shutdown().await;
     }
 }
 
@@ -158,15 +192,46 @@ fn not_ready_due(node: &Node, timeout: Duration, managed: bool) -> Option<Timest
         .ok()
 }
 
-async fn delete_not_ready(shared: &Shared, node: &Node) {
+/// What a NotReady timeout check did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NotReadyCheck {
+    Done,
+    /// Held back by the partition guard.
+    Held,
+}
+
+async fn delete_not_ready(shared: &Shared, node: &Node) -> NotReadyCheck {
     let Some(timeout) = shared.settings.not_ready_timeout else {
-        return;
+        return NotReadyCheck::Done;
     };
     let due = not_ready_due(node, timeout, shared.settings.manages(node));
     if due.is_none_or(|due| due > Timestamp::now()) {
-        return;
+        return NotReadyCheck::Done;
     }
     let name = node.metadata.name.as_deref().unwrap_or_default();
+    let managed: Vec<Arc<Node>> = shared
+        .nodes()
+        .state()
+        .into_iter()
+        .filter(|node| shared.settings.manages(node))
+        .collect();
+    if let Some(partition) =
+        partition::partitioned(&managed, node, shared.settings.not_ready_max_fraction)
+    {
+        shared.metrics.not_ready_deletions_held.set(1);
+        tracing::warn!(node = name, %partition, "not deleting the NotReady node");
+        shared.reporter.event(EventReport::warning(
+            node_reference(name),
+            "NotReadyDeletionHeld",
+            "Delete",
+            format!(
+                "Not deleted although NotReady past --not-ready-timeout ({}s): {partition}; \
+                 so many at once is taken for a partition, not dead machines",
+                timeout.as_secs()
+            ),
+        ));
+        return NotReadyCheck::Held;
+    }
     let api: Api<Node> = Api::all(shared.client.clone());
     let params = DeleteParams {
         preconditions: Some(Preconditions {
@@ -191,26 +256,32 @@ async fn delete_not_ready(shared: &Shared, node: &Node) {
             tracing::warn!(node = name, error = %Chain(&error), "could not delete the NotReady node");
         }
     }
+    NotReadyCheck::Done
 }
 
-/// Adds our finalizer to a managed node, or removes it from a node no longer managed. The add
-/// is a strategic merge (finalizers merge as a set), so it never replaces other finalizers.
+/// Adds our finalizer to a managed node, or removes it from a node no longer managed: this
+/// Node object (read fresh, written with its UID and resourceVersion), never other finalizers.
 /// A failure is logged; the node's next change tries again. Returns the node's name.
-async fn set_finalizer(client: &kube::Client, name: String, add: bool) -> String {
-    let api: Api<Node> = Api::all(client.clone());
+async fn set_finalizer(client: &kube::Client, node: NodeIdentity, add: bool) -> String {
     let result = if add {
-        let patch = serde_json::json!({"metadata": {"finalizers": [FINALIZER]}});
-        api.patch(&name, &PatchParams::default(), &Patch::Strategic(&patch))
-            .await
-            .map(drop)
-            .map_err(crate::termination::StepError::from)
+        node.update(client, |node| {
+            let finalizers = node.metadata.finalizers.get_or_insert_with(Vec::new);
+            if finalizers.iter().any(|finalizer| finalizer == FINALIZER) {
+                return false;
+            }
+            finalizers.push(FINALIZER.to_owned());
+            true
+        })
+        .await
+        .map(drop)
+        .map_err(crate::termination::StepError::from)
     } else {
-        remove_finalizer(client, &name).await
+        remove_finalizer(client, &node).await
     };
     if let Err(error) = result {
-        tracing::warn!(node = name, error = %Chain(&error), "could not update the node's finalizer; retried on its next change");
+        tracing::warn!(node = %node, error = %Chain(&error), "could not update the node's finalizer; retried on its next change");
     }
-    name
+    node.name().to_owned()
 }
 
 /// Keeps every NodeDisruptionBudget's status current while leading: after budget and node
@@ -219,9 +290,12 @@ async fn keep_statuses(shared: Arc<Shared>, stop: CancellationToken) {
     let mut budgets: Watched<NodeDisruptionBudget> = shared.budgets.cache.clone();
     let mut nodes = shared.nodes().clone();
     let mut failures = 0;
+    let mut reported: HashSet<String> = HashSet::new();
     loop {
         let metrics = &shared.metrics;
+        let mut present = HashSet::new();
         let result = refresh_statuses(&shared.budgets, |name, allowed| {
+            present.insert(name.to_owned());
             metrics
                 .ndb_disruptions_allowed
                 .get_or_create(&NdbLabel {
@@ -230,6 +304,13 @@ async fn keep_statuses(shared: Arc<Shared>, stop: CancellationToken) {
                 .set(i64::from(allowed));
         })
         .await;
+        // A deleted budget's series goes with it, not stays at its last value.
+        for gone in reported.difference(&present) {
+            metrics
+                .ndb_disruptions_allowed
+                .remove(&NdbLabel { ndb: gone.clone() });
+        }
+        reported = present;
         if let Err(error) = result {
             failures += 1;
             shared.metrics.error("api");
@@ -277,7 +358,7 @@ fn next_grant_expiry(shared: &Shared) -> Option<Duration> {
                 .is_some_and(|node| node.metadata.deletion_timestamp.is_none())
         })
         .map(|(_, granted)| {
-            let age = now.duration_since(granted.0).unsigned_abs();
+            let age = now.duration_since(granted.granted_at.0).unsigned_abs();
             crate::grants::UNUSED_GRANT_EXPIRY.saturating_sub(age) + Duration::from_secs(1)
         })
         .min()

@@ -7,25 +7,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
 use kube::runtime::watcher;
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::selectors::pdbs_for_pod;
-use nodegrace_core::k8s::watched::{WatchCounters, WatchEnded, Watched};
+use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::explain::{budget_blocks, grouped};
-use crate::metrics::{CodeLabel, PdbLabel, ReasonLabel};
+use crate::metrics::{CodeLabel, ReasonLabel};
 use crate::queues::{BudgetView, Outcome, Queue, QueueKey};
 use crate::shared::Shared;
-use crate::tiers::{Disposition, Tier, disposition};
+use crate::termination::StepError;
+use crate::tiers::{Disposition, Skip, Tier, disposition};
 
 /// The kubelet's default when a pod names no grace period.
 const DEFAULT_GRACE: Duration = Duration::from_secs(30);
@@ -83,17 +85,44 @@ struct Answer {
     outcome: Outcome,
 }
 
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Drained,
+    Stopped,
+    /// The Node (by UID) is gone or a namesake has its name: the pods watched by name may be
+    /// the namesake's now, so nothing more is sent.
+    NodeGone,
+}
+
 /// One node's drain.
 pub struct Drain {
     shared: Arc<Shared>,
-    node: String,
+    node: NodeIdentity,
     deadline: Option<Timestamp>,
     pods: Watched<Pod>,
+    /// Pods (by UID) seen before a fresh read found the node still this Node object: they
+    /// were bound to it, not to a namesake (a pod is bound only to a node that exists, and
+    /// names are unique, so a pod of a namesake seen before the read means the read finds
+    /// the namesake).
+    confirmed: HashSet<String>,
     queues: HashMap<QueueKey, Queue>,
     evicted: HashSet<String>,
     deleted_at_deadline: HashSet<String>,
+    left_announced: HashSet<String>,
     requests: JoinSet<Answer>,
+    /// Deadline deletions: owned here, so a drain that stops (leadership lost) stops them too.
+    deletions: JoinSet<()>,
     started_tiers: HashSet<Tier>,
+}
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        self.shared
+            .metrics
+            .queue_depth
+            .set(self.node.uid(), HashMap::new());
+    }
 }
 
 impl std::fmt::Debug for Drain {
@@ -107,10 +136,10 @@ impl std::fmt::Debug for Drain {
 
 impl Drain {
     /// Starts watching the node's pods; `deleted` is when the node's deletion was asked.
-    pub fn start(shared: Arc<Shared>, node: &str, deleted: Option<Timestamp>) -> Self {
+    pub fn start(shared: Arc<Shared>, node: NodeIdentity, deleted: Option<Timestamp>) -> Self {
         let pods = Watched::start_trimmed(
             Api::<Pod>::all(shared.client.clone()),
-            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+            watcher::Config::default().fields(&format!("spec.nodeName={}", node.name())),
             WatchCounters::default(),
             trim_pod,
         );
@@ -125,25 +154,57 @@ impl Drain {
             });
         Self {
             shared,
-            node: node.to_owned(),
+            node,
             deadline,
             pods,
+            confirmed: HashSet::new(),
             queues: HashMap::new(),
             evicted: HashSet::new(),
             deleted_at_deadline: HashSet::new(),
+            left_announced: HashSet::new(),
             requests: JoinSet::new(),
+            deletions: JoinSet::new(),
             started_tiers: HashSet::new(),
         }
     }
 
-    /// Pods the drain leaves on the node (skipped ones); their volumes may stay attached.
+    /// Pods the drain leaves on the node (skipped ones, and those stuck terminating); their
+    /// volumes may stay attached.
     pub fn left_alone(&self) -> Vec<Arc<Pod>> {
         let now = Timestamp::now();
+        let stuck_after = self.shared.settings.stuck_terminating_after;
         self.pods
             .state()
             .into_iter()
-            .filter(|pod| matches!(disposition(pod, now), Disposition::Skip(_)))
+            .filter(|pod| {
+                matches!(disposition(pod, now), Disposition::Skip(_))
+                    || stuck_terminating(pod, stuck_after, now) == Stuck::Since
+            })
             .collect()
+    }
+
+    /// Whether the cached node is still this Node object. The cache only ever drops or
+    /// replaces it after the object is gone, so `false` is final.
+    fn node_present(&self) -> bool {
+        self.shared
+            .nodes()
+            .get(None, self.node.name())
+            .is_some_and(|node| self.node.is(&node))
+    }
+
+    /// Confirms by a fresh read that every pod seen so far was bound to this Node object.
+    /// Returns false when the node is gone or replaced.
+    async fn confirm_pods(&mut self) -> Result<bool, StepError> {
+        let seen: Vec<String> = self.pods.state().iter().map(|pod| uid(pod)).collect();
+        if seen.iter().all(|pod| self.confirmed.contains(pod)) {
+            return Ok(true);
+        }
+        let api: Api<Node> = Api::all(self.shared.client.clone());
+        if self.node.read(&api).await?.is_none() {
+            return Ok(false);
+        }
+        self.confirmed.extend(seen);
+        Ok(true)
     }
 
     /// Drains until every pod that must go is gone. `report` hears what it waits for.
@@ -152,15 +213,21 @@ impl Drain {
         wake: &mut watch::Receiver<()>,
         stop: &CancellationToken,
         mut report: impl FnMut(&Waiting),
-    ) -> Result<(), WatchEnded> {
+    ) -> Result<Ended, StepError> {
         tokio::select! {
-            () = stop.cancelled() => return Ok(()),
+            () = stop.cancelled() => return Ok(Ended::Stopped),
             synced = self.pods.synced() => synced?,
         }
         let mut pod_changes = self.pods.clone();
         loop {
+            if !self.node_present() || !self.confirm_pods().await? {
+                return Ok(Ended::NodeGone);
+            }
+            if stop.is_cancelled() {
+                return Ok(Ended::Stopped);
+            }
             let next_timer = match self.step() {
-                Step::Done => return Ok(()),
+                Step::Done => return Ok(Ended::Drained),
                 Step::Wait { waiting, timer } => {
                     report(&waiting);
                     timer
@@ -173,14 +240,15 @@ impl Drain {
                 }
             };
             tokio::select! {
-                () = stop.cancelled() => return Ok(()),
-                changed = wake.changed() => if changed.is_err() { return Ok(()) },
+                () = stop.cancelled() => return Ok(Ended::Stopped),
+                changed = wake.changed() => if changed.is_err() { return Ok(Ended::Stopped) },
                 changed = pod_changes.changed() => changed?,
                 Some(answer) = self.requests.join_next() => {
                     if let Ok(answer) = answer {
                         self.answered(answer);
                     }
                 }
+                Some(_) = self.deletions.join_next() => {}
                 () = sleep => {}
             }
         }
@@ -191,14 +259,42 @@ impl Drain {
         let wall = Timestamp::now();
         let mut tiers: BTreeMap<Tier, Vec<Arc<Pod>>> = BTreeMap::new();
         let mut protected: Vec<(Arc<Pod>, Option<Timestamp>)> = Vec::new();
+        let mut timers: Vec<Instant> = Vec::new();
+        let stuck_after = self.shared.settings.stuck_terminating_after;
         for pod in self.pods.state() {
+            match stuck_terminating(&pod, stuck_after, wall) {
+                Stuck::Since => {
+                    let since = pod
+                        .metadata
+                        .deletion_timestamp
+                        .as_ref()
+                        .map(|time| time.0.to_string())
+                        .unwrap_or_default();
+                    self.announce_left(
+                        &pod,
+                        &format!(
+                            "it has been terminating since {since}, more than {}s \
+                             (--stuck-terminating-after) past its deletion time",
+                            stuck_after.as_secs()
+                        ),
+                    );
+                    continue;
+                }
+                Stuck::From(at) => {
+                    let wait = Duration::try_from(at.duration_since(wall)).unwrap_or_default();
+                    timers.push(now + wait);
+                }
+                Stuck::No => {}
+            }
             match disposition(&pod, wall) {
+                Disposition::Skip(Skip::Terminal) if pod.metadata.deletion_timestamp.is_some() => {
+                    self.announce_left(&pod, "it has finished");
+                }
                 Disposition::Skip(_) => {}
                 Disposition::DoNotEvict { until } => protected.push((pod, until)),
                 Disposition::Evict(tier) => tiers.entry(tier).or_default().push(pod),
             }
         }
-        let mut timers: Vec<Instant> = Vec::new();
         if let Some(deadline) = self.deadline {
             let remaining = protected
                 .iter()
@@ -235,7 +331,7 @@ impl Drain {
         };
         if self.started_tiers.insert(tier) {
             self.shared.reporter.event(EventReport::normal(
-                node_reference(&self.node),
+                node_reference(self.node.name()),
                 "DrainingTier",
                 "Drain",
                 format!("Evicting {} {}", pods.len(), tier.label()),
@@ -305,13 +401,7 @@ impl Drain {
                 blocked.extend(waiting.iter().map(|pod| (pod_name(pod), why.clone())));
             }
         }
-        for (label, pods) in depth {
-            self.shared
-                .metrics
-                .queue_depth
-                .get_or_create(&PdbLabel { pdb: label })
-                .set(pods);
-        }
+        self.shared.metrics.queue_depth.set(self.node.uid(), depth);
         let left = tiers.values().map(Vec::len).sum::<usize>();
         let mut message = format!("{left} pod(s) left, draining {}", tier.label());
         let details = grouped(blocked.into_iter().chain(leaving));
@@ -354,7 +444,7 @@ impl Drain {
                     pod_reference(&pod),
                     "Evicted",
                     "Evict",
-                    format!("Evicted: node {} is being terminated", self.node),
+                    format!("Evicted: node {} is being terminated", self.node.name()),
                 ));
             }
             Outcome::Refused { .. } if warn => {
@@ -373,7 +463,7 @@ impl Drain {
                     note.clone(),
                 ));
                 self.shared.reporter.event(EventReport::warning(
-                    node_reference(&self.node),
+                    node_reference(self.node.name()),
                     "EvictionBlocked",
                     "Drain",
                     note,
@@ -394,7 +484,7 @@ impl Drain {
                     note.clone(),
                 ));
                 self.shared.reporter.event(EventReport::warning(
-                    node_reference(&self.node),
+                    node_reference(self.node.name()),
                     "EvictionMisconfigured",
                     "Drain",
                     note,
@@ -426,10 +516,62 @@ impl Drain {
             let cut = left.max(MIN_GRACE);
             self.deleted_at_deadline.insert(uid(&pod));
             let shared = Arc::clone(&self.shared);
-            let node = self.node.clone();
-            tokio::spawn(async move { delete_now(&shared, &node, &pod, cut).await });
+            let node = self.node.name().to_owned();
+            self.deletions
+                .spawn(async move { delete_now(&shared, &node, &pod, cut).await });
         }
         next
+    }
+
+    /// An Event, once per pod, that a pod being deleted no longer holds the drain although
+    /// its object is still there (finalizers, or no kubelet to confirm its end).
+    fn announce_left(&mut self, pod: &Pod, why: &str) {
+        if !self.left_announced.insert(uid(pod)) {
+            return;
+        }
+        let finalizers = pod.metadata.finalizers.as_deref().unwrap_or_default();
+        let stays = if finalizers.is_empty() {
+            "its object may stay until its node is gone".to_owned()
+        } else {
+            format!(
+                "its object stays until its finalizers ({}) are removed",
+                finalizers.join(", ")
+            )
+        };
+        self.shared.reporter.event(EventReport::warning(
+            node_reference(self.node.name()),
+            "PodLeftTerminating",
+            "Drain",
+            format!(
+                "Pod {} no longer holds the drain: {why}; {stays}",
+                pod_key(pod)
+            ),
+        ));
+    }
+}
+
+/// Whether a pod is stuck terminating: its deletionTimestamp (deletion plus grace) is `after`
+/// or more in the past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stuck {
+    No,
+    /// Terminating; stuck from this moment on if it is still there.
+    From(Timestamp),
+    Since,
+}
+
+pub fn stuck_terminating(pod: &Pod, after: Duration, now: Timestamp) -> Stuck {
+    let Some(deleted) = pod.metadata.deletion_timestamp.as_ref() else {
+        return Stuck::No;
+    };
+    let from = jiff::SignedDuration::try_from(after)
+        .ok()
+        .and_then(|after| deleted.0.checked_add(after).ok())
+        .unwrap_or(Timestamp::MAX);
+    if from <= now {
+        Stuck::Since
+    } else {
+        Stuck::From(from)
     }
 }
 
@@ -481,6 +623,7 @@ async fn evict(shared: &Shared, pod: &Pod) -> Outcome {
             status_code(error).map_or_else(|| "error".to_owned(), |code| code.to_string())
         }
     };
+    tracing::debug!(pod = pod_key(pod), code, "eviction answered");
     shared
         .metrics
         .eviction_requests

@@ -3,7 +3,7 @@
 //! was made on: of two writers (two controllers, two nodes, later the webhook) deciding on the
 //! same version, one gets a 409, re-reads, and sees the unit taken.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,10 +13,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Api;
 use kube::api::PostParams;
 use nodegrace_core::k8s::api_errors::status_code;
-use nodegrace_core::k8s::nodes::{Readiness, readiness};
+use nodegrace_core::k8s::nodes::{Readiness, readiness, taints};
 use nodegrace_core::k8s::watched::Watched;
 
-use crate::api::{FINALIZER, NodeDisruptionBudget, NodeDisruptionBudgetStatus};
+use crate::api::{
+    DISRUPTED_TAINT, FINALIZER, Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus,
+};
 use crate::budget::{Limit, NodeFacts, Numbers, SpecError, may_grant, numbers, selects};
 
 /// How long a grant for a node that was never deleted is kept (the disruption controller's
@@ -43,6 +45,9 @@ pub fn facts(node: &Node) -> NodeFacts<'_> {
                 .iter()
                 .flatten()
                 .any(|finalizer| finalizer == FINALIZER),
+        disrupting: taints(node)
+            .iter()
+            .any(|taint| taint.key == DISRUPTED_TAINT && taint.effect == "NoSchedule"),
     }
 }
 
@@ -96,8 +101,8 @@ impl Budgets {
         let facts = facts(node);
         let mut budgets = Vec::new();
         for budget in self.covering(&facts) {
-            if !budget.has_granted(facts.name)
-                && let Some(refusal) = self.grant(&budget, &facts).await?
+            if !budget.has_granted(node)
+                && let Some(refusal) = self.grant(&budget, node, &facts).await?
             {
                 return Ok(Verdict::Waiting {
                     budget: budget.name().to_owned(),
@@ -116,19 +121,21 @@ impl Budgets {
 
     /// Gives back `node`'s grants from `budgets` (an admission that took some but was then
     /// refused by another budget). Best effort: an unused grant also expires by itself.
-    pub async fn release(&self, node: &str, budgets: &[String]) -> Result<(), kube::Error> {
-        for name in budgets {
+    pub async fn release(&self, node: &Node, budgets: &[String]) -> Result<(), kube::Error> {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        for budget_name in budgets {
             for _ in 0..CONFLICT_RETRIES {
-                let mut budget = self.api.get_status(name).await?;
+                let mut budget = self.api.get_status(budget_name).await?;
+                if !budget.has_granted(node) {
+                    break;
+                }
                 let Some(status) = budget.status.as_mut() else {
                     break;
                 };
-                if status.disrupted_nodes.remove(node).is_none() {
-                    break;
-                }
+                status.disrupted_nodes.remove(name);
                 match self
                     .api
-                    .replace_status(name, &PostParams::default(), &budget)
+                    .replace_status(budget_name, &PostParams::default(), &budget)
                     .await
                 {
                     Ok(_) => break,
@@ -143,21 +150,27 @@ impl Budgets {
     async fn grant(
         &self,
         cached: &NodeDisruptionBudget,
-        node: &NodeFacts<'_>,
+        node: &Node,
+        facts: &NodeFacts<'_>,
     ) -> Result<Option<Refusal>, kube::Error> {
         let mut budget = cached.clone();
         for _ in 0..CONFLICT_RETRIES {
             let nodes = self.nodes.state();
-            if let Some(refusal) = refusal(&budget, node, &nodes) {
+            if let Some(refusal) = refusal(&budget, node, facts, &nodes) {
                 return Ok(Some(refusal));
             }
-            if budget.has_granted(node.name) {
+            if budget.has_granted(node) {
                 return Ok(None);
             }
             let mut status = budget.status.clone().unwrap_or_default();
-            status
-                .disrupted_nodes
-                .insert(node.name.to_owned(), Time(Timestamp::now()));
+            // Keyed by name as PDBs' disruptedPods are; the UID keeps a namesake out.
+            status.disrupted_nodes.insert(
+                facts.name.to_owned(),
+                Grant {
+                    uid: node.metadata.uid.clone(),
+                    granted_at: Time(Timestamp::now()),
+                },
+            );
             budget.status = Some(status);
             budget.status = Some(status_for(&budget, &nodes, Timestamp::now()));
             match self
@@ -190,7 +203,7 @@ pub fn verdict(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<Node>], node:
     let facts = facts(node);
     let mut granted = Vec::new();
     for budget in covering(budgets, &facts) {
-        if let Some(refusal) = refusal(&budget, &facts, nodes) {
+        if let Some(refusal) = refusal(&budget, node, &facts, nodes) {
             return Verdict::Waiting {
                 budget: budget.name().to_owned(),
                 refusal,
@@ -218,10 +231,11 @@ fn covering(
 /// Why `budget` would not grant `node` now; `None` when it has or would.
 fn refusal(
     budget: &NodeDisruptionBudget,
-    node: &NodeFacts<'_>,
+    node: &Node,
+    facts: &NodeFacts<'_>,
     nodes: &[Arc<Node>],
 ) -> Option<Refusal> {
-    if budget.has_granted(node.name) {
+    if budget.has_granted(node) {
         return None;
     }
     let limit = match Limit::of(&budget.spec) {
@@ -229,16 +243,19 @@ fn refusal(
         Err(error) => return Some(Refusal::Invalid(error)),
     };
     let numbers = budget_numbers(budget, limit, nodes);
-    (!may_grant(numbers, node)).then_some(Refusal::Exhausted(numbers))
+    (!may_grant(numbers, facts)).then_some(Refusal::Exhausted(numbers))
 }
 
 fn budget_numbers(budget: &NodeDisruptionBudget, limit: Limit, nodes: &[Arc<Node>]) -> Numbers {
-    let selected: Vec<NodeFacts<'_>> = nodes
+    let selected: Vec<(NodeFacts<'_>, bool)> = nodes
         .iter()
-        .map(|node| facts(node))
-        .filter(|node| covers(budget, node))
+        .map(|node| (facts(node), budget.has_granted(node)))
+        .filter(|(facts, _)| covers(budget, facts))
         .collect();
-    numbers(limit, &selected, |name| budget.has_granted(name))
+    numbers(
+        limit,
+        selected.iter().map(|(facts, granted)| (facts, *granted)),
+    )
 }
 
 /// The status `budget` should have: grants of gone nodes (and unused expired ones) dropped,
@@ -249,21 +266,26 @@ pub fn status_for(
     now: Timestamp,
 ) -> NodeDisruptionBudgetStatus {
     let old = budget.status.clone().unwrap_or_default();
+    let by_name: HashMap<&str, &Node> = nodes
+        .iter()
+        .filter_map(|node| Some((node.metadata.name.as_deref()?, node.as_ref())))
+        .collect();
     let mut status = NodeDisruptionBudgetStatus {
         observed_generation: budget.metadata.generation,
         disrupted_nodes: old
             .disrupted_nodes
             .iter()
-            .filter(|(name, granted)| {
-                nodes
-                    .iter()
-                    .find(|node| node.metadata.name.as_deref() == Some(name.as_str()))
+            .filter(|(name, grant)| {
+                by_name
+                    .get(name.as_str())
+                    .filter(|node| grant.is_for(node))
                     .is_some_and(|node| {
                         node.metadata.deletion_timestamp.is_some()
-                            || now.duration_since(granted.0).unsigned_abs() < UNUSED_GRANT_EXPIRY
+                            || now.duration_since(grant.granted_at.0).unsigned_abs()
+                                < UNUSED_GRANT_EXPIRY
                     })
             })
-            .map(|(name, granted)| (name.clone(), granted.clone()))
+            .map(|(name, grant)| (name.clone(), grant.clone()))
             .collect(),
         ..NodeDisruptionBudgetStatus::default()
     };
@@ -313,7 +335,7 @@ pub fn status_for(
 /// delivers the newer version, which triggers another pass).
 pub async fn refresh_statuses(
     budgets: &Budgets,
-    allowed: impl Fn(&str, i32),
+    mut allowed: impl FnMut(&str, i32),
 ) -> Result<(), kube::Error> {
     let nodes = budgets.nodes.state();
     let now = Timestamp::now();
@@ -345,7 +367,8 @@ mod tests {
 
     fn node(name: &str, ready: bool, deleting: bool) -> Arc<Node> {
         let mut value = json!({
-            "metadata": {"name": name, "labels": {"pool": "a"}},
+            "metadata": {"name": name, "uid": format!("uid-{name}"), "labels": {"pool": "a"},
+                "creationTimestamp": "2026-11-23T09:00:00Z"},
             "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]},
         });
         if deleting {
@@ -377,10 +400,11 @@ mod tests {
         let budget = budget(
             &json!({"selector": {"matchLabels": {"pool": "a"}}, "maxUnavailable": 1}),
             &json!({
-                "a": "2026-11-23T10:00:00Z",       // deleting: kept
-                "b": "2026-11-23T10:00:00Z",       // never deleted, 10 min old: expired
-                "c": "2026-11-23T10:09:30Z",       // never deleted yet, fresh: kept
-                "gone": "2026-11-23T10:00:00Z",    // no such node: dropped
+                "a": {"uid": "uid-a", "grantedAt": "2026-11-23T10:00:00Z"}, // deleting: kept
+                "b": {"uid": "uid-b", "grantedAt": "2026-11-23T10:00:00Z"}, // never deleted, 10 min old: expired
+                "c": "2026-11-23T10:09:30Z",    // v0.1's bare time, fresh, node older: kept
+                "d": {"uid": "uid-old-d", "grantedAt": "2026-11-23T10:09:30Z"}, // a namesake's: dropped
+                "gone": {"uid": "uid-gone", "grantedAt": "2026-11-23T10:00:00Z"}, // no such node: dropped
             }),
         );
         let status = status_for(&budget, &nodes, now);
@@ -388,6 +412,7 @@ mod tests {
             status.disrupted_nodes.keys().collect::<Vec<_>>(),
             ["a", "c"]
         );
+        assert_eq!(status.disrupted_nodes["c"].uid, None, "kept as it was");
         assert_eq!(status.observed_generation, Some(2));
         assert_eq!(
             (
@@ -399,6 +424,86 @@ mod tests {
             (4, 2, 3, 0)
         );
         assert_eq!(status.conditions[0].reason, "InsufficientNodes");
+    }
+
+    /// Each kind of node, and how it counts: `(available, disrupted)` as seen by a budget that
+    /// has granted only `granted`.
+    #[test]
+    fn status_numbers_follow_the_definitions() {
+        let now: Timestamp = "2026-11-23T10:10:00Z".parse().unwrap();
+        let cordoned = |node: Arc<Node>| {
+            let mut node = (*node).clone();
+            node.spec.get_or_insert_with(Default::default).taints =
+                Some(vec![crate::tiers::disrupted_taint()]);
+            Arc::new(node)
+        };
+        let without_our_finalizer = |node: Arc<Node>| {
+            let mut node = (*node).clone();
+            node.metadata.finalizers = Some(vec!["other.io/hold".to_owned()]);
+            Arc::new(node)
+        };
+        let granted =
+            json!({"granted": {"uid": "uid-granted", "grantedAt": "2026-11-23T10:09:00Z"}});
+        // (nodes, maxUnavailable, expected, available, desired, allowed)
+        let cases = [
+            (vec![node("ready", true, false)], 1, (1, 1, 0, 1)),
+            (vec![node("waiting", true, true)], 1, (1, 1, 0, 1)),
+            (vec![node("granted", true, true)], 1, (1, 0, 0, 0)),
+            (
+                vec![cordoned(node("cordoned", true, true))],
+                1,
+                (1, 0, 0, 0),
+            ),
+            (vec![node("down", false, false)], 1, (1, 0, 0, 0)),
+            (
+                vec![without_our_finalizer(node("leaving", true, true))],
+                1,
+                (1, 0, 0, 0),
+            ),
+            // The history: n1 cordoned before the budget existed, n2 and n3 Ready.
+            (
+                vec![
+                    cordoned(node("n1", true, true)),
+                    node("n2", true, false),
+                    node("n3", true, false),
+                ],
+                1,
+                (3, 2, 2, 0),
+            ),
+            (
+                vec![
+                    node("granted", true, true),
+                    node("waiting", true, true),
+                    cordoned(node("cordoned", true, true)),
+                    node("down", false, false),
+                    without_our_finalizer(node("leaving", true, true)),
+                    node("ready", true, false),
+                ],
+                2,
+                (6, 2, 4, 0),
+            ),
+        ];
+        for (nodes, max_unavailable, expected) in cases {
+            let budget = budget(
+                &json!({"selector": {"matchLabels": {"pool": "a"}}, "maxUnavailable": max_unavailable}),
+                &granted,
+            );
+            let status = status_for(&budget, &nodes, now);
+            let names: Vec<_> = nodes
+                .iter()
+                .map(|node| node.metadata.name.clone())
+                .collect();
+            assert_eq!(
+                (
+                    status.expected_nodes,
+                    status.current_available,
+                    status.desired_available,
+                    status.disruptions_allowed
+                ),
+                expected,
+                "{names:?}"
+            );
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod drain;
 pub mod explain;
 pub mod grants;
 pub mod metrics;
+pub mod partition;
 pub mod plan;
 pub mod queues;
 pub mod shared;

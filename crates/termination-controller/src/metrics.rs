@@ -2,6 +2,9 @@
 //! Karpenter's where it has one (`nodes_eviction_requests_total{code}`, `pods_drained_total
 //! {reason}`, `nodes_drained_total`, `nodes_termination_duration_seconds`).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use nodegrace_core::telemetry::ProgramRegistry;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -50,9 +53,10 @@ pub struct Metrics {
     pub nodes_drained: Counter,
     pub instances_terminated: Counter,
     pub termination_duration: Histogram,
-    pub queue_depth: Family<PdbLabel, Gauge>,
+    pub queue_depth: QueueDepths,
     pub ndb_disruptions_allowed: Family<NdbLabel, Gauge>,
     pub nodes_terminating: Gauge,
+    pub not_ready_deletions_held: Gauge,
     pub errors: Family<KindLabel, Counter>,
     pub webhook_reviews: Family<ReviewLabels, Counter>,
     pub webhook_duration: Histogram,
@@ -67,9 +71,10 @@ impl Default for Metrics {
             instances_terminated: Counter::default(),
             // 1 s … ~4.5 h
             termination_duration: Histogram::new(exponential_buckets(1.0, 2.0, 15)),
-            queue_depth: Family::default(),
+            queue_depth: QueueDepths::default(),
             ndb_disruptions_allowed: Family::default(),
             nodes_terminating: Gauge::default(),
+            not_ready_deletions_held: Gauge::default(),
             errors: Family::default(),
             webhook_reviews: Family::default(),
             // 0.5 ms … ~2 s
@@ -109,7 +114,7 @@ impl Metrics {
         registry.register(
             "eviction_queue_depth",
             "Pods waiting in each PodDisruptionBudget's eviction queue",
-            metrics.queue_depth.clone(),
+            metrics.queue_depth.gauges.clone(),
         );
         registry.register(
             "ndb_disruptions_allowed",
@@ -120,6 +125,11 @@ impl Metrics {
             "nodes_terminating",
             "Nodes being terminated now",
             metrics.nodes_terminating.clone(),
+        );
+        registry.register(
+            "not_ready_deletions_held",
+            "1 while --not-ready-timeout deletes nothing because too many managed nodes are NotReady at once (a partition)",
+            metrics.not_ready_deletions_held.clone(),
         );
         registry.register(
             "errors",
@@ -147,5 +157,75 @@ impl Metrics {
 
     pub fn error(&self, kind: &'static str) {
         self.errors.get_or_create(&KindLabel { kind }).inc();
+    }
+}
+
+/// The eviction queue depth per PodDisruptionBudget, summed over the drains that have pods in
+/// its queue (two nodes draining pods of one budget both count); a budget no drain waits on
+/// any more has no series, rather than its last value for ever.
+#[derive(Debug, Clone, Default)]
+pub struct QueueDepths {
+    gauges: Family<PdbLabel, Gauge>,
+    by_drain: Arc<Mutex<HashMap<String, HashMap<String, i64>>>>,
+}
+
+impl QueueDepths {
+    /// Replaces what the drain `drain` (its node's UID) contributes; empty when it ends.
+    pub fn set(&self, drain: &str, depths: HashMap<String, i64>) {
+        let mut by_drain = self.by_drain.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut touched: Vec<String> = depths.keys().cloned().collect();
+        let before = if depths.is_empty() {
+            by_drain.remove(drain)
+        } else {
+            by_drain.insert(drain.to_owned(), depths)
+        };
+        touched.extend(before.into_iter().flat_map(HashMap::into_keys));
+        touched.sort();
+        touched.dedup();
+        for label in touched {
+            let total: i64 = by_drain
+                .values()
+                .filter_map(|depths| depths.get(&label))
+                .sum();
+            let waited_on = by_drain.values().any(|depths| depths.contains_key(&label));
+            let key = PdbLabel { pdb: label };
+            if waited_on {
+                self.gauges.get_or_create(&key).set(total);
+            } else {
+                self.gauges.remove(&key);
+            }
+        }
+    }
+
+    /// The gauge's value for `pdb`, if it has a series (tests).
+    pub fn get(&self, pdb: &str) -> Option<i64> {
+        let by_drain = self.by_drain.lock().unwrap_or_else(PoisonError::into_inner);
+        by_drain
+            .values()
+            .any(|depths| depths.contains_key(pdb))
+            .then(|| by_drain.values().filter_map(|depths| depths.get(pdb)).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_depth_is_summed_over_drains_and_gone_with_the_last() {
+        let depths = QueueDepths::default();
+        depths.set("node-a", [("ns/web".to_owned(), 3)].into());
+        depths.set(
+            "node-b",
+            [("ns/web".to_owned(), 2), ("none".to_owned(), 1)].into(),
+        );
+        assert_eq!(depths.get("ns/web"), Some(5));
+        depths.set("node-a", HashMap::new());
+        assert_eq!(depths.get("ns/web"), Some(2));
+        depths.set("node-b", [("none".to_owned(), 1)].into());
+        assert_eq!(depths.get("ns/web"), None, "no drain waits on it");
+        assert_eq!(depths.get("none"), Some(1));
+        depths.set("node-b", HashMap::new());
+        assert_eq!(depths.get("none"), None);
     }
 }

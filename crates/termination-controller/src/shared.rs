@@ -25,6 +25,8 @@ pub struct Settings {
     pub drain_timeout: Option<Duration>,
     pub volume_detach_timeout: Duration,
     pub not_ready_timeout: Option<Duration>,
+    pub stuck_terminating_after: Duration,
+    pub not_ready_max_fraction: f64,
 }
 
 impl Settings {

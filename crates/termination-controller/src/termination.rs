@@ -10,21 +10,24 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Volume};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
 use nodegrace_core::controller::Backoff;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::instances::{InstanceError, InstanceState, ProviderId};
-use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::node_identity::{NodeIdentity, UpdateError, Updated};
 use nodegrace_core::k8s::nodes::node_reference;
+use nodegrace_core::k8s::nodes::{Readiness, readiness};
 use nodegrace_core::k8s::reporter::ConditionGuard;
+use nodegrace_core::k8s::watched::WatchEnded;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{DISRUPTED_TAINT, EXCLUDE_FROM_LOAD_BALANCERS, FINALIZER};
-use crate::drain::{Drain, Waiting};
+use crate::drain::{self, Drain, Waiting};
 use crate::grants::{Refusal, Verdict};
 use crate::shared::Shared;
 use crate::tiers::disrupted_taint;
@@ -51,7 +54,8 @@ const WRITE_BACKOFF: Backoff = Backoff {
 /// How a node's termination ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finished {
-    /// Our finalizer is removed (or the node is gone).
+    /// Our finalizer is removed, or the Node (by UID) is gone: someone else let it go, and a
+    /// namesake that may have taken its name is none of this task's business.
     Released,
     /// Not ours to do (not deleting, or no finalizer of ours).
     NotOurs,
@@ -63,23 +67,32 @@ pub enum Finished {
 #[derive(Debug)]
 pub struct NodeTermination {
     shared: Arc<Shared>,
-    node: String,
+    /// The Node deleted: every step acts on this object, never on a namesake.
+    node: NodeIdentity,
     last_condition: Option<(String, String)>,
     announced: HashSet<String>,
 }
 
 impl NodeTermination {
-    pub fn new(shared: Arc<Shared>, node: &str) -> Self {
+    pub fn new(shared: Arc<Shared>, node: NodeIdentity) -> Self {
         Self {
             shared,
-            node: node.to_owned(),
+            node,
             last_condition: None,
             announced: HashSet::new(),
         }
     }
 
+    /// The node as cached, if it is still this Node object.
     fn current(&self) -> Option<Arc<Node>> {
-        self.shared.nodes().get(None, &self.node)
+        self.shared
+            .nodes()
+            .get(None, self.node.name())
+            .filter(|node| self.node.is(node))
+    }
+
+    fn api(&self) -> Api<Node> {
+        Api::all(self.shared.client.clone())
     }
 
     fn condition(&mut self, reason: &str, message: String) {
@@ -89,7 +102,7 @@ impl NodeTermination {
         }
         self.last_condition = Some(key);
         self.shared.reporter.condition(
-            &self.node,
+            self.node.name(),
             ConditionSpec::new(TERMINATING, "True", reason, message),
             ConditionGuard::Always,
         );
@@ -100,7 +113,7 @@ impl NodeTermination {
         if !self.announced.insert(key.to_owned()) {
             return;
         }
-        let reference = node_reference(&self.node);
+        let reference = node_reference(self.node.name());
         self.shared.reporter.event(if warning {
             EventReport::warning(reference, reason, "Terminate", note)
         } else {
@@ -119,7 +132,7 @@ impl NodeTermination {
                     failures += 1;
                     self.shared.metrics.error(error.kind());
                     let delay = WRITE_BACKOFF.delay(failures);
-                    tracing::warn!(node = self.node, error = %Chain(&error), retry_in = ?delay, "node termination step failed");
+                    tracing::warn!(node = %self.node, error = %Chain(&error), retry_in = ?delay, "node termination step failed");
                     tokio::select! {
                         () = stop.cancelled() => return Finished::Stopped,
                         () = tokio::time::sleep(delay) => {}
@@ -173,7 +186,9 @@ impl NodeTermination {
         };
         // 2. Cordon.
         if !cordoned(&node) {
-            self.cordon().await?;
+            if self.cordon().await? == Updated::Gone {
+                return Ok(Finished::Released);
+            }
             self.announce(
                 "cordoned",
                 false,
@@ -181,64 +196,39 @@ impl NodeTermination {
                 format!("Cordoned: taint {DISRUPTED_TAINT}:NoSchedule, unschedulable, excluded from external load balancers"),
             );
         }
-        // 3. Drain.
+        // 3. Drain, unless nothing can run there any more.
         let deleted = node.metadata.deletion_timestamp.as_ref().map(|time| time.0);
-        let mut drain = Drain::start(Arc::clone(&self.shared), &self.node, deleted);
-        self.shared.reporter.condition(
-            &self.node,
-            ConditionSpec::new(
-                DRAIN_IN_PROGRESS,
-                "True",
-                "Draining",
-                "Evicting the node's pods tier by tier",
-            ),
-            ConditionGuard::Always,
-        );
-        drain
-            .run(wake, stop, |waiting| match waiting {
-                Waiting::DoNotEvict(message) => {
-                    self.condition("BlockedByDoNotEvict", message.clone());
-                }
-                Waiting::Pods { message, .. } => self.condition("Draining", message.clone()),
-            })
-            .await
-            .map_err(|_| StepError::WatchEnded)?;
-        if stop.is_cancelled() {
-            return Ok(Finished::Stopped);
-        }
-        if self.announced.insert("drained".to_owned()) {
-            self.shared.metrics.nodes_drained.inc();
-            self.shared.reporter.event(EventReport::normal(
-                node_reference(&self.node),
-                "Drained",
-                "Drain",
-                "Every pod that had to go is gone".to_owned(),
-            ));
-        }
-        self.shared.reporter.condition(
-            &self.node,
-            ConditionSpec::new(DRAIN_IN_PROGRESS, "False", "Drained", "The drain completed"),
-            ConditionGuard::Always,
-        );
-        self.shared.reporter.condition(
-            &self.node,
-            ConditionSpec::new(
-                DRAINED,
-                "True",
-                "Drained",
-                "Every pod that had to go is gone",
-            ),
-            ConditionGuard::Always,
-        );
+        let stopped_machine = self.stopped_machine(&node).await;
+        let staying = if let Some(why) = stopped_machine {
+            self.announce(
+                "drain-skipped",
+                false,
+                "DrainSkipped",
+                format!("{why}: the drain and the volume wait are skipped"),
+            );
+            self.condition(
+                "TerminatingInstance",
+                format!("{why}: the drain and the volume wait are skipped"),
+            );
+            None
+        } else {
+            match self.drain(wake, stop, deleted).await? {
+                DrainEnd::Drained(staying) => Some(staying),
+                DrainEnd::Stopped => return Ok(Finished::Stopped),
+                DrainEnd::NodeGone => return Ok(Finished::Released),
+            }
+        };
         // 4. Volumes.
-        let staying = claimed_volumes(&self.shared.client, &drain.left_alone()).await?;
-        drop(drain);
-        if !self.volumes_detached(wake, stop, &staying).await? {
+        if let Some(staying) = staying
+            && !self.volumes_detached(wake, stop, &staying).await?
+        {
             return Ok(Finished::Stopped);
         }
         // 5. The machine.
-        if !self.terminate_instance(wake, stop).await? {
-            return Ok(Finished::Stopped);
+        match self.terminate_instance(stop).await? {
+            MachineEnd::Terminated => {}
+            MachineEnd::Stopped => return Ok(Finished::Stopped),
+            MachineEnd::NodeGone => return Ok(Finished::Released),
         }
         // 6. Release the node.
         remove_finalizer(&self.shared.client, &self.node).await?;
@@ -250,7 +240,7 @@ impl NodeTermination {
             self.shared.metrics.termination_duration.observe(seconds);
         }
         self.shared.reporter.event(EventReport::normal(
-            node_reference(&self.node),
+            node_reference(self.node.name()),
             "FinalizerRemoved",
             "Terminate",
             format!("Removed {FINALIZER}: the node is drained and its machine terminated"),
@@ -258,33 +248,115 @@ impl NodeTermination {
         Ok(Finished::Released)
     }
 
-    async fn cordon(&self) -> Result<(), StepError> {
-        let api: Api<Node> = Api::all(self.shared.client.clone());
-        for _ in 0..5 {
-            let mut node = api.get(&self.node).await?;
-            if cordoned(&node) {
-                return Ok(());
-            }
-            let spec = node.spec.get_or_insert_with(Default::default);
-            spec.unschedulable = Some(true);
-            let taints = spec.taints.get_or_insert_with(Vec::new);
-            if !taints
-                .iter()
-                .any(|taint| taint.key == DISRUPTED_TAINT && taint.effect == "NoSchedule")
-            {
-                taints.push(disrupted_taint());
-            }
-            node.metadata
-                .labels
-                .get_or_insert_with(Default::default)
-                .insert(EXCLUDE_FROM_LOAD_BALANCERS.to_owned(), "true".to_owned());
-            match api.replace(&self.node, &PostParams::default(), &node).await {
-                Ok(_) => return Ok(()),
-                Err(error) if status_code(&error) == Some(409) => {}
-                Err(error) => return Err(error.into()),
+    /// Why the drain can be skipped: the node is NotReady and its machine already stopped or
+    /// terminated, so no pod of it runs, and no kubelet will ever confirm an eviction.
+    async fn stopped_machine(&self, node: &Node) -> Option<String> {
+        if readiness(node) == Readiness::Ready {
+            return None;
+        }
+        let provider = self.shared.provider.as_ref()?;
+        let id = ProviderId::of(node).ok()?;
+        match provider.state(&id).await {
+            Ok(state @ (InstanceState::Stopped | InstanceState::Terminated)) => Some(format!(
+                "Node is NotReady and its machine {id} is {}",
+                if state == InstanceState::Stopped {
+                    "stopped"
+                } else {
+                    "terminated"
+                }
+            )),
+            Ok(InstanceState::Running) => None,
+            Err(error) => {
+                tracing::warn!(node = %self.node, error = %error, "cannot ask the provider whether the NotReady node's machine is stopped; draining");
+                None
             }
         }
-        Err(StepError::Contended)
+    }
+
+    /// Drains the node; `Drained` carries the volumes of the pods that stay on it.
+    async fn drain(
+        &mut self,
+        wake: &mut watch::Receiver<()>,
+        stop: &CancellationToken,
+        deleted: Option<Timestamp>,
+    ) -> Result<DrainEnd, StepError> {
+        let mut drain = Drain::start(Arc::clone(&self.shared), self.node.clone(), deleted);
+        self.shared.reporter.condition(
+            self.node.name(),
+            ConditionSpec::new(
+                DRAIN_IN_PROGRESS,
+                "True",
+                "Draining",
+                "Evicting the node's pods tier by tier",
+            ),
+            ConditionGuard::Always,
+        );
+        let ended = drain
+            .run(wake, stop, |waiting| match waiting {
+                Waiting::DoNotEvict(message) => {
+                    self.condition("BlockedByDoNotEvict", message.clone());
+                }
+                Waiting::Pods { message, .. } => self.condition("Draining", message.clone()),
+            })
+            .await?;
+        match ended {
+            drain::Ended::Stopped => return Ok(DrainEnd::Stopped),
+            drain::Ended::NodeGone => return Ok(DrainEnd::NodeGone),
+            drain::Ended::Drained => {}
+        }
+        if self.announced.insert("drained".to_owned()) {
+            self.shared.metrics.nodes_drained.inc();
+            self.shared.reporter.event(EventReport::normal(
+                node_reference(self.node.name()),
+                "Drained",
+                "Drain",
+                "Every pod that had to go is gone".to_owned(),
+            ));
+        }
+        self.shared.reporter.condition(
+            self.node.name(),
+            ConditionSpec::new(DRAIN_IN_PROGRESS, "False", "Drained", "The drain completed"),
+            ConditionGuard::Always,
+        );
+        self.shared.reporter.condition(
+            self.node.name(),
+            ConditionSpec::new(
+                DRAINED,
+                "True",
+                "Drained",
+                "Every pod that had to go is gone",
+            ),
+            ConditionGuard::Always,
+        );
+        Ok(DrainEnd::Drained(
+            staying_volumes(&self.shared.client, &drain.left_alone()).await?,
+        ))
+    }
+
+    /// Cordons this Node object (a fresh read, written back with its UID and resourceVersion).
+    async fn cordon(&self) -> Result<Updated, StepError> {
+        Ok(self
+            .node
+            .update(&self.shared.client, |node| {
+                if cordoned(node) {
+                    return false;
+                }
+                let spec = node.spec.get_or_insert_with(Default::default);
+                spec.unschedulable = Some(true);
+                let taints = spec.taints.get_or_insert_with(Vec::new);
+                if !taints
+                    .iter()
+                    .any(|taint| taint.key == DISRUPTED_TAINT && taint.effect == "NoSchedule")
+                {
+                    taints.push(disrupted_taint());
+                }
+                node.metadata
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert(EXCLUDE_FROM_LOAD_BALANCERS.to_owned(), "true".to_owned());
+                true
+            })
+            .await?)
     }
 
     /// Waits for the node's VolumeAttachments to go, except those of pods left on it, for at
@@ -293,7 +365,7 @@ impl NodeTermination {
         &mut self,
         wake: &mut watch::Receiver<()>,
         stop: &CancellationToken,
-        staying: &HashSet<String>,
+        staying: &Staying,
     ) -> Result<bool, StepError> {
         let deadline = tokio::time::Instant::now() + self.shared.settings.volume_detach_timeout;
         let mut attachments = self.shared.attachments.clone();
@@ -303,15 +375,8 @@ impl NodeTermination {
                 .attachments
                 .state()
                 .iter()
-                .filter(|attachment| attachment.spec.node_name == self.node)
-                .filter(|attachment| {
-                    attachment
-                        .spec
-                        .source
-                        .persistent_volume_name
-                        .as_ref()
-                        .is_none_or(|volume| !staying.contains(volume))
-                })
+                .filter(|attachment| attachment.spec.node_name == self.node.name())
+                .filter(|attachment| !staying.keeps(attachment))
                 .filter_map(|attachment| attachment.metadata.name.clone())
                 .collect();
             if waiting.is_empty() {
@@ -347,19 +412,20 @@ impl NodeTermination {
     }
 
     /// Asks the provider to terminate the machine unless it is already gone or a request is
-    /// in progress, then waits for it to be gone. Returns false when stopped.
+    /// in progress, then waits for it to be gone. The machine is the one the deleted Node
+    /// object names, read fresh before every request: once that object is gone (its finalizer
+    /// removed by someone else) or replaced by a namesake, nothing more is sent.
     async fn terminate_instance(
         &mut self,
-        wake: &mut watch::Receiver<()>,
         stop: &CancellationToken,
-    ) -> Result<bool, StepError> {
+    ) -> Result<MachineEnd, StepError> {
         let Some(provider) = self.shared.provider.clone() else {
-            return Ok(true);
+            return Ok(MachineEnd::Terminated);
         };
         let mut polls = 0;
         loop {
-            let Some(node) = self.current() else {
-                return Ok(true);
+            let Some(node) = self.node.read(&self.api()).await? else {
+                return Ok(MachineEnd::NodeGone);
             };
             let id = match ProviderId::of(&node) {
                 Ok(id) => id,
@@ -371,9 +437,10 @@ impl NodeTermination {
                         error.to_string(),
                     );
                     self.condition("TerminatingInstance", error.to_string());
+                    polls += 1;
                     tokio::select! {
-                        () = stop.cancelled() => return Ok(false),
-                        changed = wake.changed() => if changed.is_err() { return Ok(false) },
+                        () = stop.cancelled() => return Ok(MachineEnd::Stopped),
+                        () = tokio::time::sleep(PROVIDER_POLL.delay(polls)) => {}
                     }
                     continue;
                 }
@@ -390,7 +457,7 @@ impl NodeTermination {
                         "InstanceTerminated",
                         format!("Machine {id} is terminated"),
                     );
-                    return Ok(true);
+                    return Ok(MachineEnd::Terminated);
                 }
                 Ok(_) => {
                     let requested = requested_at(&node);
@@ -400,7 +467,11 @@ impl NodeTermination {
                     if resend {
                         self.condition("TerminatingInstance", format!("Terminating machine {id}"));
                         match provider.terminate(&id).await {
-                            Ok(()) => self.mark_requested().await?,
+                            Ok(()) => {
+                                if self.mark_requested().await? == Updated::Gone {
+                                    return Ok(MachineEnd::NodeGone);
+                                }
+                            }
                             Err(error) => self.provider_failed(&error),
                         }
                     } else {
@@ -414,7 +485,7 @@ impl NodeTermination {
             }
             polls += 1;
             tokio::select! {
-                () = stop.cancelled() => return Ok(false),
+                () = stop.cancelled() => return Ok(MachineEnd::Stopped),
                 () = tokio::time::sleep(PROVIDER_POLL.delay(polls)) => {}
             }
         }
@@ -422,56 +493,65 @@ impl NodeTermination {
 
     fn provider_failed(&mut self, error: &InstanceError) {
         self.shared.metrics.error("provider");
-        tracing::warn!(node = self.node, error = %error, "instance provider call failed; retrying");
+        tracing::warn!(node = %self.node, error = %error, "instance provider call failed; retrying");
         self.condition(
             "TerminatingInstance",
             format!("The instance provider failed: {error}; retrying"),
         );
+        // One Warning per kind of failure, not per text: a request ID in the provider's
+        // message would make one per poll.
         self.announce(
-            &format!("provider-error:{error}"),
+            &format!("provider-error:{}", error.kind()),
             true,
             "InstanceTerminationFailed",
             format!("The instance provider failed: {error}; retrying with backoff"),
         );
     }
 
-    async fn mark_requested(&self) -> Result<(), StepError> {
-        let api: Api<Node> = Api::all(self.shared.client.clone());
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            TERMINATE_REQUESTED: Timestamp::now().to_string(),
-        }}});
-        api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        Ok(())
+    async fn mark_requested(&self) -> Result<Updated, StepError> {
+        let now = Timestamp::now().to_string();
+        Ok(self
+            .node
+            .update(&self.shared.client, |node| {
+                node.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(TERMINATE_REQUESTED.to_owned(), now.clone());
+                true
+            })
+            .await?)
     }
 }
 
-/// Removes our finalizer by an update carrying the resourceVersion read, so a concurrent
-/// change of the list (another controller's finalizer) is a 409 and a re-read, never lost.
-pub async fn remove_finalizer(client: &kube::Client, node: &str) -> Result<(), StepError> {
-    let api: Api<Node> = Api::all(client.clone());
-    for _ in 0..5 {
-        let mut current = match api.get(node).await {
-            Ok(current) => current,
-            Err(error) if status_code(&error) == Some(404) => return Ok(()),
-            Err(error) => return Err(error.into()),
-        };
-        let Some(finalizers) = current.metadata.finalizers.as_mut() else {
-            return Ok(());
+/// How the drain step ended.
+enum DrainEnd {
+    /// With the volumes of the pods that stay.
+    Drained(Staying),
+    Stopped,
+    NodeGone,
+}
+
+/// How the machine step ended.
+enum MachineEnd {
+    Terminated,
+    Stopped,
+    NodeGone,
+}
+
+/// Removes our finalizer from this Node object by an update carrying its UID and the
+/// resourceVersion read, so a namesake is never released and a concurrent change of the list
+/// (another controller's finalizer) is a 409 and a re-read, never lost.
+pub async fn remove_finalizer(client: &kube::Client, node: &NodeIdentity) -> Result<(), StepError> {
+    node.update(client, |node| {
+        let Some(finalizers) = node.metadata.finalizers.as_mut() else {
+            return false;
         };
         let before = finalizers.len();
         finalizers.retain(|finalizer| finalizer != FINALIZER);
-        if finalizers.len() == before {
-            return Ok(());
-        }
-        match api.replace(node, &PostParams::default(), &current).await {
-            Ok(_) => return Ok(()),
-            Err(error) if matches!(status_code(&error), Some(404)) => return Ok(()),
-            Err(error) if matches!(status_code(&error), Some(409)) => {}
-            Err(error) => return Err(error.into()),
-        }
-    }
-    Err(StepError::Contended)
+        finalizers.len() != before
+    })
+    .await?;
+    Ok(())
 }
 
 /// Deleting, with our finalizer.
@@ -514,47 +594,90 @@ fn requested_at(node: &Node) -> Option<Timestamp> {
         .ok()
 }
 
-/// The PersistentVolumes behind the claims of `pods` (the pods the drain leaves on the node,
-/// whose attachments stay).
-async fn claimed_volumes(
-    client: &kube::Client,
-    pods: &[Arc<k8s_openapi::api::core::v1::Pod>],
-) -> Result<HashSet<String>, StepError> {
-    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-    let mut volumes = HashSet::new();
+/// What the pods the drain leaves on the node keep attached: the PersistentVolumes behind
+/// their claims (generic ephemeral volumes' claims included), and whether any has an inline
+/// volume an attachment may serve.
+#[derive(Debug, Default)]
+pub struct Staying {
+    volumes: HashSet<String>,
+    inline: bool,
+}
+
+impl Staying {
+    /// Whether `attachment` belongs to a pod that stays. An attachment without a PV name
+    /// (an inline volume migrated to CSI) cannot be matched to its pod, so it stays whenever
+    /// a staying pod has an inline volume: otherwise it would hold the wait to its timeout.
+    fn keeps(&self, attachment: &VolumeAttachment) -> bool {
+        match &attachment.spec.source.persistent_volume_name {
+            Some(volume) => self.volumes.contains(volume),
+            None => self.inline,
+        }
+    }
+}
+
+async fn staying_volumes(client: &kube::Client, pods: &[Arc<Pod>]) -> Result<Staying, StepError> {
+    let mut staying = Staying::default();
     for pod in pods {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
-        let names = pod
+        for volume in pod
             .spec
             .iter()
             .flat_map(|spec| spec.volumes.iter().flatten())
-            .filter_map(|volume| volume.persistent_volume_claim.as_ref())
-            .map(|claim| claim.claim_name.clone());
-        for name in names {
-            if let Some(claim) = claims.get_opt(&name).await? {
-                volumes.extend(claim.spec.and_then(|spec| spec.volume_name));
+        {
+            let claim = if let Some(claim) = &volume.persistent_volume_claim {
+                claim.claim_name.clone()
+            } else if volume.ephemeral.is_some() {
+                // The ephemeral volume controller names the claim <pod>-<volume>.
+                format!("{pod_name}-{}", volume.name)
+            } else {
+                staying.inline |= attachable_inline(volume);
+                continue;
+            };
+            if let Some(claim) = claims.get_opt(&claim).await? {
+                staying
+                    .volumes
+                    .extend(claim.spec.and_then(|spec| spec.volume_name));
             }
         }
     }
-    Ok(volumes)
+    Ok(staying)
+}
+
+/// Whether an inline volume may be served by a VolumeAttachment: anything but the volume
+/// kinds the kubelet provides itself.
+fn attachable_inline(volume: &Volume) -> bool {
+    volume.config_map.is_none()
+        && volume.secret.is_none()
+        && volume.projected.is_none()
+        && volume.downward_api.is_none()
+        && volume.empty_dir.is_none()
+        && volume.host_path.is_none()
+        && volume.image.is_none()
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
     #[error(transparent)]
     Api(#[from] kube::Error),
-    #[error("the node kept changing underneath; retrying")]
-    Contended,
+    #[error(transparent)]
+    Update(#[from] UpdateError),
     #[error("a watch ended")]
     WatchEnded,
+}
+
+impl From<WatchEnded> for StepError {
+    fn from(_: WatchEnded) -> Self {
+        Self::WatchEnded
+    }
 }
 
 impl StepError {
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Api(_) => "api",
-            Self::Contended => "conflict",
+            Self::Api(_) | Self::Update(UpdateError::Api(_)) => "api",
+            Self::Update(UpdateError::Contended(_)) => "conflict",
             Self::WatchEnded => "watch",
         }
     }

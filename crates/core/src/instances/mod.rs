@@ -93,6 +93,18 @@ pub enum InstanceError {
     Refused(String),
 }
 
+impl InstanceError {
+    /// The kind of failure, for keys and labels that must not grow with the message text.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NoProviderId { .. } => "no-provider-id",
+            Self::UnknownScheme(_) => "unknown-scheme",
+            Self::Transient(_) => "transient",
+            Self::Refused(_) => "refused",
+        }
+    }
+}
+
 /// What a provider knows of a machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InstanceState {

@@ -5,6 +5,7 @@ pub mod api_errors;
 pub mod client;
 pub mod conditions;
 pub mod events;
+pub mod node_identity;
 pub mod nodes;
 pub mod pods;
 pub mod reporter;

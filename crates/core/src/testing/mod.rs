@@ -5,6 +5,7 @@
 mod binary;
 mod dashboard;
 mod fake_logind;
+pub mod proxy;
 pub mod reference;
 
 use std::future::Future;

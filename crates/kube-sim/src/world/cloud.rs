@@ -89,7 +89,7 @@ impl Cloud {
             "terminated".clone_into(&mut instance.state);
             instance.clone()
         };
-        self.set_kubelet(&instance.node, false);
+        self.set_kubelet(&instance, false);
         Some(instance)
     }
 
@@ -106,16 +106,21 @@ impl Cloud {
             instance.clone()
         };
         if instance.state != "terminated" {
-            self.set_kubelet(&instance.node, on);
+            self.set_kubelet(&instance, on);
         }
         Some(instance)
     }
 
-    fn set_kubelet(&self, node: &str, running: bool) {
+    /// Starts or stops the kubelet of the instance's node — the Node that names this machine:
+    /// a namesake registered by another machine keeps its own kubelet.
+    fn set_kubelet(&self, instance: &Instance, running: bool) {
         let nodes = self.store.kind("", "nodes");
         let _ = self
             .store
-            .update(&nodes, None, node, Part::Main, |current| {
+            .update(&nodes, None, &instance.node, Part::Main, |current| {
+                if current["spec"]["providerID"].as_str() != Some(instance.provider_id.as_str()) {
+                    return Ok(current.clone());
+                }
                 let mut updated = current.clone();
                 if running {
                     if let Some(annotations) = updated["metadata"]["annotations"].as_object_mut() {

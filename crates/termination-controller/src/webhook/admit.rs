@@ -147,7 +147,7 @@ impl Admission {
             .map(|budget| budget.name().to_owned())
             .take_while(|budget| budget != refusing)
             .collect();
-        if let Err(error) = self.budgets.release(name, &taken).await {
+        if let Err(error) = self.budgets.release(node, &taken).await {
             tracing::warn!(node = name, %error, "cannot give back grants; they expire unused");
         }
     }

@@ -73,16 +73,23 @@ impl Controller {
 }
 
 pub async fn controller(sim: &KubeSim, flags: &[&str]) -> Result<Controller> {
+    controller_via(sim.kubeconfig_path(), flags).await
+}
+
+/// The controller reaching the API server through `kubeconfig`; without election unless
+/// `flags` set `--leader-elect`.
+pub async fn controller_via(kubeconfig: &std::path::Path, flags: &[&str]) -> Result<Controller> {
+    let elect = flags.iter().any(|flag| flag.starts_with("--leader-elect="));
     let args = Args::try_parse_from(
         [
             "termination-controller".to_owned(),
-            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
             "--admin-listen=127.0.0.1:0".to_owned(),
-            "--leader-elect=false".to_owned(),
             "--instance-provider=sim".to_owned(),
             "--eviction-backoff-max=1s".to_owned(),
         ]
         .into_iter()
+        .chain((!elect).then(|| "--leader-elect=false".to_owned()))
         .chain(flags.iter().map(|flag| (*flag).to_owned())),
     )?;
     let stop = CancellationToken::new();

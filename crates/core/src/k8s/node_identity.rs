@@ -1,0 +1,156 @@
+//! One Node object, not its name. A name is reused the moment a node is deleted and a machine
+//! registers again under it; work that began on one Node (a drain, a machine's termination, a
+//! budget grant) must never pass to its namesake. Every write through [`NodeIdentity`] reads the
+//! node fresh and carries the UID and resourceVersion it read, so the wrong act cannot be written.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+
+use crate::k8s::api_errors::status_code;
+
+/// How many conflicting writes an update absorbs before giving up for now.
+const CONFLICT_RETRIES: usize = 5;
+
+/// A Node as it was when work on it began: its name and its UID.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeIdentity {
+    name: String,
+    uid: String,
+}
+
+/// What an update through [`NodeIdentity::update`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Updated {
+    /// Written; the node as the API server returned it.
+    Written(Box<Node>),
+    /// Nothing to change; the node as read.
+    Unchanged(Box<Node>),
+    /// No Node with this UID exists any more: it is gone, or a namesake took its name.
+    Gone,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("node {0} kept changing underneath {CONFLICT_RETRIES} updates in a row; retrying")]
+    Contended(String),
+}
+
+impl NodeIdentity {
+    /// The identity of `node`; `None` for an object without a UID (never stored by an API
+    /// server, so nothing to act on).
+    pub fn of(node: &Node) -> Option<Self> {
+        Some(Self {
+            name: node.metadata.name.clone()?,
+            uid: node.metadata.uid.clone().filter(|uid| !uid.is_empty())?,
+        })
+    }
+
+    pub fn new(name: impl Into<String>, uid: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// Whether `node` is this very object (not a namesake).
+    pub fn is(&self, node: &Node) -> bool {
+        node.metadata.uid.as_deref() == Some(self.uid.as_str())
+            && node.metadata.name.as_deref() == Some(self.name.as_str())
+    }
+
+    /// A fresh read (a quorum read, never a cache): the node, or `None` when it is gone or a
+    /// namesake has taken its name.
+    pub async fn read(&self, api: &Api<Node>) -> Result<Option<Node>, kube::Error> {
+        Ok(api.get_opt(&self.name).await?.filter(|node| self.is(node)))
+    }
+
+    /// Reads the node fresh, lets `change` edit it (returning whether it changed anything) and
+    /// writes just the difference as a JSON patch whose first operations test the UID and
+    /// resourceVersion read: a namesake is never written, a concurrent writer costs a re-read
+    /// (never its change), and fields this program's API types do not know are left as they
+    /// are (a whole-object update would drop them).
+    pub async fn update(
+        &self,
+        client: &kube::Client,
+        mut change: impl FnMut(&mut Node) -> bool,
+    ) -> Result<Updated, UpdateError> {
+        let api: Api<Node> = Api::all(client.clone());
+        for _ in 0..CONFLICT_RETRIES {
+            let Some(node) = self.read(&api).await? else {
+                return Ok(Updated::Gone);
+            };
+            let mut changed = node.clone();
+            if !change(&mut changed) {
+                return Ok(Updated::Unchanged(Box::new(node)));
+            }
+            let before = serde_json::to_value(&node).map_err(kube::Error::SerdeError)?;
+            let after = serde_json::to_value(&changed).map_err(kube::Error::SerdeError)?;
+            let mut operations = vec![
+                serde_json::json!({"op": "test", "path": "/metadata/uid", "value": self.uid}),
+                serde_json::json!({"op": "test", "path": "/metadata/resourceVersion",
+                    "value": node.metadata.resource_version}),
+            ];
+            let difference = serde_json::to_value(json_patch::diff(&before, &after))
+                .map_err(kube::Error::SerdeError)?;
+            operations.extend(difference.as_array().into_iter().flatten().cloned());
+            match self.patch(client, &operations).await {
+                Ok(written) => return Ok(Updated::Written(Box::new(written))),
+                // Deleted between the read and the write (the last finalizer went).
+                Err(error) if status_code(&error) == Some(404) => return Ok(Updated::Gone),
+                // A failed test (the node changed, or is a namesake): read again.
+                Err(error) if matches!(status_code(&error), Some(409 | 422)) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(UpdateError::Contended(self.name.clone()))
+    }
+
+    async fn patch(
+        &self,
+        client: &kube::Client,
+        operations: &[serde_json::Value],
+    ) -> Result<Node, kube::Error> {
+        let body = serde_json::to_vec(operations).map_err(kube::Error::SerdeError)?;
+        let request = http::Request::patch(format!("/api/v1/nodes/{}", self.name))
+            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+            .body(body)
+            .map_err(kube::Error::HttpError)?;
+        client.request(request).await
+    }
+}
+
+impl std::fmt::Display for NodeIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (uid {})", self.name, self.uid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(name: &str, uid: Option<&str>) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name, "uid": uid}})).unwrap()
+    }
+
+    #[test]
+    fn a_namesake_is_not_the_same_node() {
+        let first = NodeIdentity::of(&node("n1", Some("a"))).unwrap();
+        assert!(first.is(&node("n1", Some("a"))));
+        assert!(!first.is(&node("n1", Some("b"))), "a namesake");
+        assert!(!first.is(&node("n2", Some("a"))));
+        assert_eq!(NodeIdentity::of(&node("n1", None)), None);
+        assert_eq!(NodeIdentity::of(&node("n1", Some(""))), None);
+    }
+}

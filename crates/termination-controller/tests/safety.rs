@@ -1,0 +1,570 @@
+//! The histories in which a terminating controller could act on the wrong object, wait for
+//! ever, or over-spend a budget (issue 28), each through kube-sim: a namesake node, a dead
+//! node, a pod stuck terminating, a node cordoned before its budget existed, a partition, and a
+//! leader cut off from the API server.
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result, ensure};
+use common::{
+    condition, controller, controller_via, create, delete_node, has_finalizer, ndb, node_gone,
+    wait_for,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use kube_sim::KubeSim;
+use nodegrace_core::testing::proxy::Proxy;
+use serde_json::json;
+use termination_controller::api::{DISRUPTED_TAINT, FINALIZER, NodeDisruptionBudget};
+
+/// A Ready node as its kubelet registers it, on the machine `provider_id`.
+fn node(name: &str, provider_id: &str) -> Result<Node> {
+    let mut body = kube_sim::populate::node(name);
+    body["spec"]["providerID"] = json!(provider_id);
+    Ok(serde_json::from_value(body)?)
+}
+
+/// A pod bound to `node` (no scheduler), with `extra` merged into it.
+async fn pod_on(client: &Client, name: &str, node: &str, extra: serde_json::Value) -> Result<()> {
+    let mut body = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "app"}]},
+    });
+    common::merge(&mut body, &extra);
+    create(client, body).await
+}
+
+fn instance(sim: &KubeSim, id: &str) -> Option<kube_sim::world::Instance> {
+    sim.world()
+        .cloud()
+        .instances()
+        .into_iter()
+        .find(|instance| instance.id == id)
+}
+
+fn terminate_calls(sim: &KubeSim, id: &str) -> u32 {
+    instance(sim, id).map_or(0, |instance| instance.terminate_calls)
+}
+
+/// Reasons of the Events about `node`.
+async fn event_reasons(client: &Client, node: &str) -> Result<Vec<String>> {
+    let events: Api<Event> = Api::all(client.clone());
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|event| event.reason)
+        .collect())
+}
+
+async fn has_event(client: &Client, node: &str, reason: &str) -> Result<bool> {
+    Ok(event_reasons(client, node)
+        .await?
+        .iter()
+        .any(|seen| seen == reason))
+}
+
+async fn gauge(controller: &common::Controller, name: &str) -> Result<i64> {
+    #[allow(clippy::cast_possible_truncation)]
+    Ok(controller.admin.value(name).await?.round() as i64)
+}
+
+fn cordoned(node: &Node) -> bool {
+    let spec = node.spec.as_ref();
+    spec.and_then(|spec| spec.unschedulable) == Some(true)
+        || spec
+            .and_then(|spec| spec.taints.as_ref())
+            .is_some_and(|taints| taints.iter().any(|taint| taint.key == DISRUPTED_TAINT))
+}
+
+async fn ready(client: &Client, node: &str) -> Result<bool> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes.get_opt(node).await?.is_some_and(|node| {
+        nodegrace_core::k8s::nodes::readiness(&node) == nodegrace_core::k8s::nodes::Readiness::Ready
+    }))
+}
+
+async fn remove_finalizer_by_hand(client: &Client, name: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut node = nodes.get(name).await?;
+    node.metadata
+        .finalizers
+        .get_or_insert_with(Vec::new)
+        .retain(|finalizer| finalizer != FINALIZER);
+    nodes.replace(name, &PostParams::default(), &node).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namesake_node_is_never_touched_by_the_deleted_nodes_termination() -> Result<()> {
+    let sim = common::sim(1).await?;
+    let client = sim.client();
+    let controller = controller(&sim, &[]).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for run in 0..20 {
+        let name = format!("reused-{run}");
+        let (first, second) = (format!("{name}-first"), format!("{name}-second"));
+        nodes
+            .create(
+                &PostParams::default(),
+                &node(&name, &format!("sim:///{first}"))?,
+            )
+            .await?;
+        wait_for("the finalizer on the first node", || {
+            has_finalizer(&client, &name)
+        })
+        .await?;
+        let guard = format!("guard-{run}");
+        pod_on(
+            &client,
+            &guard,
+            &name,
+            json!({"metadata": {"annotations": {"nodegrace.io/do-not-evict": "true"}}}),
+        )
+        .await?;
+        delete_node(&client, &name).await?;
+        wait_for("the drain blocked by the do-not-evict pod", || async {
+            Ok(condition(&client, &name, "Terminating")
+                .await?
+                .is_some_and(|(reason, _)| reason == "BlockedByDoNotEvict"))
+        })
+        .await?;
+        // The operator lets the node go by hand (the documented way out) and a machine
+        // registers again under the same name.
+        remove_finalizer_by_hand(&client, &name).await?;
+        wait_for("the first node gone", || node_gone(&client, &name)).await?;
+        nodes
+            .create(
+                &PostParams::default(),
+                &node(&name, &format!("sim:///{second}"))?,
+            )
+            .await?;
+        let tenant = format!("tenant-{run}");
+        pod_on(&client, &tenant, &name, json!({})).await?;
+        pods.delete(&guard, &DeleteParams::default().grace_period(0))
+            .await?;
+        wait_for("the first node's termination to end", || async {
+            Ok(gauge(&controller, "nodes_terminating").await? == 0)
+        })
+        .await?;
+        let namesake = nodes.get(&name).await?;
+        ensure!(
+            !cordoned(&namesake),
+            "run {run}: the namesake was cordoned: {:?}",
+            namesake.spec
+        );
+        let tenant_pod = pods.get(&tenant).await?;
+        ensure!(
+            tenant_pod.metadata.deletion_timestamp.is_none(),
+            "run {run}: the namesake's pod was evicted"
+        );
+        ensure!(
+            terminate_calls(&sim, &second) == 0,
+            "run {run}: the namesake's machine got a terminate call"
+        );
+        ensure!(
+            terminate_calls(&sim, &first) == 0,
+            "run {run}: the let-go node's machine got a terminate call after it was let go"
+        );
+    }
+    controller.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_is_released_without_waiting_for_its_pods() -> Result<()> {
+    let sim = common::sim(2).await?;
+    let client = sim.client();
+    let controller = controller(&sim, &[]).await?;
+    common::finalizer_on_every_node(&client, 2).await?;
+    pod_on(&client, "on-dead", "node-0", json!({})).await?;
+    create(
+        &client,
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "on-dead", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "on-dead"}}, "maxUnavailable": 1}}),
+    )
+    .await?;
+    sim.world()
+        .cloud()
+        .set_power("node-0", false)
+        .context("node-0's machine")?;
+    wait_for("node-0 NotReady", || async {
+        Ok(!ready(&client, "node-0").await?)
+    })
+    .await?;
+    delete_node(&client, "node-0").await?;
+    wait_for("node-0 released", || node_gone(&client, "node-0")).await?;
+    ensure!(has_event(&client, "node-0", "DrainSkipped").await?);
+    ensure!(terminate_calls(&sim, "node-0") == 1);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    ensure!(
+        pods.get("on-dead")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "a pod of a stopped machine is not evicted: nothing would confirm its end"
+    );
+    controller.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_timeout_releases_a_powered_off_node() -> Result<()> {
+    let sim = common::sim(3).await?;
+    let client = sim.client();
+    let controller = controller(&sim, &["--not-ready-timeout=1s"]).await?;
+    common::finalizer_on_every_node(&client, 3).await?;
+    sim.world()
+        .cloud()
+        .set_power("node-2", false)
+        .context("node-2's machine")?;
+    wait_for("node-2 deleted and released", || {
+        node_gone(&client, "node-2")
+    })
+    .await?;
+    let reasons = event_reasons(&client, "node-2").await?;
+    for reason in ["NotReadyTimeout", "DrainSkipped", "FinalizerRemoved"] {
+        ensure!(
+            reasons.iter().any(|seen| seen == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+    ensure!(terminate_calls(&sim, "node-2") == 1);
+    controller.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_held_by_a_finalizer_does_not_hold_a_ready_node() -> Result<()> {
+    let sim = common::sim(1).await?;
+    let client = sim.client();
+    let controller = controller(&sim, &[]).await?;
+    common::finalizer_on_every_node(&client, 1).await?;
+    pod_on(
+        &client,
+        "held",
+        "node-0",
+        json!({"metadata": {"finalizers": ["example.com/never-removed"]}}),
+    )
+    .await?;
+    delete_node(&client, "node-0").await?;
+    wait_for("node-0 released", || node_gone(&client, "node-0")).await?;
+    ensure!(has_event(&client, "node-0", "PodLeftTerminating").await?);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let held = pods.get("held").await?;
+    ensure!(
+        held.metadata.deletion_timestamp.is_some(),
+        "the pod was evicted and its object stays, held by its finalizer"
+    );
+    ensure!(terminate_calls(&sim, "node-0") == 1);
+    controller.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_machine_is_released_once_its_pods_are_stuck_terminating() -> Result<()> {
+    let sim = common::sim(1).await?;
+    let client = sim.client();
+    let controller = controller(&sim, &["--stuck-terminating-after=2s"]).await?;
+    common::finalizer_on_every_node(&client, 1).await?;
+    pod_on(
+        &client,
+        "hung",
+        "node-0",
+        json!({"spec": {"terminationGracePeriodSeconds": 1}}),
+    )
+    .await?;
+    // The kubelet stops answering while the provider still reports the machine running (a
+    // hung kernel): the drain runs, and nothing ever confirms the pod's end.
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            "node-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
+            ),
+        )
+        .await?;
+    wait_for("node-0 NotReady", || async {
+        Ok(!ready(&client, "node-0").await?)
+    })
+    .await?;
+    delete_node(&client, "node-0").await?;
+    wait_for("node-0 released", || node_gone(&client, "node-0")).await?;
+    ensure!(has_event(&client, "node-0", "PodLeftTerminating").await?);
+    ensure!(
+        !has_event(&client, "node-0", "DrainSkipped").await?,
+        "the machine was running"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    ensure!(
+        pods.get("hung")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_some(),
+        "evicted, never confirmed gone"
+    );
+    ensure!(terminate_calls(&sim, "node-0") == 1);
+    controller.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_draining_before_its_budget_existed_counts_as_disrupted() -> Result<()> {
+    let sim = common::sim(3).await?;
+    let client = sim.client();
+    let controller = controller(&sim, &[]).await?;
+    common::finalizer_on_every_node(&client, 3).await?;
+    // node-1's drain never ends: its one pod's budget never allows a disruption.
+    pod_on(&client, "pinned", "node-1", json!({})).await?;
+    create(
+        &client,
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "pinned", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "pinned"}}, "minAvailable": 1}}),
+    )
+    .await?;
+    delete_node(&client, "node-1").await?;
+    wait_for("node-1 draining", || async {
+        Ok(condition(&client, "node-1", "Terminating")
+            .await?
+            .is_some_and(|(reason, _)| reason == "Draining"))
+    })
+    .await?;
+    ndb(
+        &client,
+        "trio",
+        json!({"selector": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+            "values": ["node-0", "node-1", "node-2"]}]}, "maxUnavailable": 1}),
+    )
+    .await?;
+    let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
+    wait_for(
+        "the budget's numbers: 3 selected, 2 available, 2 desired, 0 allowed",
+        || async {
+            let status = budgets.get_status("trio").await?.status.unwrap_or_default();
+            Ok((
+                status.expected_nodes,
+                status.current_available,
+                status.desired_available,
+                status.disruptions_allowed,
+            ) == (3, 2, 2, 0))
+        },
+    )
+    .await?;
+    delete_node(&client, "node-2").await?;
+    wait_for("node-2 waiting for the budget", || async {
+        Ok(condition(&client, "node-2", "Terminating")
+            .await?
+            .is_some_and(|(reason, _)| reason == "AwaitingBudget"))
+    })
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    ensure!(
+        !cordoned(&nodes.get("node-2").await?),
+        "node-2 was granted and cordoned"
+    );
+    controller.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_nodes_not_ready_at_once_are_a_partition_and_are_not_deleted() -> Result<()> {
+    let sim = common::sim(10).await?;
+    let client = sim.client();
+    let controller = controller(&sim, &["--not-ready-timeout=1s"]).await?;
+    common::finalizer_on_every_node(&client, 10).await?;
+    let cut_off: Vec<String> = (0..6).map(|index| format!("node-{index}")).collect();
+    for node in &cut_off {
+        sim.world()
+            .cloud()
+            .set_power(node, false)
+            .context("machine")?;
+    }
+    for node in &cut_off {
+        wait_for(&format!("{node}'s deletion held"), || async {
+            has_event(&client, node, "NotReadyDeletionHeld").await
+        })
+        .await?;
+    }
+    ensure!(gauge(&controller, "not_ready_deletions_held").await? == 1);
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in nodes.list(&ListParams::default()).await? {
+        ensure!(
+            node.metadata.deletion_timestamp.is_none(),
+            "{:?} was deleted in a partition",
+            node.metadata.name
+        );
+    }
+    // Five come back: one dead machine of ten is a dead machine.
+    for node in &cut_off[1..] {
+        sim.world()
+            .cloud()
+            .set_power(node, true)
+            .context("machine")?;
+    }
+    wait_for("node-0 deleted and released", || {
+        node_gone(&client, "node-0")
+    })
+    .await?;
+    ensure!(has_event(&client, "node-0", "NotReadyTimeout").await?);
+    for node in &cut_off[1..] {
+        ensure!(
+            !node_gone(&client, node).await?,
+            "{node} came back and stays"
+        );
+    }
+    controller.stop().await
+}
+
+/// A kubeconfig like the simulator's that reaches it through `proxy`.
+fn kubeconfig_through(
+    sim: &KubeSim,
+    proxy: &Proxy,
+    dir: &std::path::Path,
+) -> Result<std::path::PathBuf> {
+    let original = std::fs::read_to_string(sim.kubeconfig_path())?;
+    ensure!(
+        original.contains(sim.url()),
+        "the kubeconfig names {}",
+        sim.url()
+    );
+    let path = dir.join(format!("kubeconfig-{}", proxy.address.port()));
+    std::fs::write(&path, original.replace(sim.url(), &proxy.url()))?;
+    Ok(path)
+}
+
+fn acts(request: &nodegrace_core::testing::proxy::Request) -> bool {
+    request.path.contains("/eviction")
+        || request.path.starts_with("/sim/v1/instances") && request.method == "DELETE"
+        || request.method == "DELETE" && request.path.starts_with("/api/v1/")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_stops_before_its_lease_can_pass() -> Result<()> {
+    let sim = common::sim(2).await?;
+    let client = sim.client();
+    let upstream: std::net::SocketAddr = sim
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .context("the simulator's address")?;
+    let dir = tempfile::tempdir()?;
+    let (proxy_a, proxy_b) = (Proxy::start(upstream).await?, Proxy::start(upstream).await?);
+    let election = |identity: &'static str| {
+        [
+            "--leader-elect=true".to_owned(),
+            "--leader-election-namespace=default".to_owned(),
+            format!("--leader-election-identity={identity}"),
+            "--leader-election-lease-duration=3s".to_owned(),
+            "--leader-election-renew-margin=1s".to_owned(),
+        ]
+    };
+    let holder = || async {
+        let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let lease = leases.get_opt("termination-controller").await?;
+        Ok::<_, anyhow::Error>(lease.and_then(|lease| lease.spec))
+    };
+    let flags_a = election("a");
+    let a = controller_via(
+        &kubeconfig_through(&sim, &proxy_a, dir.path())?,
+        &flags_a.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await?;
+    wait_for("a leads", || async {
+        Ok(holder()
+            .await?
+            .and_then(|spec| spec.holder_identity)
+            .as_deref()
+            == Some("a"))
+    })
+    .await?;
+    let flags_b = election("b");
+    let b = controller_via(
+        &kubeconfig_through(&sim, &proxy_b, dir.path())?,
+        &flags_b.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await?;
+    // node-1's drain keeps the leader busy: its pod's budget refuses every eviction.
+    common::finalizer_on_every_node(&client, 2).await?;
+    pod_on(&client, "pinned", "node-1", json!({})).await?;
+    create(
+        &client,
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "pinned", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "pinned"}}, "minAvailable": 1}}),
+    )
+    .await?;
+    delete_node(&client, "node-1").await?;
+    wait_for("a evicting", || async {
+        Ok(proxy_a.requests().iter().any(acts))
+    })
+    .await?;
+    proxy_a.cut();
+    // The last renewal the server holds from a: its lease may pass at renewTime + 3 s.
+    let last_renewal: SystemTime = holder()
+        .await?
+        .and_then(|spec| spec.renew_time)
+        .context("a renewed its lease")?
+        .0
+        .into();
+    wait_for("b takes over", || async {
+        Ok(holder()
+            .await?
+            .and_then(|spec| spec.holder_identity)
+            .as_deref()
+            == Some("b"))
+    })
+    .await?;
+    let handover = SystemTime::now();
+    let b_evicting = wait_for("b evicting", || async {
+        Ok(proxy_b
+            .requests()
+            .iter()
+            .any(|request| acts(request) && request.at > handover))
+    })
+    .await;
+    if let Err(error) = b_evicting {
+        let seen: Vec<String> = proxy_b
+            .requests()
+            .iter()
+            .map(|request| {
+                let at = match request.at.duration_since(handover) {
+                    Ok(after) => after.as_secs_f64(),
+                    Err(before) => -before.duration().as_secs_f64(),
+                };
+                format!("{at:+.3} {} {}", request.method, request.path)
+            })
+            .collect();
+        anyhow::bail!("{error}; b sent since the handover: {seen:#?}");
+    }
+    let may_pass = last_renewal + Duration::from_secs(3);
+    // a's process goes on (its watches and lease manager keep trying): once it has tried
+    // anything 2 s past that point, any work still running (evictions retry within 1.2 s)
+    // would have tried too.
+    wait_for("a alive 2 s after its lease could pass", || async {
+        Ok(proxy_a
+            .requests()
+            .iter()
+            .any(|request| request.at >= may_pass + Duration::from_secs(2)))
+    })
+    .await?;
+    let late: Vec<_> = proxy_a
+        .requests()
+        .into_iter()
+        .filter(|request| acts(request) && request.at >= may_pass)
+        .collect();
+    ensure!(
+        late.is_empty(),
+        "a acted after its lease could pass to b: {late:?}"
+    );
+    proxy_a.heal();
+    b.stop().await?;
+    a.stop().await
+}
