@@ -3,7 +3,11 @@
 //! (a) by this controller (`kubectl delete node`), (b) by the real `kubectl drain`; the wall
 //! time of each until the last pod is gone, the lower bound (the longest budget chain: pods ×
 //! (stop + replacement ready)), the ratios, and kube-sim's availability audit for each. Then
-//! the controller's RSS with 5,000 nodes and 150,000 pods in the cluster.
+//! the controller's RSS with 5,000 nodes and 150,000 pods in the cluster. Then a rollout:
+//! 5,000 nodes, 1,000 of them deleted at once under a NodeDisruptionBudget of 10 % (100 at a
+//! time), against 100 deleted the same way: wall time, the controller's CPU time, budget
+//! status conflicts and the most nodes disrupted at once (seen by a watch of our own).
+//! `cargo bench --bench drain -- rollout` runs the rollout alone.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -256,12 +260,242 @@ async fn rss_at_scale() -> Result<f64> {
     Ok(nodegrace_core::testing::rss_mib(controller.0.id()))
 }
 
+/// Nodes in the rollout's pool, under the 10 % budget.
+const POOL: usize = 1_000;
+
+/// What one rollout measured.
+struct Rollout {
+    seconds: f64,
+    cpu_seconds: f64,
+    conflicts: u64,
+    max_disrupted: usize,
+}
+
+fn disrupted(node: &Node) -> bool {
+    node.spec.as_ref().is_some_and(|spec| {
+        spec.unschedulable == Some(true)
+            || spec
+                .taints
+                .iter()
+                .flatten()
+                .any(|taint| taint.key == termination_controller::api::DISRUPTED_TAINT)
+    })
+}
+
+/// Watches the pool's nodes: the most disrupted at once, and how many are gone.
+fn watch_pool(
+    client: &Client,
+) -> (
+    tokio::sync::watch::Receiver<usize>,
+    tokio::sync::watch::Receiver<usize>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let (most, most_seen) = tokio::sync::watch::channel(0);
+    let (gone, gone_seen) = tokio::sync::watch::channel(0);
+    let nodes: Api<Node> = Api::all(client.clone());
+    tokio::spawn(async move {
+        let mut disrupting = std::collections::HashSet::new();
+        let mut removed = 0;
+        let config = watcher::Config::default().labels("pool=rollout");
+        let mut events = std::pin::pin!(watcher(nodes, config).default_backoff());
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            match event {
+                watcher::Event::Apply(node) | watcher::Event::InitApply(node) => {
+                    let name = node.metadata.name.clone().unwrap_or_default();
+                    if disrupted(&node) {
+                        disrupting.insert(name);
+                    } else {
+                        disrupting.remove(&name);
+                    }
+                }
+                watcher::Event::Delete(node) => {
+                    disrupting.remove(&node.metadata.name.unwrap_or_default());
+                    removed += 1;
+                    gone.send_replace(removed);
+                }
+                _ => {}
+            }
+            most.send_if_modified(|most| {
+                let bigger = disrupting.len() > *most;
+                *most = (*most).max(disrupting.len());
+                bigger
+            });
+        }
+    });
+    (most_seen, gone_seen)
+}
+
+/// 5,000 nodes with a pod each; the first 1,000 in the pool under a 10 % budget; `deleted`
+/// of them deleted at once.
+async fn rollout(deleted: usize) -> Result<Rollout> {
+    use futures::{StreamExt, TryStreamExt};
+    let sim = KubeSim::start(SimOptions {
+        nodes: 5_000,
+        pods_per_node: 1,
+        world: WorldOptions {
+            // Kubelets stop the evicted pods; nothing replaces them, and no node goes
+            // NotReady while the bench runs.
+            workloads: false,
+            node_lifecycle: false,
+            lease_renew_interval: Duration::from_secs(3600),
+            ..WorldOptions::default()
+        },
+        ..SimOptions::default()
+    })
+    .await?;
+    let client = sim.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
+        .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    futures::stream::iter(0..POOL)
+        .map(|index| {
+            let nodes = nodes.clone();
+            async move {
+                let patch = json!({"metadata": {"labels": {"pool": "rollout"}}});
+                nodes
+                    .patch(
+                        &format!("node-{index}"),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
+    budgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "nodegrace.io/v1alpha1", "kind": "NodeDisruptionBudget",
+                "metadata": {"name": "rollout"},
+                "spec": {"selector": {"matchLabels": {"pool": "rollout"}}, "maxUnavailable": "10%"},
+            }))?,
+        )
+        .await?;
+    // Only the pool is managed; the API limit is raised so the figures are the controller's
+    // own cost, not its client's pacing.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let controller = Running(
+        Command::new(BINARY)
+            .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
+            .arg(format!("--admin-listen=127.0.0.1:{port}"))
+            .args([
+                "--leader-elect=false",
+                "--instance-provider=sim",
+                "--log-level=warn",
+                "--node-selector=pool=rollout",
+                "--api-qps=1000",
+                "--api-burst=2000",
+                "--eviction-qps=1000",
+                "--eviction-burst=2000",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    until_ready(port).await?;
+    nodegrace_core::testing::wait_for(
+        "the finalizer on every pool node",
+        Duration::from_secs(600),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let list = nodes
+                    .list_metadata(&ListParams::default().labels("pool=rollout"))
+                    .await?;
+                Ok(list.items.iter().all(|node| {
+                    node.metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|f| f == FINALIZER)
+                }))
+            }
+        },
+    )
+    .await?;
+    let (most, mut gone) = watch_pool(&client);
+    let pid = controller.0.id();
+    let cpu_before = nodegrace_core::testing::cpu_seconds(pid);
+    let started = Instant::now();
+    futures::stream::iter(0..deleted)
+        .map(|index| {
+            let nodes = nodes.clone();
+            async move {
+                nodes
+                    .delete(&format!("node-{index}"), &DeleteParams::default())
+                    .await
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect::<Vec<_>>()
+        .await?;
+    tokio::time::timeout(
+        Duration::from_secs(1200),
+        gone.wait_for(|gone| *gone >= deleted),
+    )
+    .await??;
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu_seconds = nodegrace_core::testing::cpu_seconds(pid) - cpu_before;
+    let admin = nodegrace_core::testing::Admin {
+        address: ([127, 0, 0, 1], port).into(),
+        prefix: "nodegrace_termination_controller",
+    };
+    let metrics = admin.get("/metrics").await?;
+    let conflicts = nodegrace_core::testing::sample(
+        &metrics,
+        "nodegrace_termination_controller_errors_total{kind=\"conflict\"}",
+    )
+    .unwrap_or(0.0);
+    let max_disrupted = *most.borrow();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(Rollout {
+        seconds,
+        cpu_seconds,
+        conflicts: conflicts.round() as u64,
+        max_disrupted,
+    })
+}
+
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let rollout_only = std::env::args().any(|arg| arg == "rollout");
     runtime.block_on(async {
+        if !rollout_only {
+            drain_and_memory().await?;
+        }
+        let thousand = rollout(POOL).await?;
+        let hundred = rollout(POOL / 10).await?;
+        for (nodes, run) in [(POOL, &thousand), (POOL / 10, &hundred)] {
+            println!(
+                "rollout nodes={nodes} s={:.1} controller-cpu-s={:.2} status-conflicts={} max-disrupted={}",
+                run.seconds, run.cpu_seconds, run.conflicts, run.max_disrupted
+            );
+        }
+        let per_node = |run: &Rollout, nodes: usize| run.cpu_seconds * 1000.0 / nodes as f64;
+        println!(
+            "rollout cpu-ms-per-node 1000-deleted={:.1} 100-deleted={:.1} ratio={:.2}",
+            per_node(&thousand, POOL),
+            per_node(&hundred, POOL / 10),
+            per_node(&thousand, POOL) / per_node(&hundred, POOL / 10)
+        );
+        Ok(())
+    })
+}
+
+async fn drain_and_memory() -> Result<()> {
+    {
         let (ours, ours_violations) = ours().await?;
         let (kubectl, kubectl_violations) = kubectl().await?;
         let bound = PODS_PER_BUDGET as f64 * (STOP + READY_AFTER);
@@ -277,6 +511,6 @@ fn main() -> Result<()> {
         );
         println!("drain violations ours={ours_violations} kubectl={kubectl_violations}");
         println!("termination rss MiB={:.0}", rss_at_scale().await?);
-        Ok(())
-    })
+    }
+    Ok(())
 }

@@ -325,6 +325,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
                 pdbs,
                 attachments,
                 provider,
+                waiting: std::sync::RwLock::default(),
             }),
             dirty,
         };

@@ -45,18 +45,34 @@ pub struct Controller {
 impl Controller {
     /// Runs until `acting` is cancelled (leadership lost, or the program stopping).
     pub async fn run(&self, acting: CancellationToken) {
+        // Wakes the termination tasks: a change that may let a waiting node or queue go on.
+        let (poke, poked) = watch::channel(());
+        let poke = Arc::new(poke);
+        // Counts node changes that may move a budget's numbers (heartbeats do not).
+        let (relevant, node_changes) = watch::channel(0u64);
         let statuses = tokio::spawn(keep_statuses(
             Arc::clone(&self.shared),
+            Arc::clone(&poke),
+            node_changes,
             acting.child_token(),
         ));
-        self.look_after_nodes(&acting).await;
+        self.look_after_nodes(&acting, &poke, &poked, &relevant)
+            .await;
         acting.cancel();
         let _ = statuses.await;
     }
 
-    async fn look_after_nodes(&self, acting: &CancellationToken) {
+    async fn look_after_nodes(
+        &self,
+        acting: &CancellationToken,
+        poke: &watch::Sender<()>,
+        poked: &watch::Receiver<()>,
+        relevant: &watch::Sender<u64>,
+    ) {
         let shared = &self.shared;
-        let (poke, poked) = watch::channel(());
+        // What of each node the budgets and the tasks look at; a change of anything else
+        // (heartbeats, images, addresses) wakes nothing.
+        let mut shapes: HashMap<String, NodeShape> = HashMap::new();
         // Termination tasks by the Node's UID: a namesake is another node, with a task of
         // its own.
         let mut workers: HashSet<String> = HashSet::new();
@@ -79,13 +95,17 @@ impl Controller {
             self.dirty
                 .mark(node.metadata.name.as_deref().unwrap_or_default());
         }
+        let mut wake_tasks = true;
         loop {
             let mut fractions_moved = false;
             for name in self.dirty.take() {
                 let Some(node) = shared.nodes().get(None, &name) else {
                     fractions_moved |= ready_seen.remove(&name).is_some();
+                    wake_tasks |= shapes.remove(&name).is_some();
                     continue;
                 };
+                let shape = NodeShape::of(&node);
+                wake_tasks |= shapes.insert(name.clone(), shape.clone()) != Some(shape);
                 let ready = readiness(&node) == Readiness::Ready;
                 fractions_moved |= ready_seen.insert(name.clone(), ready) != Some(ready);
                 let Some(identity) = NodeIdentity::of(&node) else {
@@ -129,14 +149,23 @@ impl Controller {
                 }
             }
             shared.metrics.nodes_terminating.set(workers.len() as i64);
-            // Any node, budget or PDB change may let a waiting node or queue go on.
-            poke.send_replace(());
+            if std::mem::take(&mut wake_tasks) {
+                relevant.send_modify(|changes| *changes += 1);
+                poke.send_replace(());
+            }
             tokio::select! {
                 () = acting.cancelled() => break,
                 () = self.dirty.marked() => {}
-                changed = budgets.changed() => if changed.is_err() { break },
-                changed = pdbs.changed() => if changed.is_err() { break },
+                changed = budgets.changed() => {
+                    if changed.is_err() { break }
+                    wake_tasks = true;
+                }
+                changed = pdbs.changed() => {
+                    if changed.is_err() { break }
+                    wake_tasks = true;
+                }
                 Some(finished) = running.join_next() => {
+                    wake_tasks = true;
                     if let Ok((node, finished)) = finished {
                         workers.remove(node.uid());
                         if finished == Finished::Released {
@@ -284,44 +313,59 @@ async fn set_finalizer(client: &kube::Client, node: NodeIdentity, add: bool) -> 
     node.name().to_owned()
 }
 
-/// Keeps every NodeDisruptionBudget's status current while leading: after budget and node
-/// changes, and when an unused grant expires.
-async fn keep_statuses(shared: Arc<Shared>, stop: CancellationToken) {
+/// Keeps every NodeDisruptionBudget's status current while leading, and grants waiting nodes
+/// what the budgets allow (the oldest deletion first, one status write per budget): after
+/// budget changes and node changes that may move the numbers, and when an unused grant
+/// expires. The tasks are woken once a pass has written.
+async fn keep_statuses(
+    shared: Arc<Shared>,
+    poke: Arc<watch::Sender<()>>,
+    mut node_changes: watch::Receiver<u64>,
+    stop: CancellationToken,
+) {
     let mut budgets: Watched<NodeDisruptionBudget> = shared.budgets.cache.clone();
-    let mut nodes = shared.nodes().clone();
     let mut failures = 0;
     let mut reported: HashSet<String> = HashSet::new();
     loop {
         let metrics = &shared.metrics;
-        let mut present = HashSet::new();
-        let result = refresh_statuses(&shared.budgets, |name, allowed| {
-            present.insert(name.to_owned());
-            metrics
-                .ndb_disruptions_allowed
-                .get_or_create(&NdbLabel {
-                    ndb: name.to_owned(),
-                })
-                .set(i64::from(allowed));
-        })
-        .await;
-        // A deleted budget's series goes with it, not stays at its last value.
-        for gone in reported.difference(&present) {
-            metrics
-                .ndb_disruptions_allowed
-                .remove(&NdbLabel { ndb: gone.clone() });
-        }
-        reported = present;
-        if let Err(error) = result {
-            failures += 1;
-            shared.metrics.error("api");
-            let delay = nodegrace_core::controller::Backoff::default().delay(failures);
-            tracing::warn!(error = %Chain(&error), retry_in = ?delay, "could not update NodeDisruptionBudget status");
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(delay) => continue,
+        match refresh_statuses(&shared.budgets).await {
+            Ok(refreshed) => {
+                failures = 0;
+                let present: HashSet<String> = refreshed
+                    .allowed
+                    .iter()
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                for (name, allowed) in refreshed.allowed {
+                    metrics
+                        .ndb_disruptions_allowed
+                        .get_or_create(&NdbLabel { ndb: name })
+                        .set(i64::from(allowed));
+                }
+                // A deleted budget's series goes with it, not stays at its last value.
+                for gone in reported.difference(&present) {
+                    metrics
+                        .ndb_disruptions_allowed
+                        .remove(&NdbLabel { ndb: gone.clone() });
+                }
+                reported = present;
+                for _ in 0..refreshed.conflicts {
+                    metrics.error("conflict");
+                }
+                shared.set_waiting(refreshed.waiting);
+                poke.send_replace(());
+            }
+            Err(error) => {
+                failures += 1;
+                shared.metrics.error("api");
+                let delay = nodegrace_core::controller::Backoff::default().delay(failures);
+                tracing::warn!(error = %Chain(&error), retry_in = ?delay, "could not update NodeDisruptionBudget status");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(delay) => continue,
+                }
             }
         }
-        failures = 0;
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(STATUS_REFRESH_PAUSE) => {}
@@ -330,13 +374,45 @@ async fn keep_statuses(shared: Arc<Shared>, stop: CancellationToken) {
         tokio::select! {
             () = stop.cancelled() => return,
             changed = budgets.changed() => if changed.is_err() { return },
-            changed = nodes.changed() => if changed.is_err() { return },
+            changed = node_changes.changed() => if changed.is_err() { return },
             () = async {
                 match expiry {
                     Some(wait) => tokio::time::sleep(wait).await,
                     None => std::future::pending().await,
                 }
             } => {}
+        }
+    }
+}
+
+/// What of a node the budgets' numbers and the termination tasks depend on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeShape {
+    uid: Option<String>,
+    labels: Option<std::collections::BTreeMap<String, String>>,
+    ready: bool,
+    deleting: bool,
+    finalizers: Option<Vec<String>>,
+    taints: Vec<(String, String)>,
+    unschedulable: Option<bool>,
+    provider_id: Option<String>,
+}
+
+impl NodeShape {
+    fn of(node: &Node) -> Self {
+        let spec = node.spec.as_ref();
+        Self {
+            uid: node.metadata.uid.clone(),
+            labels: node.metadata.labels.clone(),
+            ready: readiness(node) == Readiness::Ready,
+            deleting: node.metadata.deletion_timestamp.is_some(),
+            finalizers: node.metadata.finalizers.clone(),
+            taints: nodegrace_core::k8s::nodes::taints(node)
+                .iter()
+                .map(|taint| (taint.key.clone(), taint.effect.clone()))
+                .collect(),
+            unschedulable: spec.and_then(|spec| spec.unschedulable),
+            provider_id: spec.and_then(|spec| spec.provider_id.clone()),
         }
     }
 }

@@ -331,21 +331,138 @@ pub fn status_for(
     status
 }
 
-/// Brings every budget's status up to date; a 409 is left to the next change (the watch
+/// Which waiting nodes the budgets grant now, and why the others wait. Computed once per change
+/// for every waiting node (never once per node), from each budget's numbers counted once.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Allocation {
+    /// Per budget: the nodes it grants in this pass.
+    pub grants: BTreeMap<String, Vec<(String, Grant)>>,
+    /// Per waiting node (by UID): the budget it waits on, and why.
+    pub waiting: HashMap<String, Verdict>,
+}
+
+/// Hands out the units the budgets allow to the nodes waiting for them (deleting, held by our
+/// finalizer, not yet cordoned), the oldest deletion first: a node takes units only when every
+/// budget covering it can give one, so a node blocked on one budget takes nothing from another
+/// (the next node in line gets it). A NotReady node takes no unit (it is not available anyway).
+pub fn allocate(
+    budgets: &[Arc<NodeDisruptionBudget>],
+    nodes: &[Arc<Node>],
+    now: Timestamp,
+) -> Allocation {
+    let mut allocation = Allocation::default();
+    let mut left: HashMap<&str, Result<(Numbers, i32), SpecError>> = budgets
+        .iter()
+        .map(|budget| {
+            let state = Limit::of(&budget.spec).map(|limit| {
+                let numbers = budget_numbers(budget, limit, nodes);
+                (numbers, numbers.allowed)
+            });
+            (budget.name(), state)
+        })
+        .collect();
+    let mut waiters: Vec<&Arc<Node>> = nodes
+        .iter()
+        .filter(|node| {
+            let facts = facts(node);
+            facts.awaits_grants && !facts.disrupting
+        })
+        .collect();
+    waiters.sort_by(|a, b| {
+        (
+            &a.metadata.deletion_timestamp.as_ref().map(|time| time.0),
+            &a.metadata.name,
+        )
+            .cmp(&(
+                &b.metadata.deletion_timestamp.as_ref().map(|time| time.0),
+                &b.metadata.name,
+            ))
+    });
+    for node in waiters {
+        let facts = facts(node);
+        let missing: Vec<Arc<NodeDisruptionBudget>> = covering(budgets, &facts)
+            .into_iter()
+            .filter(|budget| !budget.has_granted(node))
+            .collect();
+        let refusal = missing.iter().find_map(|budget| {
+            let refusal = match left.get(budget.name())? {
+                Err(error) => Refusal::Invalid(error.clone()),
+                Ok((numbers, units)) if facts.ready && *units <= 0 => Refusal::Exhausted(*numbers),
+                Ok(_) => return None,
+            };
+            Some((budget.name().to_owned(), refusal))
+        });
+        let uid = node.metadata.uid.clone().unwrap_or_default();
+        if let Some((budget, refusal)) = refusal {
+            allocation
+                .waiting
+                .insert(uid, Verdict::Waiting { budget, refusal });
+            continue;
+        }
+        for budget in missing {
+            if facts.ready
+                && let Some(Ok((_, units))) = left.get_mut(budget.name())
+            {
+                *units -= 1;
+            }
+            allocation
+                .grants
+                .entry(budget.name().to_owned())
+                .or_default()
+                .push((
+                    facts.name.to_owned(),
+                    Grant {
+                        uid: Some(uid.clone()),
+                        granted_at: Time(now),
+                    },
+                ));
+        }
+    }
+    allocation
+}
+
+/// What one pass over the budgets did.
+#[derive(Debug, Default)]
+pub struct Refreshed {
+    /// Each budget's `disruptionsAllowed` after the pass.
+    pub allowed: Vec<(String, i32)>,
+    /// Why each waiting node waits.
+    pub waiting: HashMap<String, Verdict>,
+    /// Status writes refused with a 409 (left to the next pass, which the watch triggers).
+    pub conflicts: u32,
+}
+
+/// Grants the waiting nodes what the budgets allow (see [`allocate`]) and brings every budget's
+/// status up to date, one write per budget; a 409 is left to the next change (the watch
 /// delivers the newer version, which triggers another pass).
-pub async fn refresh_statuses(
-    budgets: &Budgets,
-    mut allowed: impl FnMut(&str, i32),
-) -> Result<(), kube::Error> {
+pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Error> {
     let nodes = budgets.nodes.state();
+    let cached = budgets.cache.state();
     let now = Timestamp::now();
-    for budget in budgets.cache.state() {
-        let status = status_for(&budget, &nodes, now);
-        allowed(budget.name(), status.disruptions_allowed);
+    let Allocation {
+        mut grants,
+        waiting,
+    } = allocate(&cached, &nodes, now);
+    let mut refreshed = Refreshed {
+        waiting,
+        ..Refreshed::default()
+    };
+    for budget in cached {
+        let mut updated = (*budget).clone();
+        if let Some(new) = grants.remove(budget.name()) {
+            updated
+                .status
+                .get_or_insert_with(Default::default)
+                .disrupted_nodes
+                .extend(new);
+        }
+        let status = status_for(&updated, &nodes, now);
+        refreshed
+            .allowed
+            .push((budget.name().to_owned(), status.disruptions_allowed));
         if budget.status.as_ref() == Some(&status) {
             continue;
         }
-        let mut updated = (*budget).clone();
         updated.status = Some(status);
         match budgets
             .api
@@ -353,11 +470,29 @@ pub async fn refresh_statuses(
             .await
         {
             Ok(_) => {}
-            Err(error) if matches!(status_code(&error), Some(404 | 409)) => {}
+            Err(error) if status_code(&error) == Some(409) => refreshed.conflicts += 1,
+            Err(error) if status_code(&error) == Some(404) => {}
             Err(error) => return Err(error),
         }
     }
-    Ok(())
+    Ok(refreshed)
+}
+
+impl Budgets {
+    /// The budgets covering `node` that have all granted it (by name), or `None` while one
+    /// has not: the cache's answer, which the leader's allocation writes.
+    pub fn granted(&self, node: &Node) -> Option<Vec<String>> {
+        let covering = self.covering(&facts(node));
+        covering
+            .iter()
+            .all(|budget| budget.has_granted(node))
+            .then(|| {
+                covering
+                    .iter()
+                    .map(|budget| budget.name().to_owned())
+                    .collect()
+            })
+    }
 }
 
 #[cfg(test)]
@@ -504,6 +639,86 @@ mod tests {
                 "{names:?}"
             );
         }
+    }
+
+    fn deleted_at(node: &Node, at: &str) -> Arc<Node> {
+        let mut node = node.clone();
+        node.metadata.deletion_timestamp = Some(Time(at.parse().unwrap()));
+        Arc::new(node)
+    }
+
+    fn named(name: &str, spec: &serde_json::Value) -> Arc<NodeDisruptionBudget> {
+        let mut budget = budget(spec, &json!({}));
+        budget.metadata.name = Some(name.to_owned());
+        Arc::new(budget)
+    }
+
+    fn granted_nodes(allocation: &Allocation, budget: &str) -> Vec<String> {
+        allocation
+            .grants
+            .get(budget)
+            .map(|grants| grants.iter().map(|(node, _)| node.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn units_go_to_the_oldest_deletions_and_a_blocked_node_takes_none() {
+        let now: Timestamp = "2026-11-23T10:10:00Z".parse().unwrap();
+        let pool = json!({"selector": {"matchLabels": {"pool": "a"}}, "maxUnavailable": 2});
+        let nodes = vec![
+            deleted_at(&node("young", true, true), "2026-11-23T10:05:00Z"),
+            deleted_at(&node("old", true, true), "2026-11-23T10:01:00Z"),
+            deleted_at(&node("middle", true, true), "2026-11-23T10:03:00Z"),
+            node("d", true, false),
+            node("e", true, false),
+        ];
+        let allocation = allocate(&[named("pool", &pool)], &nodes, now);
+        assert_eq!(granted_nodes(&allocation, "pool"), ["old", "middle"]);
+        assert!(matches!(
+            allocation.waiting.get("uid-young"),
+            Some(Verdict::Waiting {
+                refusal: Refusal::Exhausted(_),
+                ..
+            })
+        ));
+
+        // "old" is also under a budget that allows nothing: it takes nothing from "pool",
+        // whose units go to the next in line.
+        let mut held = nodes.clone();
+        let mut old = (*held[1]).clone();
+        old.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("gpu".to_owned(), "x".to_owned());
+        held[1] = Arc::new(old);
+        let gpus = named(
+            "gpus",
+            &json!({"selector": {"matchLabels": {"gpu": "x"}}, "maxUnavailable": 0}),
+        );
+        let allocation = allocate(&[gpus, named("pool", &pool)], &held, now);
+        assert_eq!(granted_nodes(&allocation, "pool"), ["middle", "young"]);
+        assert!(matches!(
+            allocation.waiting.get("uid-old"),
+            Some(Verdict::Waiting { budget, .. }) if budget == "gpus"
+        ));
+
+        // A NotReady node is granted without taking a unit (one is left: 4 available, 3
+        // must stay); an invalid budget holds its nodes.
+        let mut down = nodes.clone();
+        down[1] = deleted_at(&node("old", false, true), "2026-11-23T10:01:00Z");
+        let allocation = allocate(&[named("pool", &pool)], &down, now);
+        assert_eq!(granted_nodes(&allocation, "pool"), ["old", "middle"]);
+        let invalid = named("pool", &json!({"selector": {"matchLabels": {"pool": "a"}}}));
+        let allocation = allocate(&[invalid], &nodes, now);
+        assert!(allocation.grants.is_empty());
+        assert!(matches!(
+            allocation.waiting.get("uid-old"),
+            Some(Verdict::Waiting {
+                refusal: Refusal::Invalid(_),
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What every node's termination shares: clients, caches, limits, reporting.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use governor::DefaultDirectRateLimiter;
@@ -14,7 +15,7 @@ use nodegrace_core::k8s::reporter::Reporter;
 use nodegrace_core::k8s::selectors::selector_matches;
 use nodegrace_core::k8s::watched::Watched;
 
-use crate::grants::Budgets;
+use crate::grants::{Budgets, Verdict};
 use crate::metrics::Metrics;
 
 #[derive(Debug, Clone)]
@@ -50,11 +51,27 @@ pub struct Shared {
     pub pdbs: Watched<PodDisruptionBudget>,
     pub attachments: Watched<VolumeAttachment>,
     pub provider: Option<Arc<dyn InstanceProvider>>,
+    /// Why each node waiting for its budgets waits (by UID), from the leader's last
+    /// allocation pass.
+    pub waiting: RwLock<Arc<HashMap<String, Verdict>>>,
 }
 
 impl Shared {
     pub fn nodes(&self) -> &Watched<Node> {
         &self.budgets.nodes
+    }
+
+    pub fn set_waiting(&self, waiting: HashMap<String, Verdict>) {
+        *self.waiting.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(waiting);
+    }
+
+    /// Why the node with `uid` waits, if the last allocation pass saw it waiting.
+    pub fn waiting_on(&self, uid: &str) -> Option<Verdict> {
+        self.waiting
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(uid)
+            .cloned()
     }
 }
 

@@ -147,7 +147,9 @@ impl NodeTermination {
         wake: &mut watch::Receiver<()>,
         stop: &CancellationToken,
     ) -> Result<Finished, StepError> {
-        // 1. Every budget covering the node grants its disruption.
+        // 1. Every budget covering the node grants its disruption. The leader's allocation
+        // pass writes the grants (oldest deletion first); this task waits to see them. A node
+        // already cordoned has begun its disruption and counts as disrupted everywhere.
         let node = loop {
             let Some(node) = self.current() else {
                 return Ok(Finished::Released);
@@ -155,29 +157,36 @@ impl NodeTermination {
             if !ours(&node) {
                 return Ok(Finished::NotOurs);
             }
-            match self.shared.budgets.acquire(&node).await? {
-                Verdict::Granted { budgets } => {
-                    if !budgets.is_empty() {
-                        self.announce(
-                            "granted",
-                            false,
-                            "DisruptionGranted",
-                            format!("Granted by NodeDisruptionBudget(s) {}", budgets.join(", ")),
-                        );
-                    }
-                    break node;
-                }
-                Verdict::Waiting { budget, refusal } => {
-                    let invalid = matches!(refusal, Refusal::Invalid(_));
-                    let message = format!("NodeDisruptionBudget {budget}: {refusal}");
+            if cordoned(&node) {
+                break node;
+            }
+            if let Some(budgets) = self.shared.budgets.granted(&node) {
+                if !budgets.is_empty() {
                     self.announce(
-                        &format!("waiting:{budget}:{invalid}"),
-                        invalid,
-                        "AwaitingBudget",
-                        format!("Waiting for NodeDisruptionBudget {budget}: {refusal}"),
+                        "granted",
+                        false,
+                        "DisruptionGranted",
+                        format!("Granted by NodeDisruptionBudget(s) {}", budgets.join(", ")),
                     );
-                    self.condition("AwaitingBudget", message);
                 }
+                break node;
+            }
+            let verdict = self
+                .shared
+                .waiting_on(self.node.uid())
+                .unwrap_or_else(|| self.shared.budgets.verdict(&node));
+            if let Verdict::Waiting { budget, refusal } = verdict {
+                let invalid = matches!(refusal, Refusal::Invalid(_));
+                self.announce(
+                    &format!("waiting:{budget}:{invalid}"),
+                    invalid,
+                    "AwaitingBudget",
+                    format!("Waiting for NodeDisruptionBudget {budget}: {refusal}"),
+                );
+                self.condition(
+                    "AwaitingBudget",
+                    format!("NodeDisruptionBudget {budget}: {refusal}"),
+                );
             }
             tokio::select! {
                 () = stop.cancelled() => return Ok(Finished::Stopped),
@@ -680,5 +689,74 @@ impl StepError {
             Self::Update(UpdateError::Contended(_)) => "conflict",
             Self::WatchEnded => "watch",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn attachment(volume: Option<&str>) -> VolumeAttachment {
+        let source = match volume {
+            Some(volume) => json!({"persistentVolumeName": volume}),
+            None => json!({"inlineVolumeSpec": {"csi": {"driver": "d", "volumeHandle": "h"}}}),
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": "a"},
+            "spec": {"attacher": "d", "nodeName": "n", "source": source},
+        }))
+        .unwrap()
+    }
+
+    fn volume(source: &serde_json::Value) -> Volume {
+        let mut body = json!({"name": "v"});
+        common_merge(&mut body, source);
+        serde_json::from_value(body).unwrap()
+    }
+
+    fn common_merge(base: &mut serde_json::Value, extra: &serde_json::Value) {
+        for (key, value) in extra.as_object().unwrap() {
+            base[key] = value.clone();
+        }
+    }
+
+    #[test]
+    fn attachments_without_a_pv_stay_only_while_a_staying_pod_has_an_inline_volume() {
+        let staying = Staying {
+            volumes: ["pv-1".to_owned()].into(),
+            inline: false,
+        };
+        assert!(staying.keeps(&attachment(Some("pv-1"))));
+        assert!(!staying.keeps(&attachment(Some("pv-2"))));
+        assert!(
+            !staying.keeps(&attachment(None)),
+            "no staying pod has an inline volume: the wait is for it"
+        );
+        let inline = Staying {
+            volumes: HashSet::new(),
+            inline: true,
+        };
+        assert!(inline.keeps(&attachment(None)));
+    }
+
+    #[test]
+    fn only_volumes_an_attacher_may_serve_count_as_inline() {
+        for kubelet_own in [
+            json!({"configMap": {"name": "c"}}),
+            json!({"secret": {"secretName": "s"}}),
+            json!({"projected": {"sources": []}}),
+            json!({"emptyDir": {}}),
+            json!({"downwardAPI": {}}),
+            json!({"hostPath": {"path": "/x"}}),
+        ] {
+            assert!(!attachable_inline(&volume(&kubelet_own)), "{kubelet_own}");
+        }
+        assert!(attachable_inline(&volume(
+            &json!({"csi": {"driver": "ebs.csi.aws.com"}})
+        )));
+        assert!(attachable_inline(&volume(
+            &json!({"awsElasticBlockStore": {"volumeID": "vol-1"}})
+        )));
     }
 }

@@ -568,3 +568,36 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_its_lease_can_pass() 
     b.stop().await?;
     a.stop().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_budgets_gauge_goes_with_it() -> Result<()> {
+    let sim = common::sim(1).await?;
+    let client = sim.client();
+    let controller = controller(&sim, &[]).await?;
+    ndb(
+        &client,
+        "short-lived",
+        json!({"selector": {"matchLabels": {"pool": "x"}}, "maxUnavailable": 1}),
+    )
+    .await?;
+    let series = "nodegrace_termination_controller_ndb_disruptions_allowed{ndb=\"short-lived\"}";
+    wait_for("the budget's gauge", || async {
+        Ok(
+            nodegrace_core::testing::sample(&controller.admin.get("/metrics").await?, series)
+                .is_some(),
+        )
+    })
+    .await?;
+    let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
+    budgets
+        .delete("short-lived", &DeleteParams::default())
+        .await?;
+    wait_for("the gauge gone with the budget", || async {
+        Ok(
+            nodegrace_core::testing::sample(&controller.admin.get("/metrics").await?, series)
+                .is_none(),
+        )
+    })
+    .await?;
+    controller.stop().await
+}

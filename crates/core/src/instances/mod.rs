@@ -172,6 +172,18 @@ mod tests {
     }
 
     #[test]
+    fn a_failure_kind_does_not_carry_its_text() {
+        // Warnings are keyed by kind: a request ID in the text must not make a new one.
+        let first = InstanceError::Transient("timeout, request id 1".to_owned());
+        let second = InstanceError::Transient("timeout, request id 2".to_owned());
+        assert_eq!(first.kind(), second.kind());
+        assert_ne!(
+            first.kind(),
+            InstanceError::Refused("denied".to_owned()).kind()
+        );
+    }
+
+    #[test]
     fn only_stopped_or_terminated_machines_are_powered_off() {
         assert!(!InstanceState::Running.powered_off());
         assert!(InstanceState::Stopped.powered_off());

@@ -57,6 +57,27 @@ macro_rules! operator_reference_tests {
 /// How often a condition is checked again; the wait itself is bounded by its deadline.
 const POLL: Duration = Duration::from_millis(10);
 
+/// The CPU time (user + system) a process has used, in seconds, from `/proc/<pid>/stat`
+/// (counted in USER_HZ, which Linux fixes at 100 for what /proc exports); 0 when it cannot be
+/// read: for benchmarks.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    const USER_HZ: f64 = 100.0;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which may itself hold spaces: state is field 3,
+    // utime 14 and stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |index: usize| {
+        fields
+            .get(index)
+            .and_then(|value| value.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / USER_HZ
+}
+
 /// A process's resident memory in MiB (`VmRSS`), 0 when it cannot be read: for benchmarks.
 pub fn rss_mib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
