@@ -757,6 +757,49 @@ async fn instances_power_off_and_on_with_their_kubelet() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test]
+async fn a_machine_terminated_after_its_node_was_replaced_leaves_the_namesake_running() -> Result<()>
+{
+    let sim = sim(1).await?;
+    let cloud = sim.world().cloud();
+    cloud.reconcile();
+    let nodes: Api<Node> = Api::all(sim.client());
+    let mut node = nodes.get("node-0").await?;
+    node.metadata.finalizers = None;
+    nodes
+        .replace("node-0", &PostParams::default(), &node)
+        .await?;
+    nodes.delete("node-0", &DeleteParams::default()).await?;
+    let mut namesake = kube_sim::populate::node("node-0");
+    namesake["spec"]["providerID"] = serde_json::json!("sim:///node-0-b");
+    nodes
+        .create(&PostParams::default(), &serde_json::from_value(namesake)?)
+        .await?;
+    cloud.reconcile();
+    let old = cloud.terminate("node-0").unwrap();
+    ensure!(old.state == "terminated", "{old:?}");
+    let annotations = nodes
+        .get("node-0")
+        .await?
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    ensure!(
+        !annotations.contains_key("sim.nodegrace.io/kubelet"),
+        "the namesake's kubelet was stopped: {annotations:?}"
+    );
+    let new = cloud
+        .instances()
+        .into_iter()
+        .find(|instance| instance.id == "node-0-b")
+        .unwrap();
+    ensure!(
+        new.state == "running" && new.terminate_calls == 0,
+        "{new:?}"
+    );
+    Ok(())
+}
+
 /// Answers `/ready` and `/live` with 200 or 500 as the flags say, as a program's admin port.
 async fn health_server(
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,

@@ -36,7 +36,7 @@ impl Drop for Running {
     }
 }
 
-fn start_controller(sim: &KubeSim) -> Result<(Running, u16)> {
+fn start_controller(sim: &KubeSim, extra: &[&str]) -> Result<(Running, u16)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -48,10 +48,33 @@ fn start_controller(sim: &KubeSim) -> Result<(Running, u16)> {
             "--instance-provider=sim",
             "--log-level=warn",
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
     Ok((Running(child), port))
+}
+
+/// Waits until every node `selected` lists carries our finalizer.
+async fn finalizer_on_every(nodes: &Api<Node>, selected: ListParams) -> Result<()> {
+    nodegrace_core::testing::wait_for(
+        "the finalizer on every managed node",
+        Duration::from_secs(600),
+        || {
+            let (nodes, selected) = (nodes.clone(), selected.clone());
+            async move {
+                let list = nodes.list_metadata(&selected).await?;
+                Ok(list.items.iter().all(|node| {
+                    node.metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|f| f == FINALIZER)
+                }))
+            }
+        },
+    )
+    .await
 }
 
 async fn until_ready(port: u16) -> Result<()> {
@@ -169,7 +192,7 @@ async fn until_drained(client: &Client, started: Instant) -> Result<Duration> {
 async fn ours() -> Result<(Duration, usize)> {
     let sim = cluster().await?;
     let client = sim.client();
-    let (_controller, port) = start_controller(&sim)?;
+    let (_controller, port) = start_controller(&sim, &[])?;
     until_ready(port).await?;
     let nodes: Api<Node> = Api::all(client.clone());
     nodegrace_core::testing::wait_for("the finalizer on node-0", Duration::from_secs(60), || {
@@ -235,28 +258,10 @@ async fn rss_at_scale() -> Result<f64> {
     let crds: Api<CustomResourceDefinition> = Api::all(sim.client());
     crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
         .await?;
-    let (controller, port) = start_controller(&sim)?;
+    let (controller, port) = start_controller(&sim, &[])?;
     until_ready(port).await?;
     // The finalizer goes onto every node; let those writes and their watch events settle.
-    let nodes: Api<Node> = Api::all(sim.client());
-    nodegrace_core::testing::wait_for(
-        "the finalizer on every node",
-        Duration::from_secs(600),
-        || {
-            let nodes = nodes.clone();
-            async move {
-                let list = nodes.list_metadata(&ListParams::default()).await?;
-                Ok(list.items.iter().all(|node| {
-                    node.metadata
-                        .finalizers
-                        .iter()
-                        .flatten()
-                        .any(|f| f == FINALIZER)
-                }))
-            }
-        },
-    )
-    .await?;
+    finalizer_on_every(&Api::all(sim.client()), ListParams::default()).await?;
     Ok(nodegrace_core::testing::rss_mib(controller.0.id()))
 }
 
@@ -380,48 +385,18 @@ async fn rollout(deleted: usize) -> Result<Rollout> {
         .await?;
     // Only the pool is managed; the API limit is raised so the figures are the controller's
     // own cost, not its client's pacing.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let controller = Running(
-        Command::new(BINARY)
-            .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
-            .arg(format!("--admin-listen=127.0.0.1:{port}"))
-            .args([
-                "--leader-elect=false",
-                "--instance-provider=sim",
-                "--log-level=warn",
-                "--node-selector=pool=rollout",
-                "--api-qps=1000",
-                "--api-burst=2000",
-                "--eviction-qps=1000",
-                "--eviction-burst=2000",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
+    let (controller, port) = start_controller(
+        &sim,
+        &[
+            "--node-selector=pool=rollout",
+            "--api-qps=1000",
+            "--api-burst=2000",
+            "--eviction-qps=1000",
+            "--eviction-burst=2000",
+        ],
+    )?;
     until_ready(port).await?;
-    nodegrace_core::testing::wait_for(
-        "the finalizer on every pool node",
-        Duration::from_secs(600),
-        || {
-            let nodes = nodes.clone();
-            async move {
-                let list = nodes
-                    .list_metadata(&ListParams::default().labels("pool=rollout"))
-                    .await?;
-                Ok(list.items.iter().all(|node| {
-                    node.metadata
-                        .finalizers
-                        .iter()
-                        .flatten()
-                        .any(|f| f == FINALIZER)
-                }))
-            }
-        },
-    )
-    .await?;
+    finalizer_on_every(&nodes, ListParams::default().labels("pool=rollout")).await?;
     let (most, mut gone) = watch_pool(&client);
     let pid = controller.0.id();
     let cpu_before = nodegrace_core::testing::cpu_seconds(pid);

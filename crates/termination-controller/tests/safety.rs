@@ -39,6 +39,21 @@ async fn pod_on(client: &Client, name: &str, node: &str, extra: serde_json::Valu
     create(client, body).await
 }
 
+/// A PodDisruptionBudget named after the pods labelled `app: <app>`, with `limit` merged in.
+async fn budget_for(client: &Client, app: &str, limit: serde_json::Value) -> Result<()> {
+    let mut body = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": app, "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": app}}}});
+    common::merge(&mut body["spec"], &limit);
+    create(client, body).await
+}
+
+/// A pod on `node` whose budget never allows its eviction: that node's drain never ends.
+async fn pinned(client: &Client, node: &str) -> Result<()> {
+    pod_on(client, "pinned", node, json!({})).await?;
+    budget_for(client, "pinned", json!({"minAvailable": 1})).await
+}
+
 fn instance(sim: &KubeSim, id: &str) -> Option<kube_sim::world::Instance> {
     sim.world()
         .cloud()
@@ -185,13 +200,7 @@ async fn a_dead_node_is_released_without_waiting_for_its_pods() -> Result<()> {
     let controller = controller(&sim, &[]).await?;
     common::finalizer_on_every_node(&client, 2).await?;
     pod_on(&client, "on-dead", "node-0", json!({})).await?;
-    create(
-        &client,
-        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": "on-dead", "namespace": "default"},
-            "spec": {"selector": {"matchLabels": {"app": "on-dead"}}, "maxUnavailable": 1}}),
-    )
-    .await?;
+    budget_for(&client, "on-dead", json!({"maxUnavailable": 1})).await?;
     sim.world()
         .cloud()
         .set_power("node-0", false)
@@ -323,14 +332,7 @@ async fn a_node_draining_before_its_budget_existed_counts_as_disrupted() -> Resu
     let controller = controller(&sim, &[]).await?;
     common::finalizer_on_every_node(&client, 3).await?;
     // node-1's drain never ends: its one pod's budget never allows a disruption.
-    pod_on(&client, "pinned", "node-1", json!({})).await?;
-    create(
-        &client,
-        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": "pinned", "namespace": "default"},
-            "spec": {"selector": {"matchLabels": {"app": "pinned"}}, "minAvailable": 1}}),
-    )
-    .await?;
+    pinned(&client, "node-1").await?;
     delete_node(&client, "node-1").await?;
     wait_for("node-1 draining", || async {
         Ok(condition(&client, "node-1", "Terminating")
@@ -493,14 +495,7 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_its_lease_can_pass() 
     .await?;
     // node-1's drain keeps the leader busy: its pod's budget refuses every eviction.
     common::finalizer_on_every_node(&client, 2).await?;
-    pod_on(&client, "pinned", "node-1", json!({})).await?;
-    create(
-        &client,
-        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": "pinned", "namespace": "default"},
-            "spec": {"selector": {"matchLabels": {"app": "pinned"}}, "minAvailable": 1}}),
-    )
-    .await?;
+    pinned(&client, "node-1").await?;
     delete_node(&client, "node-1").await?;
     wait_for("a evicting", || async {
         Ok(proxy_a.requests().iter().any(acts))
