@@ -323,12 +323,27 @@ mod tests {
             stop.cancel();
             assert_eq!(reports.recv().await, Some("stopped"));
         };
+        let result = within_5s(
+            runner,
+            control,
+            "the work stops at the deadline and restarts on a renewal",
+        )
+        .await;
+        assert!(result.is_ok(), "{result:?}");
+    }
+
+    /// Runs a candidacy and the test's control of it together, for at most 5 s.
+    async fn within_5s(
+        runner: impl Future<Output = Result<(), LeaderError>>,
+        control: impl Future<Output = ()>,
+        what: &str,
+    ) -> Result<(), LeaderError> {
         let (result, ()) = tokio::time::timeout(Duration::from_secs(5), async {
             tokio::join!(runner, control)
         })
         .await
-        .expect("the work stops at the deadline and restarts on a renewal");
-        assert!(result.is_ok(), "{result:?}");
+        .expect(what);
+        result
     }
 
     /// Work that reports its start and stop, and runs until its token is cancelled.
@@ -364,11 +379,12 @@ mod tests {
             stop.cancel();
             assert_eq!(reports.recv().await, Some("stopped"));
         };
-        let (result, ()) = tokio::time::timeout(Duration::from_secs(5), async {
-            tokio::join!(runner, control)
-        })
-        .await
-        .expect("the work stops on leadership loss and on stop");
+        let result = within_5s(
+            runner,
+            control,
+            "the work stops on leadership loss and on stop",
+        )
+        .await;
         assert!(result.is_ok(), "{result:?}");
     }
 
@@ -384,11 +400,7 @@ mod tests {
             drop(sender);
             assert_eq!(reports.recv().await, Some("stopped"));
         };
-        let (result, ()) = tokio::time::timeout(Duration::from_secs(5), async {
-            tokio::join!(runner, control)
-        })
-        .await
-        .expect("a dead lease task ends the candidacy");
+        let result = within_5s(runner, control, "a dead lease task ends the candidacy").await;
         assert!(
             matches!(result, Err(LeaderError::LeaseTaskEnded)),
             "{result:?}"

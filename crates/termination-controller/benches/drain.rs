@@ -126,10 +126,19 @@ async fn ready_pods(client: &Client) -> Result<usize> {
         .count())
 }
 
+/// A simulated cluster with the NodeDisruptionBudget CRD installed.
+async fn sim_with_crd(options: SimOptions) -> Result<KubeSim> {
+    let sim = KubeSim::start(options).await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(sim.client());
+    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
+        .await?;
+    Ok(sim)
+}
+
 /// A cluster whose node-0 holds every pod of the 10 budgets, with room elsewhere for the
 /// replacements.
 async fn cluster() -> Result<KubeSim> {
-    let sim = KubeSim::start(SimOptions {
+    let sim = sim_with_crd(SimOptions {
         nodes: 4,
         world: WorldOptions {
             lease_renew_interval: Duration::from_millis(500),
@@ -141,9 +150,6 @@ async fn cluster() -> Result<KubeSim> {
     })
     .await?;
     let client = sim.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
-        .await?;
     let others = ["node-1", "node-2", "node-3"];
     set_unschedulable(&client, &others, true).await?;
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
@@ -243,7 +249,7 @@ async fn kubectl() -> Result<(Duration, usize)> {
 }
 
 async fn rss_at_scale() -> Result<f64> {
-    let sim = KubeSim::start(SimOptions {
+    let sim = sim_with_crd(SimOptions {
         nodes: 5_000,
         pods_per_node: 30,
         world: WorldOptions {
@@ -255,9 +261,6 @@ async fn rss_at_scale() -> Result<f64> {
         ..SimOptions::default()
     })
     .await?;
-    let crds: Api<CustomResourceDefinition> = Api::all(sim.client());
-    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
-        .await?;
     let (controller, port) = start_controller(&sim, &[])?;
     until_ready(port).await?;
     // The finalizer goes onto every node; let those writes and their watch events settle.
@@ -336,7 +339,7 @@ fn watch_pool(
 /// of them deleted at once.
 async fn rollout(deleted: usize) -> Result<Rollout> {
     use futures::{StreamExt, TryStreamExt};
-    let sim = KubeSim::start(SimOptions {
+    let sim = sim_with_crd(SimOptions {
         nodes: 5_000,
         pods_per_node: 1,
         world: WorldOptions {
@@ -351,9 +354,6 @@ async fn rollout(deleted: usize) -> Result<Rollout> {
     })
     .await?;
     let client = sim.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
-        .await?;
     let nodes: Api<Node> = Api::all(client.clone());
     futures::stream::iter(0..POOL)
         .map(|index| {

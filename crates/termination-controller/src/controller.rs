@@ -85,10 +85,8 @@ impl Controller {
         let mut checks: DelayQueue<String> = DelayQueue::new();
         let mut scheduled: HashMap<String, delay_queue::Key> = HashMap::new();
         // NotReady nodes the partition guard holds, checked again whenever some node's
-        // readiness changes or a node comes or goes (that moves the fractions), and the
-        // readiness last seen of each node.
+        // readiness changes or a node comes or goes (that moves the fractions).
         let mut held: HashSet<String> = HashSet::new();
-        let mut ready_seen: HashMap<String, bool> = HashMap::new();
         let mut budgets = shared.budgets.cache.clone();
         let mut pdbs = shared.pdbs.clone();
         for node in shared.nodes().state() {
@@ -100,14 +98,16 @@ impl Controller {
             let mut fractions_moved = false;
             for name in self.dirty.take() {
                 let Some(node) = shared.nodes().get(None, &name) else {
-                    fractions_moved |= ready_seen.remove(&name).is_some();
-                    wake_tasks |= shapes.remove(&name).is_some();
+                    let gone = shapes.remove(&name).is_some();
+                    wake_tasks |= gone;
+                    fractions_moved |= gone;
                     continue;
                 };
                 let shape = NodeShape::of(&node);
-                wake_tasks |= shapes.insert(name.clone(), shape.clone()) != Some(shape);
-                let ready = readiness(&node) == Readiness::Ready;
-                fractions_moved |= ready_seen.insert(name.clone(), ready) != Some(ready);
+                let ready = shape.ready;
+                let before = shapes.insert(name.clone(), shape.clone());
+                fractions_moved |= before.as_ref().map(|before| before.ready) != Some(ready);
+                wake_tasks |= before != Some(shape);
                 let Some(identity) = NodeIdentity::of(&node) else {
                     continue;
                 };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
 use kube::runtime::watcher;
@@ -183,15 +183,6 @@ impl Drain {
             .collect()
     }
 
-    /// Whether the cached node is still this Node object. The cache only ever drops or
-    /// replaces it after the object is gone, so `false` is final.
-    fn node_present(&self) -> bool {
-        self.shared
-            .nodes()
-            .get(None, self.node.name())
-            .is_some_and(|node| self.node.is(&node))
-    }
-
     /// Confirms by a fresh read that every pod seen so far was bound to this Node object.
     /// Returns false when the node is gone or replaced.
     async fn confirm_pods(&mut self) -> Result<bool, StepError> {
@@ -199,8 +190,7 @@ impl Drain {
         if seen.iter().all(|pod| self.confirmed.contains(pod)) {
             return Ok(true);
         }
-        let api: Api<Node> = Api::all(self.shared.client.clone());
-        if self.node.read(&api).await?.is_none() {
+        if self.node.read(&self.shared.client).await?.is_none() {
             return Ok(false);
         }
         self.confirmed.extend(seen);
@@ -220,7 +210,7 @@ impl Drain {
         }
         let mut pod_changes = self.pods.clone();
         loop {
-            if !self.node_present() || !self.confirm_pods().await? {
+            if self.node.cached(self.shared.nodes()).is_none() || !self.confirm_pods().await? {
                 return Ok(Ended::NodeGone);
             }
             if stop.is_cancelled() {

@@ -85,14 +85,7 @@ impl NodeTermination {
 
     /// The node as cached, if it is still this Node object.
     fn current(&self) -> Option<Arc<Node>> {
-        self.shared
-            .nodes()
-            .get(None, self.node.name())
-            .filter(|node| self.node.is(node))
-    }
-
-    fn api(&self) -> Api<Node> {
-        Api::all(self.shared.client.clone())
+        self.node.cached(self.shared.nodes())
     }
 
     fn condition(&mut self, reason: &str, message: String) {
@@ -433,7 +426,7 @@ impl NodeTermination {
         };
         let mut polls = 0;
         loop {
-            let Some(node) = self.node.read(&self.api()).await? else {
+            let Some(node) = self.node.read(&self.shared.client).await? else {
                 return Ok(MachineEnd::NodeGone);
             };
             let id = match ProviderId::of(&node) {

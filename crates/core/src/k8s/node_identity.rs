@@ -3,10 +3,13 @@
 //! budget grant) must never pass to its namesake. Every write through [`NodeIdentity`] reads the
 //! node fresh and carries the UID and resourceVersion it read, so the wrong act cannot be written.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 use crate::k8s::api_errors::status_code;
+use crate::k8s::watched::Watched;
 
 /// How many conflicting writes an update absorbs before giving up for now.
 const CONFLICT_RETRIES: usize = 5;
@@ -68,9 +71,16 @@ impl NodeIdentity {
             && node.metadata.name.as_deref() == Some(self.name.as_str())
     }
 
+    /// The node as `cache` holds it, if it is still this Node object. A cache drops or
+    /// replaces an object only after the API server did, so `None` is final.
+    pub fn cached(&self, cache: &Watched<Node>) -> Option<Arc<Node>> {
+        cache.get(None, &self.name).filter(|node| self.is(node))
+    }
+
     /// A fresh read (a quorum read, never a cache): the node, or `None` when it is gone or a
     /// namesake has taken its name.
-    pub async fn read(&self, api: &Api<Node>) -> Result<Option<Node>, kube::Error> {
+    pub async fn read(&self, client: &kube::Client) -> Result<Option<Node>, kube::Error> {
+        let api: Api<Node> = Api::all(client.clone());
         Ok(api.get_opt(&self.name).await?.filter(|node| self.is(node)))
     }
 
@@ -84,9 +94,8 @@ impl NodeIdentity {
         client: &kube::Client,
         mut change: impl FnMut(&mut Node) -> bool,
     ) -> Result<Updated, UpdateError> {
-        let api: Api<Node> = Api::all(client.clone());
         for _ in 0..CONFLICT_RETRIES {
-            let Some(node) = self.read(&api).await? else {
+            let Some(node) = self.read(client).await? else {
                 return Ok(Updated::Gone);
             };
             let mut changed = node.clone();
