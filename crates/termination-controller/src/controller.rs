@@ -263,9 +263,11 @@ async fn delete_not_ready(shared: &Shared, node: &Node) -> NotReadyCheck {
     }
     let api: Api<Node> = Api::all(shared.client.clone());
     let params = DeleteParams {
+        // The object judged NotReady, unchanged since: a node that reported again (or a
+        // namesake) after the cache's view is not deleted on that view.
         preconditions: Some(Preconditions {
             uid: node.metadata.uid.clone(),
-            resource_version: None,
+            resource_version: node.metadata.resource_version.clone(),
         }),
         ..DeleteParams::default()
     };

@@ -183,18 +183,18 @@ impl Drain {
             .collect()
     }
 
-    /// Confirms by a fresh read that every pod seen so far was bound to this Node object.
-    /// Returns false when the node is gone or replaced.
-    async fn confirm_pods(&mut self) -> Result<bool, StepError> {
-        let seen: Vec<String> = self.pods.state().iter().map(|pod| uid(pod)).collect();
-        if seen.iter().all(|pod| self.confirmed.contains(pod)) {
-            return Ok(true);
+    /// The node's pods as the cache holds them now, each confirmed by a fresh read to be bound
+    /// to this Node object; `None` when the node is gone or replaced. The drain acts on this
+    /// snapshot only: a pod the watch delivers after it waits for the next confirmation.
+    async fn confirmed_pods(&mut self) -> Result<Option<Vec<Arc<Pod>>>, StepError> {
+        let pods = self.pods.state();
+        if pods.iter().any(|pod| !self.confirmed.contains(&uid(pod))) {
+            if self.node.read(&self.shared.client).await?.is_none() {
+                return Ok(None);
+            }
+            self.confirmed.extend(pods.iter().map(|pod| uid(pod)));
         }
-        if self.node.read(&self.shared.client).await?.is_none() {
-            return Ok(false);
-        }
-        self.confirmed.extend(seen);
-        Ok(true)
+        Ok(Some(pods))
     }
 
     /// Drains until every pod that must go is gone. `report` hears what it waits for.
@@ -210,13 +210,16 @@ impl Drain {
         }
         let mut pod_changes = self.pods.clone();
         loop {
-            if self.node.cached(self.shared.nodes()).is_none() || !self.confirm_pods().await? {
+            if self.node.cached(self.shared.nodes()).is_none() {
                 return Ok(Ended::NodeGone);
             }
+            let Some(pods) = self.confirmed_pods().await? else {
+                return Ok(Ended::NodeGone);
+            };
             if stop.is_cancelled() {
                 return Ok(Ended::Stopped);
             }
-            let next_timer = match self.step() {
+            let next_timer = match self.step(pods) {
                 Step::Done => return Ok(Ended::Drained),
                 Step::Wait { waiting, timer } => {
                     report(&waiting);
@@ -244,14 +247,14 @@ impl Drain {
         }
     }
 
-    fn step(&mut self) -> Step {
+    fn step(&mut self, pods: Vec<Arc<Pod>>) -> Step {
         let now = Instant::now();
         let wall = Timestamp::now();
         let mut tiers: BTreeMap<Tier, Vec<Arc<Pod>>> = BTreeMap::new();
         let mut protected: Vec<(Arc<Pod>, Option<Timestamp>)> = Vec::new();
         let mut timers: Vec<Instant> = Vec::new();
         let stuck_after = self.shared.settings.stuck_terminating_after;
-        for pod in self.pods.state() {
+        for pod in pods {
             match stuck_terminating(&pod, stuck_after, wall) {
                 Stuck::Since => {
                     let since = pod
