@@ -1002,6 +1002,114 @@ fn serve_flags_set_the_lease_renewal_and_the_node_monitor_grace() -> Result<()> 
     )
 }
 
+/// The taint manager counts `tolerationSeconds` from when it first saw the pod under the taint
+/// (kubectl writes no `timeAdded`): the pod goes once, not never.
+#[test]
+fn a_toleration_of_a_kubectl_taint_runs_out() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    sim.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: patient}\nspec:\n  nodeName: node-0\n  \
+         containers: [{name: c, image: nginx}]\n  tolerations:\n  - {key: example.com/maintenance, \
+         operator: Exists, effect: NoExecute, tolerationSeconds: 3}\n",
+    )?;
+    sim.wait_for("patient to run", "pods", Duration::from_secs(10), |sim| {
+        Ok(sim.ok(&["get", "pod", "patient"])?.contains("Running"))
+    })?;
+    let tainted = Instant::now();
+    sim.ok(&[
+        "taint",
+        "nodes",
+        "node-0",
+        "example.com/maintenance=now:NoExecute",
+    ])?;
+    let added = sim.jsonpath(&["node", "node-0"], "{.spec.taints[0].timeAdded}")?;
+    ensure!(added.is_empty(), "kubectl wrote timeAdded {added}");
+    let evicted = || -> Result<bool> {
+        let output = sim.kubectl(&[
+            "get",
+            "pod",
+            "patient",
+            "-o",
+            "jsonpath={.metadata.deletionTimestamp}",
+        ])?;
+        Ok(!output.status.success() || !output.stdout.is_empty())
+    };
+    sim.wait_for(
+        "patient to be evicted",
+        "pods",
+        Duration::from_secs(30),
+        |_| evicted(),
+    )?;
+    let after = tainted.elapsed();
+    eprintln!("evicted {after:?} after the taint (tolerationSeconds 3)");
+    // Not before its toleration ran out, wherever the machine is slow.
+    ensure!(after >= Duration::from_secs(3), "evicted after {after:?}");
+    Ok(())
+}
+
+/// A node the controller turns Unknown has its pods' Ready conditions turned False, with a
+/// `NodeNotReady` Warning on each (upstream's MarkPodsNotReady).
+#[test]
+fn pods_on_a_node_that_went_unknown_turn_unready() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start_with(
+        1,
+        &[
+            "--node-lease-renew-interval=200ms",
+            "--node-monitor-grace-period=1s",
+        ],
+    )?;
+    sim.apply(POD)?;
+    let ready = |sim: &Sim| {
+        sim.jsonpath(
+            &["pod", "web"],
+            r#"{.status.conditions[?(@.type=="Ready")].status}"#,
+        )
+    };
+    sim.wait_for("web to be Ready", "pods", Duration::from_secs(10), |sim| {
+        Ok(ready(sim)? == "True")
+    })?;
+    sim.stop_kubelet("node-0")?;
+    sim.wait_for(
+        "web to turn unready",
+        "pods",
+        Duration::from_secs(20),
+        |sim| Ok(ready(sim)? == "False"),
+    )?;
+    let node = sim.jsonpath(
+        &["node", "node-0"],
+        r#"{.status.conditions[?(@.type=="Ready")].status}"#,
+    )?;
+    ensure!(node == "Unknown", "node Ready {node}");
+    // Only the Ready condition changes; the pod still runs as far as the API knows.
+    let phase = sim.jsonpath(&["pod", "web"], "{.status.phase}")?;
+    ensure!(phase == "Running", "{phase}");
+    sim.wait_for(
+        "the NodeNotReady event",
+        "events",
+        Duration::from_secs(10),
+        |sim| {
+            Ok(sim
+                .ok(&[
+                    "get",
+                    "events",
+                    "--field-selector",
+                    "reason=NodeNotReady",
+                    "-o",
+                    "name",
+                ])?
+                .lines()
+                .count()
+                == 1)
+        },
+    )
+}
+
 const READER: &str = r#"
 apiVersion: v1
 kind: Namespace

@@ -19,17 +19,41 @@ pub async fn run(
     interested: impl Fn(&Change) -> bool,
     mut reconcile: impl FnMut(&Store),
 ) {
+    run_timed(store, stop, period, interested, move |store| {
+        reconcile(store);
+        None
+    })
+    .await;
+}
+
+/// As `run`, for a controller that also knows when time alone will next change something
+/// (a toleration running out): `reconcile` returns how soon to run again, if sooner than the
+/// period.
+pub async fn run_timed(
+    store: Store,
+    stop: CancellationToken,
+    period: Duration,
+    interested: impl Fn(&Change) -> bool,
+    mut reconcile: impl FnMut(&Store) -> Option<Duration>,
+) {
     let Ok(subscription) = store.subscribe(0) else {
         return;
     };
     let mut live = subscription.live;
-    reconcile(&store);
+    let mut due = reconcile(&store);
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let soon = async {
+            match due {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => std::future::pending().await,
+            }
+        };
         let dirty = tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => true,
+            () = soon => true,
             received = live.recv() => match received {
                 Ok(change) => interested(&change),
                 Err(RecvError::Lagged(_)) => true,
@@ -42,7 +66,7 @@ pub async fn run(
             while let Ok(_) | Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) =
                 live.try_recv()
             {}
-            reconcile(&store);
+            due = reconcile(&store);
         }
     }
 }

@@ -211,12 +211,13 @@ impl World {
         if options.node_lifecycle {
             let grace = options.node_monitor_grace;
             let period = (grace / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
-            tokio::spawn(controller::run(
+            let mut memory = node_lifecycle::Memory::default();
+            tokio::spawn(controller::run_timed(
                 store.clone(),
                 stop.clone(),
                 period,
                 node_lifecycle::concerns,
-                move |store: &Store| node_lifecycle::reconcile(store, grace),
+                move |store: &Store| node_lifecycle::reconcile(store, grace, &mut memory),
             ));
         }
         if options.attach_detach {

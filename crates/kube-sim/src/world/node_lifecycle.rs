@@ -1,8 +1,11 @@
 //! The node lifecycle controller: a node whose kubelet stopped renewing its Lease turns
-//! Ready=Unknown after the node-monitor grace period; the not-ready/unreachable taints follow
-//! the Ready condition; and NoExecute taints evict the pods that do not tolerate them (after
-//! their tolerationSeconds), as the taint manager does.
+//! Ready=Unknown after the node-monitor grace period, and its pods' Ready conditions turn False
+//! (upstream's `MarkPodsNotReady`); the not-ready/unreachable taints follow the Ready condition;
+//! and NoExecute taints evict the pods that do not tolerate them, after their
+//! tolerationSeconds counted from when the taint manager first saw the pod under the taints
+//! (upstream's `pkg/controller/tainteviction`, which never reads a taint's `timeAdded`).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -11,6 +14,7 @@ use serde_json::{Value, json};
 use crate::conditions::tolerations_for;
 use crate::store::strategy::now_rfc3339;
 use crate::store::{Change, DeleteOptions, Part, Store};
+use crate::world::events::{self, Source};
 
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 const NOT_READY: &str = "node.kubernetes.io/not-ready";
@@ -32,7 +36,15 @@ fn ready_status(node: &Value) -> Option<String> {
         .map(str::to_owned)
 }
 
-pub fn reconcile(store: &Store, grace: Duration) {
+/// The taint manager's scheduled evictions: pod UID → when it was first seen tolerating the
+/// node's NoExecute taints for a limited time (upstream's `TimedWorker.CreatedAt`).
+#[derive(Debug, Default)]
+pub struct Memory {
+    tolerating_since: HashMap<String, Timestamp>,
+}
+
+/// Returns how soon a toleration runs out, when one is running.
+pub fn reconcile(store: &Store, grace: Duration, memory: &mut Memory) -> Option<Duration> {
     let nodes = store.kind("", "nodes");
     let leases = store.kind("coordination.k8s.io", "leases");
     let now = Timestamp::now();
@@ -48,8 +60,9 @@ pub fn reconcile(store: &Store, grace: Duration) {
         let created = timestamp(&node["metadata"]["creationTimestamp"]).unwrap_or(now);
         let last_seen = renewed.unwrap_or(created);
         let silent = now.duration_since(last_seen).unsigned_abs() > grace;
-        if silent && ready_status(&node).as_deref() != Some("Unknown") {
-            let _ = store.update(&nodes, None, &name, Part::Status, |current| {
+        let before = ready_status(&node);
+        if silent && before.as_deref() != Some("Unknown") {
+            let flipped = store.update(&nodes, None, &name, Part::Status, |current| {
                 let mut updated = current.clone();
                 let conditions = updated["status"]["conditions"].as_array_mut();
                 if let Some(conditions) = conditions {
@@ -62,10 +75,59 @@ pub fn reconcile(store: &Store, grace: Duration) {
                 }
                 Ok(updated)
             });
+            // Only the controller's own True → Unknown flip marks the pods, as upstream's
+            // monitorNodeHealth does; a kubelet that posted False itself is left to its probes.
+            if flipped.is_ok() && before.as_deref() == Some("True") {
+                mark_pods_not_ready(store, &name);
+            }
         }
         sync_taints(store, &name);
     }
-    evict_untolerating(store);
+    evict_untolerating(store, memory)
+}
+
+/// Upstream's `MarkPodsNotReady`: each pod's Ready condition turns False (reason and message
+/// kept, transition time now), with a `NodeNotReady` Warning on the pod.
+fn mark_pods_not_ready(store: &Store, node: &str) {
+    let pods = store.kind("", "pods");
+    let on_node = store
+        .list(&pods, None, None, 0, &|pod| pod["spec"]["nodeName"] == node)
+        .items;
+    for pod in on_node {
+        let (namespace, name) = (
+            pod["metadata"]["namespace"].as_str(),
+            pod["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+        let mut flipped = false;
+        let marked = store.update(&pods, namespace, name, Part::Status, |current| {
+            let mut updated = current.clone();
+            let ready = updated["status"]["conditions"]
+                .as_array_mut()
+                .and_then(|conditions| conditions.iter_mut().find(|c| c["type"] == "Ready"));
+            if let Some(ready) = ready
+                && ready["status"] != "False"
+            {
+                ready["status"] = json!("False");
+                ready["lastTransitionTime"] = json!(now_rfc3339());
+                flipped = true;
+            }
+            Ok(updated)
+        });
+        if let Ok(marked) = marked
+            && flipped
+        {
+            events::warn(
+                store,
+                Source {
+                    component: "node-controller",
+                    host: None,
+                },
+                &marked,
+                "NodeNotReady",
+                "Node is not ready",
+            );
+        }
+    }
 }
 
 /// The not-ready/unreachable taints (NoSchedule and NoExecute) mirror the Ready condition.
@@ -119,29 +181,35 @@ fn sync_taints(store: &Store, name: &str) {
     });
 }
 
-/// How long a pod may stay on a node with a NoExecute taint.
+/// How long a pod may stay on a node with these NoExecute taints (upstream's
+/// `GetMatchingTolerations` + `getMinTolerationTime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stay {
     No,
     Forever,
     Seconds(i64),
 }
 
-fn toleration(pod: &Value, taint: &Value) -> Stay {
-    let matching: Vec<&Value> = tolerations_for(&pod["spec"], taint).collect();
-    if matching.is_empty() {
-        return Stay::No;
+fn stay(pod: &Value, taints: &[Value]) -> Stay {
+    let mut shortest: Option<i64> = None;
+    for taint in taints {
+        let mut matching = tolerations_for(&pod["spec"], taint).peekable();
+        if matching.peek().is_none() {
+            return Stay::No;
+        }
+        for seconds in matching.filter_map(|t| t["tolerationSeconds"].as_i64()) {
+            shortest = Some(shortest.map_or(seconds, |s| s.min(seconds)));
+        }
     }
-    matching
-        .iter()
-        .filter_map(|t| t["tolerationSeconds"].as_i64())
-        .min()
-        .map_or(Stay::Forever, Stay::Seconds)
+    shortest.map_or(Stay::Forever, |seconds| Stay::Seconds(seconds.max(0)))
 }
 
-fn evict_untolerating(store: &Store) {
+fn evict_untolerating(store: &Store, memory: &mut Memory) -> Option<Duration> {
     let nodes = store.kind("", "nodes");
     let pods = store.kind("", "pods");
     let now = Timestamp::now();
+    let mut still_timed = HashMap::new();
+    let mut next: Option<Duration> = None;
     for node in store.all(&nodes) {
         let taints: Vec<Value> = node["spec"]["taints"]
             .as_array()
@@ -160,14 +228,24 @@ fn evict_untolerating(store: &Store) {
             })
             .items;
         for pod in on_node {
-            let due = taints.iter().any(|taint| match toleration(&pod, taint) {
+            let uid = pod["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let due = match stay(&pod, &taints) {
                 Stay::No => true,
                 Stay::Forever => false,
                 Stay::Seconds(seconds) => {
-                    let added = timestamp(&taint["timeAdded"]).unwrap_or(now);
-                    now.duration_since(added).as_secs() >= seconds
+                    let since = memory.tolerating_since.get(&uid).copied().unwrap_or(now);
+                    still_timed.insert(uid, since);
+                    let left = Duration::from_secs(seconds.unsigned_abs())
+                        .saturating_sub(now.duration_since(since).unsigned_abs());
+                    if !left.is_zero() {
+                        next = Some(next.map_or(left, |next| next.min(left)));
+                    }
+                    left.is_zero()
                 }
-            });
+            };
             if due {
                 let (namespace, pod_name) = (
                     pod["metadata"]["namespace"].as_str(),
@@ -179,6 +257,53 @@ fn evict_untolerating(store: &Store) {
                 });
                 let _ = store.delete(&pods, namespace, pod_name, &DeleteOptions::default());
             }
+        }
+    }
+    // A pod gone, tolerating for good, or on a node without NoExecute taints any more has its
+    // scheduled eviction cancelled: a later taint counts afresh.
+    memory.tolerating_since = still_timed;
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shortest_toleration_of_all_taints_decides() {
+        let unreachable = json!({"key": UNREACHABLE, "effect": "NoExecute"});
+        let out = json!({"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"});
+        let pod = |tolerations: Value| json!({"spec": {"tolerations": tolerations}});
+        let both = [unreachable.clone(), out.clone()];
+        let cases = [
+            (json!([]), Stay::No),
+            (json!([{"operator": "Exists"}]), Stay::Forever),
+            (
+                json!([{"key": UNREACHABLE, "operator": "Exists", "tolerationSeconds": 30}]),
+                Stay::No,
+            ),
+            (
+                json!([
+                    {"key": UNREACHABLE, "operator": "Exists", "tolerationSeconds": 30},
+                    {"key": "node.kubernetes.io/out-of-service", "operator": "Exists"},
+                ]),
+                Stay::Seconds(30),
+            ),
+            (
+                json!([{"operator": "Exists", "tolerationSeconds": 60}, {"operator": "Exists", "tolerationSeconds": 5}]),
+                Stay::Seconds(5),
+            ),
+            (
+                json!([{"operator": "Exists", "tolerationSeconds": -3}]),
+                Stay::Seconds(0),
+            ),
+        ];
+        for (tolerations, expected) in cases {
+            assert_eq!(
+                stay(&pod(tolerations.clone()), &both),
+                expected,
+                "{tolerations}"
+            );
         }
     }
 }
