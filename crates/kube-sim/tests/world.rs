@@ -483,6 +483,121 @@ async fn stop_kubelet(nodes: &Api<Node>, node: &str) -> Result<()> {
     Ok(())
 }
 
+/// The ephemeral volume controller makes the pod's claim, which is provisioned and attached;
+/// the pod runs on it, and the claim goes with the pod. A claim of that name the pod does not
+/// control is not the pod's: the pod does not start on it.
+#[tokio::test]
+async fn a_generic_ephemeral_volume_gets_its_claim_and_is_attached() -> Result<()> {
+    let sim = sim(1).await?;
+    let client = sim.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let scratch = json!({"spec": {"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {
+        "metadata": {"labels": {"kind": "scratch"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }}}]}});
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &pod("cache", Some("node-0"), &scratch)?,
+        )
+        .await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    wait_until(&sim, "the pod to run on its attached claim", || async {
+        let running = pods
+            .get("cache")
+            .await?
+            .status
+            .and_then(|s| s.phase)
+            .as_deref()
+            == Some("Running");
+        Ok(running && claims.get_opt("cache-scratch").await?.is_some())
+    })
+    .await?;
+    let claim = claims.get("cache-scratch").await?;
+    let owner = &claim.metadata.owner_references.clone().unwrap_or_default()[0];
+    ensure!(
+        owner.kind == "Pod"
+            && Some(&owner.uid) == created.metadata.uid.as_ref()
+            && owner.controller == Some(true),
+        "{owner:?}"
+    );
+    ensure!(
+        claim
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("kind")
+            .map(String::as_str)
+            == Some("scratch")
+    );
+    let volume = claim.spec.and_then(|s| s.volume_name).unwrap_or_default();
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    ensure!(
+        attachments
+            .get_opt(&kube_sim::world::attachment_name(&volume, "node-0"))
+            .await?
+            .is_some(),
+        "no attachment for {volume}"
+    );
+    pods.delete("cache", &DeleteParams::default()).await?;
+    wait_until(&sim, "the claim to go with its pod", || async {
+        Ok(claims.get_opt("cache-scratch").await?.is_none())
+    })
+    .await?;
+    // Someone else's claim under the name the pod's volume would take.
+    claims.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "squatter-scratch"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))?).await?;
+    pods.create(
+        &PostParams::default(),
+        &pod("squatter", Some("node-0"), &scratch)?,
+    )
+    .await?;
+    wait_until(&sim, "the foreign claim to be bound", || async {
+        Ok(claims
+            .get("squatter-scratch")
+            .await?
+            .spec
+            .and_then(|s| s.volume_name)
+            .is_some())
+    })
+    .await?;
+    let foreign = claims
+        .get("squatter-scratch")
+        .await?
+        .spec
+        .and_then(|s| s.volume_name)
+        .unwrap_or_default();
+    // A pod of a claim of its own, created after: once its volume is attached, the attach/
+    // detach controller has judged the squatter too (every pass covers every pod).
+    claims.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "witness-data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))?).await?;
+    pods.create(&PostParams::default(), &pod("witness", Some("node-0"), &json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "witness-data"}}]}}))?).await?;
+    wait_until(&sim, "the witness to run", || async {
+        Ok(pods
+            .get("witness")
+            .await?
+            .status
+            .and_then(|s| s.phase)
+            .as_deref()
+            == Some("Running"))
+    })
+    .await?;
+    ensure!(
+        attachments
+            .get_opt(&kube_sim::world::attachment_name(&foreign, "node-0"))
+            .await?
+            .is_none(),
+        "the foreign claim's volume was attached for the pod"
+    );
+    ensure!(
+        pods.get("squatter")
+            .await?
+            .status
+            .and_then(|s| s.phase)
+            .as_deref()
+            != Some("Running")
+    );
+    Ok(())
+}
+
 /// reconciler.go: a volume whose pod is gone is detached once the kubelet unmounted it; the
 /// attacher's finalizer holds the VolumeAttachment for the detach delay.
 #[tokio::test]

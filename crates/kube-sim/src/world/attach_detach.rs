@@ -79,16 +79,35 @@ fn terminated(pod: &Value) -> bool {
             .any(|status| status["state"]["running"].is_object())
 }
 
-/// The persistent volumes `pod` uses through its claims.
-pub fn pod_volumes(store: &Store, pod: &Value) -> Vec<String> {
-    let claims = store.kind("", "persistentvolumeclaims");
-    let namespace = pod["metadata"]["namespace"].as_str();
+/// The claims `pod` names: its `persistentVolumeClaim` volumes and its generic ephemeral
+/// volumes' claims (`<pod>-<volume>`).
+pub fn pod_claims(pod: &Value) -> Vec<(String, bool)> {
     pod["spec"]["volumes"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|volume| volume["persistentVolumeClaim"]["claimName"].as_str())
-        .filter_map(|claim| store.get(&claims, namespace, claim).ok())
+        .filter_map(
+            |volume| match volume["persistentVolumeClaim"]["claimName"].as_str() {
+                Some(claim) => Some((claim.to_owned(), false)),
+                None => super::ephemeral::claim_name(pod, volume).map(|claim| (claim, true)),
+            },
+        )
+        .collect()
+}
+
+/// The persistent volumes `pod` uses through its claims, resolved as upstream's
+/// `CreateVolumeSpec`: an ephemeral volume's claim counts only when the pod controls it.
+pub fn pod_volumes(store: &Store, pod: &Value) -> Vec<String> {
+    let claims = store.kind("", "persistentvolumeclaims");
+    let namespace = pod["metadata"]["namespace"].as_str();
+    pod_claims(pod)
+        .into_iter()
+        .filter_map(|(claim, ephemeral)| {
+            store
+                .get(&claims, namespace, &claim)
+                .ok()
+                .filter(|found| !ephemeral || super::ephemeral::is_for_pod(found, pod))
+        })
         .filter_map(|claim| {
             claim["spec"]["volumeName"]
                 .as_str()

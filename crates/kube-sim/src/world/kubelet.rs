@@ -362,12 +362,7 @@ impl Kubelets {
 
     /// Whether every claim of `pod` is bound and its volume attached to `node`.
     fn volumes_attached(&self, node: &str, pod: &Value) -> bool {
-        let claims: Vec<&str> = pod["spec"]["volumes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|volume| volume["persistentVolumeClaim"]["claimName"].as_str())
-            .collect();
+        let claims = super::attach_detach::pod_claims(pod);
         if claims.is_empty() {
             return true;
         }

@@ -7,6 +7,7 @@ mod cloud;
 mod controller;
 mod deployments;
 mod disruption;
+mod ephemeral;
 mod events;
 mod gc;
 mod kubelet;
@@ -189,6 +190,13 @@ impl World {
                 quick,
                 provisioner::concerns,
                 provisioner::reconcile,
+            ));
+            tokio::spawn(controller::run(
+                store.clone(),
+                stop.clone(),
+                quick,
+                ephemeral::concerns,
+                ephemeral::reconcile,
             ));
             tokio::spawn(controller::run(
                 store.clone(),

@@ -41,6 +41,10 @@ fn ready_status(node: &Value) -> Option<String> {
 #[derive(Debug, Default)]
 pub struct Memory {
     tolerating_since: HashMap<String, Timestamp>,
+    /// Node → the Lease `renewTime` last seen and when this controller saw it change (upstream's
+    /// `nodeHealthData.probeTimestamp`): silence is judged on this clock, so a kubelet whose
+    /// clock is off still counts as alive while its renewTime keeps changing.
+    probes: HashMap<String, (Option<String>, Timestamp)>,
 }
 
 /// Returns how soon a toleration runs out, when one is running.
@@ -48,6 +52,7 @@ pub fn reconcile(store: &Store, grace: Duration, memory: &mut Memory) -> Option<
     let nodes = store.kind("", "nodes");
     let leases = store.kind("coordination.k8s.io", "leases");
     let now = Timestamp::now();
+    let mut probes = HashMap::new();
     for node in store.all(&nodes) {
         let name = node["metadata"]["name"]
             .as_str()
@@ -56,9 +61,16 @@ pub fn reconcile(store: &Store, grace: Duration, memory: &mut Memory) -> Option<
         let renewed = store
             .get(&leases, Some("kube-node-lease"), &name)
             .ok()
-            .and_then(|lease| timestamp(&lease["spec"]["renewTime"]));
-        let created = timestamp(&node["metadata"]["creationTimestamp"]).unwrap_or(now);
-        let last_seen = renewed.unwrap_or(created);
+            .and_then(|lease| lease["spec"]["renewTime"].as_str().map(str::to_owned));
+        let last_seen = match memory.probes.get(&name) {
+            Some((seen, at)) if *seen == renewed => *at,
+            // First sight of the node: upstream starts from its creation until a Lease shows.
+            None if renewed.is_none() => {
+                timestamp(&node["metadata"]["creationTimestamp"]).unwrap_or(now)
+            }
+            _ => now,
+        };
+        probes.insert(name.clone(), (renewed, last_seen));
         let silent = now.duration_since(last_seen).unsigned_abs() > grace;
         let before = ready_status(&node);
         if silent && before.as_deref() != Some("Unknown") {
@@ -83,6 +95,7 @@ pub fn reconcile(store: &Store, grace: Duration, memory: &mut Memory) -> Option<
         }
         sync_taints(store, &name);
     }
+    memory.probes = probes;
     evict_untolerating(store, memory)
 }
 
