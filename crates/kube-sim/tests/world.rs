@@ -879,10 +879,13 @@ async fn a_machine_terminated_after_its_node_was_replaced_leaves_the_namesake_ru
     let cloud = sim.world().cloud();
     cloud.reconcile();
     let nodes: Api<Node> = Api::all(sim.client());
-    let mut node = nodes.get("node-0").await?;
-    node.metadata.finalizers = None;
+    // A patch, not a read-modify-replace: the kubelet writes the node meanwhile.
     nodes
-        .replace("node-0", &PostParams::default(), &node)
+        .patch(
+            "node-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
         .await?;
     nodes.delete("node-0", &DeleteParams::default()).await?;
     let mut namesake = kube_sim::populate::node("node-0");

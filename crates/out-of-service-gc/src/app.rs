@@ -17,11 +17,14 @@ use nodegrace_core::leader::run_elected;
 use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::ProgramRegistry;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::cleanup::{Settings, Shared};
 use crate::cli::Args;
 use crate::controller::Controller;
+use crate::guard::Heartbeats;
 use crate::metrics::Metrics;
+use crate::qualify::TaintClock;
 use crate::tainting::AutoTaint;
 
 pub const PROGRAM: &str = "out-of-service-gc";
@@ -107,6 +110,11 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
                 move |attachment: &VolumeAttachment| dirty.mark(&attachment.spec.node_name),
             )
         };
+        let heartbeats = Arc::new(Heartbeats::new(tokio::time::Instant::now()));
+        // Watched from the start, leader or not: a new leader must already know which kubelets
+        // were heard from lately, or it would have to wait a whole window before any cleanup.
+        let heartbeat_watch = liveness_guard.then(|| heartbeats.watch(client.clone()));
+        let _stop_watching = heartbeat_watch.map(AbortOnDropHandle::new);
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
             synced = async { nodes.synced().await?; attachments.synced().await } => {
@@ -125,6 +133,8 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
                     auto_untaint,
                 },
                 attachments,
+                heartbeats,
+                taint_clock: TaintClock::default(),
             }),
             nodes,
             dirty,

@@ -4,14 +4,13 @@
 //! the taint once the node is back and clean. Passes are idempotent: a new leader, or a pass
 //! after an error, simply does what is still to do.
 
-use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::watcher;
@@ -21,18 +20,19 @@ use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::pods::is_terminal;
 use nodegrace_core::k8s::reporter::{ConditionGuard, Reporter};
-use nodegrace_core::k8s::taints::change_taints;
+use nodegrace_core::k8s::taints::change_node;
+use nodegrace_core::k8s::volumes::Staying;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use serde_json::json;
 
 use crate::fresh::Fresh;
-use crate::guard::{Heartbeat, heartbeat, window};
+use crate::guard::{Evidence, Heartbeat, Heartbeats, NODE_LEASE_NAMESPACE};
 use crate::metrics::Metrics;
 use crate::qualify::{
-    EXPECTED_EFFECT, NodeStatus, OUT_OF_SERVICE_TAINT, PodVerdict, node_status, pod_verdict,
-    ready_since,
+    EXPECTED_EFFECT, NodeStatus, OUT_OF_SERVICE_TAINT, PodVerdict, TaintClock, node_status,
+    pod_verdict, ready_since,
 };
-use crate::status::{DISRUPTION_REASON, Phase, after_cleanup, plural};
+use crate::status::{DISRUPTION_REASON, FENCED_ANNOTATION, Phase, after_cleanup, plural};
 
 const ACTION: &str = "OutOfServiceCleanup";
 /// Force actions in flight at once for one node.
@@ -45,6 +45,10 @@ pub struct Shared {
     pub metrics: Metrics,
     pub settings: Settings,
     pub attachments: Watched<VolumeAttachment>,
+    /// The nodes' heartbeats as this process saw them (fed by a Lease watch when the guard is
+    /// on, and by the fresh read before each force action).
+    pub heartbeats: Arc<Heartbeats>,
+    pub taint_clock: TaintClock,
 }
 
 impl std::fmt::Debug for Shared {
@@ -67,7 +71,6 @@ pub struct Settings {
 struct LiveView {
     node: Option<Arc<Node>>,
     heartbeat: Heartbeat,
-    window: Duration,
 }
 
 impl LiveView {
@@ -132,7 +135,8 @@ impl PassError {
 #[derive(Debug, Default)]
 struct Said {
     effect_warned: bool,
-    refused_at: Option<Timestamp>,
+    /// The guard is refusing (said once per stretch of refusals).
+    refusing: bool,
     started: bool,
     done: bool,
     /// This cleanup saw the node tainted and NotReady: a later Ready means it came back.
@@ -238,21 +242,29 @@ impl NodeCleanup {
                     .get_opt(&self.node)
                     .await
                     .map_err(|error| PassError::api(format!("read node {}", self.node), error))?;
-                let (heartbeat, window) = if self.shared.settings.liveness_guard && node.is_some() {
+                let heartbeat = if self.shared.settings.liveness_guard && node.is_some() {
                     let leases: Api<Lease> =
-                        Api::namespaced(self.shared.client.clone(), "kube-node-lease");
+                        Api::namespaced(self.shared.client.clone(), NODE_LEASE_NAMESPACE);
                     let lease = leases.get_opt(&self.node).await.map_err(|error| {
-                        PassError::api(format!("read lease kube-node-lease/{}", self.node), error)
+                        PassError::api(
+                            format!("read lease {NODE_LEASE_NAMESPACE}/{}", self.node),
+                            error,
+                        )
                     })?;
-                    let window = window(lease.as_ref(), self.shared.settings.guard_window);
-                    (heartbeat(lease.as_ref(), Timestamp::now(), window), window)
+                    // A renewal the watch has not delivered yet still counts.
+                    let heartbeats = &self.shared.heartbeats;
+                    heartbeats.observe(&self.node, lease.as_ref(), tokio::time::Instant::now());
+                    heartbeats.judge(
+                        &self.node,
+                        tokio::time::Instant::now(),
+                        self.shared.settings.guard_window,
+                    )
                 } else {
-                    (Heartbeat::Silent, Duration::ZERO)
+                    Heartbeat::Silent
                 };
                 Ok(LiveView {
                     node: node.map(Arc::new),
                     heartbeat,
-                    window,
                 })
             })
             .await
@@ -263,6 +275,7 @@ impl NodeCleanup {
         let view = self.read_live().await?;
         match view.status() {
             NodeStatus::InService => {
+                self.shared.taint_clock.forget(&self.node);
                 if view.node.is_some() {
                     self.report(&Phase::TaintRemoved);
                 }
@@ -289,17 +302,18 @@ impl NodeCleanup {
             );
         }
         if self.shared.settings.liveness_guard
-            && let Heartbeat::Recent { renewed, until } = view.heartbeat
+            && let Heartbeat::Recent { evidence, left } = view.heartbeat
         {
-            return Ok(self.refuse(renewed, until, view.window));
+            return Ok(self.refuse(evidence, left));
         }
-        self.said().refused_at = None;
+        self.said().refusing = false;
         let now = Timestamp::now();
+        let since = self.taint_since(view, taint, now);
         let mut victims = Vec::new();
         let mut staying = Vec::new();
         let mut next_due: Option<Timestamp> = None;
         for pod in self.pods.state() {
-            match pod_verdict(&pod, taint, now) {
+            match pod_verdict(&pod, taint, since, now) {
                 PodVerdict::ForceDelete => victims.push(pod),
                 PodVerdict::ForceDeleteAt(due) => {
                     next_due = Some(next_due.map_or(due, |next| next.min(due)));
@@ -396,24 +410,46 @@ impl NodeCleanup {
         Ok(Outcome::Wait(None))
     }
 
-    fn refuse(&self, renewed: Timestamp, until: Timestamp, window: Duration) -> Outcome {
+    /// Since when `taint` counts on the node as `view` read it.
+    fn taint_since(&self, view: &LiveView, taint: &Taint, now: Timestamp) -> Timestamp {
+        view.node
+            .as_deref()
+            .map_or(now, |node| self.shared.taint_clock.since(node, taint, now))
+    }
+
+    fn refuse(&self, evidence: Evidence, left: Duration) -> Outcome {
+        let now = Timestamp::now();
+        let until = now.checked_add(left).unwrap_or(Timestamp::MAX);
+        let why = match evidence {
+            Evidence::Changed { ago } => format!(
+                "this controller saw the node's Lease in {NODE_LEASE_NAMESPACE} renewed at {} \
+                 (by its own clock, {}s ago): its kubelet still heartbeats, so it is partitioned \
+                 or rebooting, not shut down",
+                now.checked_sub(ago)
+                    .unwrap_or(now)
+                    .round(jiff::Unit::Second)
+                    .unwrap_or(now),
+                ago.as_secs()
+            ),
+            Evidence::JustStarted { watching } => format!(
+                "this controller has watched the node's Lease in {NODE_LEASE_NAMESPACE} for only \
+                 {}s since it started: silence counts only after a whole liveness guard window \
+                 of it",
+                watching.as_secs()
+            ),
+        };
         let message = format!(
-            "The node's Lease in kube-node-lease was renewed at {renewed}, within the liveness \
-             guard window ({}s): its kubelet still heartbeats, so it is partitioned or \
-             rebooting, not shut down. Nothing is force-deleted or detached before {until} \
-             (or set --liveness-guard=false).",
-            window.as_secs()
+            "Not force-deleting or detaching anything before {}: {why} (or set \
+             --liveness-guard=false).",
+            until.round(jiff::Unit::Second).unwrap_or(until)
         );
-        if self.said().refused_at != Some(renewed) {
-            self.said().refused_at = Some(renewed);
+        if !std::mem::replace(&mut self.said().refusing, true) {
             self.shared.metrics.refusals.inc();
-            tracing::warn!(node = %self.node, %renewed, %until, "cleanup refused: the node's Lease is recent");
+            tracing::warn!(node = %self.node, ?evidence, %until, "cleanup refused: the node may still be alive");
             self.node_event(true, "OutOfServiceCleanupRefused", message.clone());
         }
         self.report(&Phase::Refused(message));
-        let wait =
-            Duration::try_from(until.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO);
-        Outcome::Wait(Some(wait))
+        Outcome::Wait(Some(left))
     }
 
     /// The node's VolumeAttachments, from the cache.
@@ -522,7 +558,14 @@ impl NodeCleanup {
         if attachments.is_empty() {
             return Ok(0);
         }
-        let in_use = self.volumes_in_use(staying).await?;
+        let unfinished: Vec<Arc<Pod>> = staying
+            .iter()
+            .filter(|pod| !is_terminal(pod))
+            .cloned()
+            .collect();
+        let in_use = Staying::of(&self.shared.client, &unfinished)
+            .await
+            .map_err(|error| PassError::api("read the claims of the pods that stay", error))?;
         let api: Api<VolumeAttachment> = Api::all(self.shared.client.clone());
         let mut gone = 0;
         for attachment in &attachments {
@@ -530,12 +573,7 @@ impl NodeCleanup {
                 continue;
             }
             let volume = attachment.spec.source.persistent_volume_name.clone();
-            let used = match &volume {
-                Some(volume) => in_use.contains(volume),
-                // An inline volume cannot be traced to a pod: wait until no pod stays.
-                None => staying.iter().any(|pod| !is_terminal(pod)),
-            };
-            if used {
+            if in_use.keeps(attachment) {
                 continue;
             }
             if !self
@@ -580,35 +618,6 @@ impl NodeCleanup {
         Ok(attachments.len() - gone)
     }
 
-    /// The persistent volumes the staying (not terminal) pods use through their claims.
-    async fn volumes_in_use(&self, staying: &[Arc<Pod>]) -> Result<HashSet<String>, PassError> {
-        let mut volumes = HashSet::new();
-        for pod in staying.iter().filter(|pod| !is_terminal(pod)) {
-            let namespace = pod.namespace().unwrap_or_default();
-            let claims: Api<PersistentVolumeClaim> =
-                Api::namespaced(self.shared.client.clone(), &namespace);
-            let names: BTreeSet<&str> = pod
-                .spec
-                .iter()
-                .flat_map(|spec| spec.volumes.iter().flatten())
-                .filter_map(|volume| volume.persistent_volume_claim.as_ref())
-                .map(|claim| claim.claim_name.as_str())
-                .collect();
-            for name in names {
-                let claim = claims.get_opt(name).await.map_err(|error| {
-                    PassError::api(format!("read claim {namespace}/{name}"), error)
-                })?;
-                if let Some(volume) = claim
-                    .and_then(|claim| claim.spec)
-                    .and_then(|spec| spec.volume_name)
-                {
-                    volumes.insert(volume);
-                }
-            }
-        }
-        Ok(volumes)
-    }
-
     /// The node is tainted and Ready: nothing is forced. With `--auto-untaint`, the taint goes
     /// once the node came back (it was seen out of service, or turned Ready after the taint was
     /// added) and nothing from before is left.
@@ -625,10 +634,10 @@ impl NodeCleanup {
             return Ok(Outcome::Wait(None));
         }
         let since = ready_since(node);
-        let came_back = match (&taint.time_added, since) {
-            (Some(added), Some(since)) => since > added.0,
-            _ => self.said().saw_out_of_service,
-        };
+        // Seen down by this cleanup, or Ready since after the taint (times have whole seconds:
+        // a node back within the second it was tainted needs the first).
+        let came_back = self.said().saw_out_of_service
+            || matches!((&taint.time_added, since), (Some(added), Some(since)) if since > added.0);
         if !came_back {
             self.report(&Phase::Pending(
                 "The node is Ready and has not been seen down since the taint was added; the \
@@ -644,11 +653,12 @@ impl NodeCleanup {
             _ => true,
         };
         let now = Timestamp::now();
+        let since = self.taint_since(view, taint, now);
         let pods_left = self
             .pods
             .state()
             .iter()
-            .filter(|pod| pod_verdict(pod, taint, now) != PodVerdict::Tolerated)
+            .filter(|pod| pod_verdict(pod, taint, since, now) != PodVerdict::Tolerated)
             .filter(|pod| before(pod.metadata.creation_timestamp.as_ref()))
             .count();
         let attachments_left = self
@@ -666,12 +676,25 @@ impl NodeCleanup {
             return Ok(Outcome::Wait(None));
         }
         let nodes: Api<Node> = Api::all(self.shared.client.clone());
-        let removed = change_taints(&nodes, &self.node, |current, taints| {
-            // Decided on the version being written: still Ready, still tainted.
-            if !matches!(node_status(current), NodeStatus::TaintedButReady(_)) {
+        let removed = change_node(&nodes, &self.node, |current| {
+            // Decided on the version being written: the same node, still Ready, still tainted.
+            if current.metadata.uid != node.metadata.uid
+                || !matches!(node_status(current), NodeStatus::TaintedButReady(_))
+            {
                 return false;
             }
-            taints.retain(|t| t.key != OUT_OF_SERVICE_TAINT);
+            if let Some(spec) = current.spec.as_mut() {
+                let taints = spec.taints.take().unwrap_or_default();
+                let kept: Vec<Taint> = taints
+                    .into_iter()
+                    .filter(|t| t.key != OUT_OF_SERVICE_TAINT)
+                    .collect();
+                spec.taints = (!kept.is_empty()).then_some(kept);
+            }
+            // A fence confirmed the outage that ends here; the next one needs its own.
+            if let Some(annotations) = current.metadata.annotations.as_mut() {
+                annotations.remove(FENCED_ANNOTATION);
+            }
             true
         })
         .await

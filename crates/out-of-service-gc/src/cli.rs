@@ -24,11 +24,13 @@ pub struct Args {
     pub leader: LeaderArgs,
     #[command(flatten)]
     pub instances: InstanceArgs,
-    /// Refuse to act on a node whose kubelet renewed its Lease in kube-node-lease within
-    /// --liveness-guard-window: it is partitioned or rebooting, not shut down.
+    /// Refuse to act on a node whose Lease in kube-node-lease this controller saw renewed
+    /// within --liveness-guard-window (by its own clock): it is partitioned or rebooting, not
+    /// shut down.
     #[arg(long, env = "NODEGRACE_LIVENESS_GUARD", default_value_t = true, action = clap::ArgAction::Set)]
     pub liveness_guard: bool,
-    /// How recent a Lease renewal refuses the cleanup (a duration, e.g. 80s). Default: twice
+    /// How recently a seen Lease renewal refuses the cleanup, and how long after its start
+    /// this controller watches before trusting silence (a duration, e.g. 80s). Default: twice
     /// the Lease's leaseDurationSeconds.
     #[arg(long, env = "NODEGRACE_LIVENESS_GUARD_WINDOW", value_parser = duration_flag)]
     pub liveness_guard_window: Option<Duration>,
@@ -37,8 +39,9 @@ pub struct Args {
     #[arg(long, env = "NODEGRACE_AUTO_UNTAINT", default_value_t = false, action = clap::ArgAction::Set)]
     pub auto_untaint: bool,
     /// Taint a node that has been NotReady this long (a duration, e.g. 5m) and is confirmed
-    /// powered off: annotated nodegrace.io/fenced=true, or stopped/terminated according to
-    /// --instance-provider. Off when unset; never taints without a confirmation.
+    /// powered off in this outage: annotated nodegrace.io/fenced=<RFC 3339 time of the fence,
+    /// after the NotReady transition>, or stopped/terminated according to --instance-provider.
+    /// Off when unset; never taints without a confirmation.
     #[arg(long, env = "NODEGRACE_AUTO_TAINT_AFTER", value_parser = duration_flag)]
     pub auto_taint_after: Option<Duration>,
 }

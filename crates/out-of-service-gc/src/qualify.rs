@@ -1,6 +1,8 @@
 //! Which nodes are out of service, and which of their pods must go: the KEP's rules as pure
 //! functions of the objects.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -46,10 +48,10 @@ pub enum PodVerdict {
     Tolerated,
 }
 
-/// The verdict for `pod` under `taint`, at `now`. `tolerationSeconds` counts from the taint's
-/// `timeAdded` (from `now` when the taint has none), and only for a NoExecute taint, as in the
-/// API: for other effects a matching toleration tolerates forever.
-pub fn pod_verdict(pod: &Pod, taint: &Taint, now: Timestamp) -> PodVerdict {
+/// The verdict for `pod` under `taint`, at `now`, the taint counting from `since` (see
+/// `TaintClock`). `tolerationSeconds` only applies to a NoExecute taint, as in the API: for
+/// other effects a matching toleration tolerates forever.
+pub fn pod_verdict(pod: &Pod, taint: &Taint, since: Timestamp, now: Timestamp) -> PodVerdict {
     let tolerations = pod
         .spec
         .as_ref()
@@ -60,8 +62,7 @@ pub fn pod_verdict(pod: &Pod, taint: &Taint, now: Timestamp) -> PodVerdict {
         Some(None) => PodVerdict::Tolerated,
         Some(Some(_)) if taint.effect != EXPECTED_EFFECT => PodVerdict::Tolerated,
         Some(Some(seconds)) => {
-            let added = taint.time_added.as_ref().map_or(now, |time| time.0);
-            let until = added.checked_add(seconds).unwrap_or(Timestamp::MAX);
+            let until = since.checked_add(seconds).unwrap_or(Timestamp::MAX);
             if until <= now {
                 PodVerdict::ForceDelete
             } else {
@@ -71,23 +72,81 @@ pub fn pod_verdict(pod: &Pod, taint: &Taint, now: Timestamp) -> PodVerdict {
     }
 }
 
+/// Since when each node's out-of-service taint counts: its `timeAdded` when it has one (the
+/// node lifecycle controller and `--auto-taint-after` write it), else the moment this process
+/// first saw that taint on that node (kubectl writes none) — as upstream's taint eviction
+/// controller keeps the time it first saw a pod under a taint, so the deadline never moves.
+/// After a restart the count starts again from the restart, as upstream's does.
+#[derive(Debug, Default)]
+pub struct TaintClock {
+    first_seen: Mutex<HashMap<String, (TaintSeen, Timestamp)>>,
+}
+
+/// A taint as seen on one node object: a changed value or a replaced node counts afresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TaintSeen {
+    node_uid: Option<String>,
+    value: Option<String>,
+    effect: String,
+}
+
+impl TaintClock {
+    pub fn since(&self, node: &Node, taint: &Taint, now: Timestamp) -> Timestamp {
+        if let Some(added) = &taint.time_added {
+            return added.0;
+        }
+        let seen = TaintSeen {
+            node_uid: node.metadata.uid.clone(),
+            value: taint.value.clone(),
+            effect: taint.effect.clone(),
+        };
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let mut first_seen = self
+            .first_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match first_seen.get(&name) {
+            Some((known, since)) if *known == seen => *since,
+            _ => {
+                first_seen.insert(name, (seen, now));
+                now
+            }
+        }
+    }
+
+    /// The taint is gone from `node` (or the node is): a later one counts afresh.
+    pub fn forget(&self, node: &str) {
+        self.first_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(node);
+    }
+}
+
 /// How long a node has been NotReady (Ready False or Unknown), from the Ready condition's
 /// `lastTransitionTime`; `None` when it is Ready or never said when it changed.
 pub fn not_ready_for(node: &Node, now: Timestamp) -> Option<Duration> {
+    let since = not_ready_since(node)?;
+    Some(Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO))
+}
+
+/// When the current NotReady period began (the Ready condition's `lastTransitionTime`);
+/// `None` when the node is Ready or never said when it changed.
+pub fn not_ready_since(node: &Node) -> Option<Timestamp> {
     if readiness(node) == Readiness::Ready {
         return None;
     }
-    let since = node
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|condition| condition.type_ == "Ready")?
-        .last_transition_time
-        .as_ref()?
-        .0;
-    Some(Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO))
+    Some(
+        node.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|condition| condition.type_ == "Ready")?
+            .last_transition_time
+            .as_ref()?
+            .0,
+    )
 }
 
 /// When the node turned Ready (its Ready condition's `lastTransitionTime`), if it is Ready.
@@ -256,26 +315,68 @@ mod tests {
                 PodVerdict::ForceDeleteAt("2026-01-01T00:11:00Z".parse().unwrap()),
             ),
         ];
+        let since: Timestamp = "2026-01-01T00:09:00Z".parse().unwrap();
         for (name, tolerations, expected) in cases {
             assert_eq!(
-                pod_verdict(&pod(&tolerations), &shutdown, now),
+                pod_verdict(&pod(&tolerations), &shutdown, since, now),
                 expected,
                 "{name}"
             );
         }
-        // tolerationSeconds only means something for NoExecute; without timeAdded it counts
-        // from now.
+        // tolerationSeconds only means something for NoExecute.
         let seconds = json!([{"key": key, "operator": "Exists", "tolerationSeconds": 30}]);
         let no_schedule = taint(None, "NoSchedule", Some("2026-01-01T00:00:00Z"));
         assert_eq!(
-            pod_verdict(&pod(&seconds), &no_schedule, now),
+            pod_verdict(&pod(&seconds), &no_schedule, since, now),
             PodVerdict::Tolerated
         );
-        let unstamped = taint(None, "NoExecute", None);
+    }
+
+    #[test]
+    fn a_taint_without_time_added_counts_from_its_first_sight_until_it_changes() {
+        let clock = TaintClock::default();
+        let at = |time: &str| -> Timestamp { time.parse().unwrap() };
+        let mut down = node(&json!(null), Some("Unknown"));
+        down.metadata.uid = Some("u1".into());
+        let unstamped = taint(Some("nodeshutdown"), "NoExecute", None);
+        let first = at("2026-01-01T00:00:00Z");
+        assert_eq!(clock.since(&down, &unstamped, first), first);
+        // Every later pass keeps the first sight: the deadline does not move.
+        let seconds =
+            json!([{"key": OUT_OF_SERVICE_TAINT, "operator": "Exists", "tolerationSeconds": 4}]);
+        let later = at("2026-01-01T00:00:03Z");
+        let since = clock.since(&down, &unstamped, later);
+        assert_eq!(since, first);
         assert_eq!(
-            pod_verdict(&pod(&seconds), &unstamped, now),
-            PodVerdict::ForceDeleteAt("2026-01-01T00:10:30Z".parse().unwrap())
+            pod_verdict(&pod(&seconds), &unstamped, since, later),
+            PodVerdict::ForceDeleteAt(at("2026-01-01T00:00:04Z"))
         );
+        let after = at("2026-01-01T00:00:05Z");
+        assert_eq!(
+            pod_verdict(
+                &pod(&seconds),
+                &unstamped,
+                clock.since(&down, &unstamped, after),
+                after
+            ),
+            PodVerdict::ForceDelete
+        );
+        // A stamped taint counts from its stamp.
+        let stamped = taint(None, "NoExecute", Some("2025-12-31T23:00:00Z"));
+        assert_eq!(
+            clock.since(&down, &stamped, after),
+            at("2025-12-31T23:00:00Z")
+        );
+        // Another value, a namesake node, or a taint removed and added again: afresh.
+        let other = taint(Some("hardwarefailure"), "NoExecute", None);
+        assert_eq!(clock.since(&down, &other, after), after);
+        let mut namesake = down.clone();
+        namesake.metadata.uid = Some("u2".into());
+        let again = at("2026-01-01T00:00:06Z");
+        assert_eq!(clock.since(&namesake, &other, again), again);
+        clock.forget("n");
+        let back = at("2026-01-01T00:00:07Z");
+        assert_eq!(clock.since(&namesake, &other, back), back);
     }
 
     #[test]

@@ -1,6 +1,11 @@
 //! `--auto-taint-after`: a node NotReady that long AND confirmed powered off gets the taint. The
 //! confirmation is the operator's in the KEP; here it comes from a fencing agent (the
-//! `nodegrace.io/fenced=true` annotation) or from the cloud (`InstanceProvider`). Never without.
+//! `nodegrace.io/fenced` annotation) or from the cloud (`InstanceProvider`). Never without.
+//!
+//! A fence belongs to one outage: its annotation carries the time the machine was fenced, and
+//! counts only when that is later than the node's turn to NotReady (the Ready condition's
+//! `lastTransitionTime`). A fence from an earlier outage — or a bare `true` — confirms nothing;
+//! removing the taint (`--auto-untaint`) removes the annotation too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +20,7 @@ use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::taints::change_taints;
 
 use crate::cleanup::{PassError, Shared};
-use crate::qualify::{EXPECTED_EFFECT, OUT_OF_SERVICE_TAINT, not_ready_for};
+use crate::qualify::{EXPECTED_EFFECT, OUT_OF_SERVICE_TAINT, not_ready_for, not_ready_since};
 use crate::status::{AUTO_TAINT_VALUE, FENCED_ANNOTATION};
 
 #[derive(Debug, Clone)]
@@ -27,7 +32,8 @@ pub struct AutoTaint {
 /// Why a node may (or may not) be tainted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Confirmation {
-    Fenced,
+    /// Fenced at this time, during the current NotReady period.
+    Fenced(Timestamp),
     Instance(InstanceState),
     Unconfirmed(String),
 }
@@ -52,22 +58,67 @@ pub fn due_at(node: &Node, after: Duration, now: Timestamp) -> Option<Timestamp>
     since.checked_add(after).ok()
 }
 
-fn fenced(node: &Node) -> bool {
-    node.metadata
+/// What the fencing annotation says about the current outage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fence {
+    /// No annotation.
+    Absent,
+    /// Fenced at this time, after the node turned NotReady.
+    Current(Timestamp),
+    /// Present, but it does not confirm this outage: why.
+    Stale(String),
+}
+
+/// Reads `nodegrace.io/fenced`: an RFC 3339 time later than the Ready condition's
+/// `lastTransitionTime` of a node that is not Ready.
+pub fn fence(node: &Node) -> Fence {
+    let Some(value) = node
+        .metadata
         .annotations
         .as_ref()
         .and_then(|annotations| annotations.get(FENCED_ANNOTATION))
-        .is_some_and(|value| value == "true")
+    else {
+        return Fence::Absent;
+    };
+    let Ok(fenced) = value.parse::<Timestamp>() else {
+        return Fence::Stale(format!(
+            "{FENCED_ANNOTATION}={value:?} is not the time of the fence: a fencing agent writes \
+             when it powered the machine off, in RFC 3339 (e.g. 2026-01-01T12:00:00Z), after the \
+             node turned NotReady"
+        ));
+    };
+    // The transition time has whole seconds: a fence within its second could be from before
+    // it, so only a later second counts.
+    let fenced_second = fenced
+        .round(
+            jiff::TimestampRound::new()
+                .smallest(jiff::Unit::Second)
+                .mode(jiff::RoundMode::Trunc),
+        )
+        .unwrap_or(fenced);
+    match not_ready_since(node) {
+        Some(since) if fenced_second > since => Fence::Current(fenced),
+        Some(since) => Fence::Stale(format!(
+            "{FENCED_ANNOTATION}={value} is not from a later second than the node's turn to \
+             NotReady at {since}: it may confirm an earlier outage, not this one"
+        )),
+        None => Fence::Stale(format!(
+            "{FENCED_ANNOTATION}={value}, but the node is Ready or does not say since when it \
+             is NotReady"
+        )),
+    }
 }
 
 impl AutoTaint {
     pub async fn confirm(&self, node: &Node) -> Confirmation {
-        if fenced(node) {
-            return Confirmation::Fenced;
-        }
+        let fenced = match fence(node) {
+            Fence::Current(at) => return Confirmation::Fenced(at),
+            Fence::Absent => format!("no {FENCED_ANNOTATION} annotation"),
+            Fence::Stale(why) => why,
+        };
         let Some(provider) = &self.provider else {
             return Confirmation::Unconfirmed(format!(
-                "no {FENCED_ANNOTATION}=true annotation, and no --instance-provider to ask"
+                "{fenced}, and no --instance-provider to ask"
             ));
         };
         let id = match ProviderId::of(node) {
@@ -76,10 +127,12 @@ impl AutoTaint {
         };
         match provider.state(&id).await {
             Ok(state) if state.powered_off() => Confirmation::Instance(state),
-            Ok(state) => Confirmation::Unconfirmed(format!(
-                "no {FENCED_ANNOTATION}=true annotation, and machine {id} is {state:?}"
-            )),
-            Err(error) => Confirmation::Unconfirmed(format!("cannot ask about {id}: {error}")),
+            Ok(state) => {
+                Confirmation::Unconfirmed(format!("{fenced}, and machine {id} is {state:?}"))
+            }
+            Err(error) => {
+                Confirmation::Unconfirmed(format!("{fenced}, and cannot ask about {id}: {error}"))
+            }
         }
     }
 
@@ -109,8 +162,15 @@ impl AutoTaint {
             effect: EXPECTED_EFFECT.to_owned(),
             time_added: Some(Time(now)),
         };
+        let fenced = matches!(confirmation, Confirmation::Fenced(_));
         let added = change_taints(&nodes, name, |current, taints| {
             if due_at(current, after, Timestamp::now()).is_none_or(|due| due > Timestamp::now()) {
+                return false;
+            }
+            // The same node, and its fence still stands on the version written.
+            if current.metadata.uid != node.metadata.uid
+                || (fenced && !matches!(fence(current), Fence::Current(_)))
+            {
                 return false;
             }
             taints.push(taint.clone());
@@ -126,7 +186,7 @@ impl AutoTaint {
         }
         shared.metrics.taints_added.inc();
         let because = match confirmation {
-            Confirmation::Fenced => format!("it is annotated {FENCED_ANNOTATION}=true"),
+            Confirmation::Fenced(at) => format!("fenced at {at} ({FENCED_ANNOTATION})"),
             Confirmation::Instance(state) => format!("its machine is {state:?}"),
             Confirmation::Unconfirmed(_) => unreachable!("returned above"),
         };
@@ -207,21 +267,40 @@ mod tests {
             provider: provider.map(|p| Arc::new(p) as Arc<dyn InstanceProvider>),
         };
         let plain = node("Unknown", &json!({}), &json!(null));
-        let fenced = node("Unknown", &json!({FENCED_ANNOTATION: "true"}), &json!(null));
-        let not_fenced = node(
+        // The node turned NotReady at 2026-01-01T00:00:00Z.
+        let fenced = node(
             "Unknown",
-            &json!({FENCED_ANNOTATION: "false"}),
+            &json!({FENCED_ANNOTATION: "2026-01-01T00:02:00Z"}),
             &json!(null),
         );
-        assert_eq!(with(None).confirm(&fenced).await, Confirmation::Fenced);
+        assert_eq!(
+            with(None).confirm(&fenced).await,
+            Confirmation::Fenced("2026-01-01T00:02:00Z".parse().unwrap())
+        );
         assert!(matches!(
             with(None).confirm(&plain).await,
             Confirmation::Unconfirmed(_)
         ));
-        assert!(matches!(
-            with(None).confirm(&not_fenced).await,
-            Confirmation::Unconfirmed(_)
-        ));
+        for (value, why) in [
+            ("true", "not the time of the fence"),
+            ("false", "not the time of the fence"),
+            ("2025-12-31T23:00:00Z", "earlier outage"),
+            ("2026-01-01T00:00:00Z", "earlier outage"),
+            ("2026-01-01T00:00:00.900Z", "earlier outage"),
+        ] {
+            let stale = node("Unknown", &json!({FENCED_ANNOTATION: value}), &json!(null));
+            let answer = with(None).confirm(&stale).await;
+            assert!(
+                matches!(&answer, Confirmation::Unconfirmed(message) if message.contains(why)),
+                "{value}: {answer:?}"
+            );
+        }
+        let ready = node(
+            "True",
+            &json!({FENCED_ANNOTATION: "2026-01-01T00:02:00Z"}),
+            &json!(null),
+        );
+        assert!(matches!(fence(&ready), Fence::Stale(_)));
         for (state, confirmed) in [
             (InstanceState::Stopped, true),
             (InstanceState::Terminated, true),

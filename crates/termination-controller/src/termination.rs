@@ -10,9 +10,6 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Volume};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::Api;
 use nodegrace_core::controller::Backoff;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::instances::{InstanceError, InstanceState, ProviderId};
@@ -22,6 +19,7 @@ use nodegrace_core::k8s::node_identity::{NodeIdentity, UpdateError, Updated};
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::nodes::{Readiness, readiness};
 use nodegrace_core::k8s::reporter::ConditionGuard;
+use nodegrace_core::k8s::volumes::Staying;
 use nodegrace_core::k8s::watched::WatchEnded;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -331,7 +329,7 @@ impl NodeTermination {
             ConditionGuard::Always,
         );
         Ok(DrainEnd::Drained(
-            staying_volumes(&self.shared.client, &drain.left_alone()).await?,
+            Staying::of(&self.shared.client, &drain.left_alone()).await?,
         ))
     }
 
@@ -596,69 +594,6 @@ fn requested_at(node: &Node) -> Option<Timestamp> {
         .ok()
 }
 
-/// What the pods the drain leaves on the node keep attached: the PersistentVolumes behind
-/// their claims (generic ephemeral volumes' claims included), and whether any has an inline
-/// volume an attachment may serve.
-#[derive(Debug, Default)]
-pub struct Staying {
-    volumes: HashSet<String>,
-    inline: bool,
-}
-
-impl Staying {
-    /// Whether `attachment` belongs to a pod that stays. An attachment without a PV name
-    /// (an inline volume migrated to CSI) cannot be matched to its pod, so it stays whenever
-    /// a staying pod has an inline volume: otherwise it would hold the wait to its timeout.
-    fn keeps(&self, attachment: &VolumeAttachment) -> bool {
-        match &attachment.spec.source.persistent_volume_name {
-            Some(volume) => self.volumes.contains(volume),
-            None => self.inline,
-        }
-    }
-}
-
-async fn staying_volumes(client: &kube::Client, pods: &[Arc<Pod>]) -> Result<Staying, StepError> {
-    let mut staying = Staying::default();
-    for pod in pods {
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
-        for volume in pod
-            .spec
-            .iter()
-            .flat_map(|spec| spec.volumes.iter().flatten())
-        {
-            let claim = if let Some(claim) = &volume.persistent_volume_claim {
-                claim.claim_name.clone()
-            } else if volume.ephemeral.is_some() {
-                // The ephemeral volume controller names the claim <pod>-<volume>.
-                format!("{pod_name}-{}", volume.name)
-            } else {
-                staying.inline |= attachable_inline(volume);
-                continue;
-            };
-            if let Some(claim) = claims.get_opt(&claim).await? {
-                staying
-                    .volumes
-                    .extend(claim.spec.and_then(|spec| spec.volume_name));
-            }
-        }
-    }
-    Ok(staying)
-}
-
-/// Whether an inline volume may be served by a VolumeAttachment: anything but the volume
-/// kinds the kubelet provides itself.
-fn attachable_inline(volume: &Volume) -> bool {
-    volume.config_map.is_none()
-        && volume.secret.is_none()
-        && volume.projected.is_none()
-        && volume.downward_api.is_none()
-        && volume.empty_dir.is_none()
-        && volume.host_path.is_none()
-        && volume.image.is_none()
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
     #[error(transparent)]
@@ -682,74 +617,5 @@ impl StepError {
             Self::Update(UpdateError::Contended(_)) => "conflict",
             Self::WatchEnded => "watch",
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn attachment(volume: Option<&str>) -> VolumeAttachment {
-        let source = match volume {
-            Some(volume) => json!({"persistentVolumeName": volume}),
-            None => json!({"inlineVolumeSpec": {"csi": {"driver": "d", "volumeHandle": "h"}}}),
-        };
-        serde_json::from_value(json!({
-            "metadata": {"name": "a"},
-            "spec": {"attacher": "d", "nodeName": "n", "source": source},
-        }))
-        .unwrap()
-    }
-
-    fn volume(source: &serde_json::Value) -> Volume {
-        let mut body = json!({"name": "v"});
-        common_merge(&mut body, source);
-        serde_json::from_value(body).unwrap()
-    }
-
-    fn common_merge(base: &mut serde_json::Value, extra: &serde_json::Value) {
-        for (key, value) in extra.as_object().unwrap() {
-            base[key] = value.clone();
-        }
-    }
-
-    #[test]
-    fn attachments_without_a_pv_stay_only_while_a_staying_pod_has_an_inline_volume() {
-        let staying = Staying {
-            volumes: ["pv-1".to_owned()].into(),
-            inline: false,
-        };
-        assert!(staying.keeps(&attachment(Some("pv-1"))));
-        assert!(!staying.keeps(&attachment(Some("pv-2"))));
-        assert!(
-            !staying.keeps(&attachment(None)),
-            "no staying pod has an inline volume: the wait is for it"
-        );
-        let inline = Staying {
-            volumes: HashSet::new(),
-            inline: true,
-        };
-        assert!(inline.keeps(&attachment(None)));
-    }
-
-    #[test]
-    fn only_volumes_an_attacher_may_serve_count_as_inline() {
-        for kubelet_own in [
-            json!({"configMap": {"name": "c"}}),
-            json!({"secret": {"secretName": "s"}}),
-            json!({"projected": {"sources": []}}),
-            json!({"emptyDir": {}}),
-            json!({"downwardAPI": {}}),
-            json!({"hostPath": {"path": "/x"}}),
-        ] {
-            assert!(!attachable_inline(&volume(&kubelet_own)), "{kubelet_own}");
-        }
-        assert!(attachable_inline(&volume(
-            &json!({"csi": {"driver": "ebs.csi.aws.com"}})
-        )));
-        assert!(attachable_inline(&volume(
-            &json!({"awsElasticBlockStore": {"volumeID": "vol-1"}})
-        )));
     }
 }

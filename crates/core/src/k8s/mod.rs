@@ -12,4 +12,5 @@ pub mod reporter;
 pub mod selectors;
 pub mod taints;
 pub mod tolerations;
+pub mod volumes;
 pub mod watched;

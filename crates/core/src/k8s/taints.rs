@@ -63,20 +63,37 @@ pub async fn change_taints(
     node: &str,
     mut change: impl FnMut(&Node, &mut Vec<Taint>) -> bool,
 ) -> Result<bool, kube::Error> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let mut current = nodes.get(node).await?;
+    change_node(nodes, node, |current| {
         let mut taints = current
             .spec
             .as_ref()
             .and_then(|spec| spec.taints.clone())
             .unwrap_or_default();
-        if !change(&current, &mut taints) {
-            return Ok(false);
+        if !change(current, &mut taints) {
+            return false;
         }
         let spec = current.spec.get_or_insert_with(Default::default);
         spec.taints = (!taints.is_empty()).then_some(taints);
+        true
+    })
+    .await
+}
+
+/// Changes a node as `change` decides on the node just read (its taints together with its
+/// annotations, say), and replaces it with the read `resourceVersion`, retrying on conflicts.
+/// Returns whether the node changed.
+pub async fn change_node(
+    nodes: &Api<Node>,
+    node: &str,
+    mut change: impl FnMut(&mut Node) -> bool,
+) -> Result<bool, kube::Error> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut current = nodes.get(node).await?;
+        if !change(&mut current) {
+            return Ok(false);
+        }
         // `current` carries the resourceVersion we read: a concurrent write makes this a 409.
         match nodes.replace(node, &PostParams::default(), &current).await {
             Ok(_) => return Ok(true),
@@ -84,7 +101,7 @@ pub async fn change_taints(
                 tracing::debug!(
                     node,
                     attempt,
-                    "node changed underneath; retrying the taint update"
+                    "node changed underneath; retrying the update"
                 );
             }
             Err(error) => return Err(error),

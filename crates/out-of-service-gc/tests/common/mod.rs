@@ -1,0 +1,241 @@
+//! What every test of the controller against kube-sim shares: the world's timings, the
+//! controller started in-process, and the node and pod moves an outage is made of.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Parser;
+use k8s_openapi::api::core::v1::{Event, Node, Pod, Taint};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use nodegrace_core::k8s::taints::change_taints;
+use nodegrace_core::program::Started;
+use nodegrace_core::testing::{self, Admin};
+use out_of_service_gc::app;
+use out_of_service_gc::cli::Args;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+pub const TAINT: &str = "node.kubernetes.io/out-of-service";
+
+pub fn world() -> WorldOptions {
+    WorldOptions {
+        lease_renew_interval: Duration::from_millis(100),
+        node_monitor_grace: Duration::from_millis(600),
+        detach_delay: Duration::from_millis(200),
+        // The KCM-like sweep is out of the way unless a test brings it closer.
+        pod_gc_period: Duration::from_secs(3600),
+        ..WorldOptions::default()
+    }
+}
+
+pub async fn sim(nodes: usize, world: WorldOptions) -> Result<KubeSim> {
+    Ok(KubeSim::start(SimOptions {
+        nodes,
+        world,
+        ..SimOptions::default()
+    })
+    .await?)
+}
+
+pub struct Controller {
+    admin: Admin,
+    started: Option<Started<anyhow::Error>>,
+    stop: CancellationToken,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Controller {
+    pub fn admin(&self) -> Admin {
+        self.admin
+    }
+
+    /// A counter's value; 0 before it was first exported.
+    pub async fn counter(&self, name: &str) -> Result<u64> {
+        let value = self.admin().metric(&format!("{name}_total")).await?;
+        Ok(value.map_or(0, |value| value.round() as u64))
+    }
+
+    pub async fn stop(mut self) -> Result<()> {
+        self.stop.cancel();
+        let started = self.started.take().expect("started once");
+        tokio::time::timeout(Duration::from_secs(20), started.wait()).await?
+    }
+}
+
+/// Starts the controller against `sim` with `flags`; the guard window is 1 s unless given.
+pub async fn controller(sim: &KubeSim, flags: &[&str]) -> Result<Controller> {
+    let window = (!flags
+        .iter()
+        .any(|flag| flag.starts_with("--liveness-guard-window")))
+    .then(|| "--liveness-guard-window=1s".to_owned());
+    let args = Args::try_parse_from(
+        [
+            "out-of-service-gc".to_owned(),
+            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+        ]
+        .into_iter()
+        .chain(window)
+        .chain(flags.iter().map(|flag| (*flag).to_owned())),
+    )?;
+    let stop = CancellationToken::new();
+    let started = app::start(args, stop.clone()).await?;
+    let controller = Controller {
+        admin: Admin {
+            address: started.admin_address,
+            prefix: "nodegrace_out_of_service_gc",
+        },
+        started: Some(started),
+        stop,
+    };
+    let admin = controller.admin();
+    wait_for("the controller to be ready", || admin.is_ready()).await?;
+    Ok(controller)
+}
+
+pub async fn wait_for<F, Fut>(what: &str, check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    testing::wait_for(what, Duration::from_secs(30), check).await
+}
+
+pub fn pod(name: &str, node: &str, extra: &serde_json::Value) -> Result<Pod> {
+    let mut pod = json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "app"}]}});
+    if let (Some(target), Some(extra)) = (pod.as_object_mut(), extra.as_object()) {
+        for (key, value) in extra {
+            if let (Some(existing), Some(more)) = (
+                target.get_mut(key).and_then(|v| v.as_object_mut()),
+                value.as_object(),
+            ) {
+                existing.extend(more.clone());
+            } else {
+                target.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    Ok(serde_json::from_value(pod)?)
+}
+
+pub async fn running_pods(client: &Client, node: &str, count: usize) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let mut names = Vec::new();
+    for index in 0..count {
+        let name = format!("{node}-app-{index}");
+        pods.create(&PostParams::default(), &pod(&name, node, &json!({}))?)
+            .await?;
+        names.push(name);
+    }
+    wait_for("the pods to run", || async {
+        let listed = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await?;
+        Ok(listed
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count()
+            >= count)
+    })
+    .await?;
+    Ok(names)
+}
+
+/// The node's kubelet stops (a hard power-off) and the node is seen NotReady.
+pub async fn kill(client: &Client, node: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
+            ),
+        )
+        .await?;
+    wait_for("the node to be NotReady", || async {
+        Ok(!ready(&nodes.get(node).await?))
+    })
+    .await
+}
+
+pub async fn revive(client: &Client, node: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": null}}})),
+        )
+        .await?;
+    Ok(())
+}
+
+pub fn ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub async fn taint(client: &Client, node: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    change_taints(&nodes, node, |_, taints| {
+        taints.push(Taint {
+            key: TAINT.to_owned(),
+            value: Some("nodeshutdown".to_owned()),
+            effect: "NoExecute".to_owned(),
+            time_added: None,
+        });
+        true
+    })
+    .await?;
+    Ok(())
+}
+
+pub fn has_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == TAINT))
+}
+
+pub async fn condition(client: &Client, node: &str) -> Result<Option<(String, String)>> {
+    let node = Api::<Node>::all(client.clone()).get(node).await?;
+    Ok(node
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "OutOfServiceCleanup"))
+        .map(|c| (c.status, c.reason.unwrap_or_default())))
+}
+
+pub async fn events(client: &Client, reason: &str) -> Result<Vec<Event>> {
+    let all: Api<Event> = Api::all(client.clone());
+    Ok(all
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some(reason))
+        .collect())
+}
+
+pub async fn pod_names(client: &Client, node: &str) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    Ok(pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|pod| pod.metadata.name)
+        .collect())
+}
