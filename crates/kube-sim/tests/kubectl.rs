@@ -58,6 +58,18 @@ impl Sim {
         Ok(Self { child, dir, url })
     }
 
+    /// One node whose Lease is renewed every 200 ms and which turns Unknown after 1 s of
+    /// silence (the real defaults are 10 s and 40 s).
+    fn with_quick_leases() -> Result<Self> {
+        Self::start_with(
+            1,
+            &[
+                "--node-lease-renew-interval=200ms",
+                "--node-monitor-grace-period=1s",
+            ],
+        )
+    }
+
     fn kubeconfig(&self) -> PathBuf {
         self.dir.path().join("kubeconfig")
     }
@@ -970,13 +982,7 @@ fn serve_flags_set_the_lease_renewal_and_the_node_monitor_grace() -> Result<()> 
     if kubectl_missing() {
         return Ok(());
     }
-    let sim = Sim::start_with(
-        1,
-        &[
-            "--node-lease-renew-interval=200ms",
-            "--node-monitor-grace-period=1s",
-        ],
-    )?;
+    let sim = Sim::with_quick_leases()?;
     let renewed = || {
         sim.jsonpath(
             &["lease", "-n", "kube-node-lease", "node-0"],
@@ -1057,13 +1063,7 @@ fn pods_on_a_node_that_went_unknown_turn_unready() -> Result<()> {
     if kubectl_missing() {
         return Ok(());
     }
-    let sim = Sim::start_with(
-        1,
-        &[
-            "--node-lease-renew-interval=200ms",
-            "--node-monitor-grace-period=1s",
-        ],
-    )?;
+    let sim = Sim::with_quick_leases()?;
     sim.apply(POD)?;
     let ready = |sim: &Sim| {
         sim.jsonpath(

@@ -55,6 +55,10 @@ fn ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+fn running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
 fn node_ready(node: &Node) -> Option<String> {
     node.status
         .as_ref()?
@@ -503,14 +507,7 @@ async fn a_generic_ephemeral_volume_gets_its_claim_and_is_attached() -> Result<(
         .await?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
     wait_until(&sim, "the pod to run on its attached claim", || async {
-        let running = pods
-            .get("cache")
-            .await?
-            .status
-            .and_then(|s| s.phase)
-            .as_deref()
-            == Some("Running");
-        Ok(running && claims.get_opt("cache-scratch").await?.is_some())
+        Ok(running(&pods.get("cache").await?) && claims.get_opt("cache-scratch").await?.is_some())
     })
     .await?;
     let claim = claims.get("cache-scratch").await?;
@@ -551,33 +548,26 @@ async fn a_generic_ephemeral_volume_gets_its_claim_and_is_attached() -> Result<(
         &pod("squatter", Some("node-0"), &scratch)?,
     )
     .await?;
+    let bound_volume = || async {
+        Ok::<_, anyhow::Error>(
+            claims
+                .get("squatter-scratch")
+                .await?
+                .spec
+                .and_then(|s| s.volume_name),
+        )
+    };
     wait_until(&sim, "the foreign claim to be bound", || async {
-        Ok(claims
-            .get("squatter-scratch")
-            .await?
-            .spec
-            .and_then(|s| s.volume_name)
-            .is_some())
+        Ok(bound_volume().await?.is_some())
     })
     .await?;
-    let foreign = claims
-        .get("squatter-scratch")
-        .await?
-        .spec
-        .and_then(|s| s.volume_name)
-        .unwrap_or_default();
+    let foreign = bound_volume().await?.unwrap_or_default();
     // A pod of a claim of its own, created after: once its volume is attached, the attach/
     // detach controller has judged the squatter too (every pass covers every pod).
     claims.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "witness-data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))?).await?;
     pods.create(&PostParams::default(), &pod("witness", Some("node-0"), &json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "witness-data"}}]}}))?).await?;
     wait_until(&sim, "the witness to run", || async {
-        Ok(pods
-            .get("witness")
-            .await?
-            .status
-            .and_then(|s| s.phase)
-            .as_deref()
-            == Some("Running"))
+        Ok(running(&pods.get("witness").await?))
     })
     .await?;
     ensure!(
@@ -587,14 +577,7 @@ async fn a_generic_ephemeral_volume_gets_its_claim_and_is_attached() -> Result<(
             .is_none(),
         "the foreign claim's volume was attached for the pod"
     );
-    ensure!(
-        pods.get("squatter")
-            .await?
-            .status
-            .and_then(|s| s.phase)
-            .as_deref()
-            != Some("Running")
-    );
+    ensure!(!running(&pods.get("squatter").await?));
     Ok(())
 }
 

@@ -133,27 +133,19 @@ pub fn not_ready_for(node: &Node, now: Timestamp) -> Option<Duration> {
 /// When the current NotReady period began (the Ready condition's `lastTransitionTime`);
 /// `None` when the node is Ready or never said when it changed.
 pub fn not_ready_since(node: &Node) -> Option<Timestamp> {
-    if readiness(node) == Readiness::Ready {
-        return None;
-    }
-    Some(
-        node.status
-            .as_ref()?
-            .conditions
-            .as_ref()?
-            .iter()
-            .find(|condition| condition.type_ == "Ready")?
-            .last_transition_time
-            .as_ref()?
-            .0,
-    )
+    (readiness(node) != Readiness::Ready)
+        .then(|| ready_transition(node))
+        .flatten()
 }
 
 /// When the node turned Ready (its Ready condition's `lastTransitionTime`), if it is Ready.
 pub fn ready_since(node: &Node) -> Option<Timestamp> {
-    if readiness(node) != Readiness::Ready {
-        return None;
-    }
+    (readiness(node) == Readiness::Ready)
+        .then(|| ready_transition(node))
+        .flatten()
+}
+
+fn ready_transition(node: &Node) -> Option<Timestamp> {
     node.status
         .as_ref()?
         .conditions
