@@ -2,9 +2,11 @@
 //! freed of the owner reference (orphan), and a deleting namespace is emptied, then removed.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use crate::resources::ResourceType;
 use crate::store::{Change, DeleteOptions, Part, Store};
 
 pub fn concerns(change: &Change) -> bool {
@@ -22,25 +24,55 @@ fn owners(object: &Value) -> Vec<String> {
 
 pub fn reconcile(store: &Store) {
     let kinds = store.registry().all();
-    let mut live = HashSet::new();
-    let mut all = Vec::new();
+    // Runs after every deletion, over the whole store: only objects with owners are kept, and
+    // liveness is checked only for the UIDs they name (most objects — Events, say — own nothing
+    // and are named by nothing, and cost one lookup).
+    let mut dependents = Vec::new();
+    let mut named: HashSet<String> = HashSet::new();
     for kind in &kinds {
-        for object in store.all(kind) {
-            if let Some(uid) = object["metadata"]["uid"].as_str() {
-                live.insert(uid.to_owned());
-            }
-            all.push((kind.clone(), object));
+        for object in store
+            .list(kind, None, None, 0, &|object| {
+                object["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|owners| !owners.is_empty())
+            })
+            .items
+        {
+            let owners = owners(&object);
+            named.extend(owners.iter().cloned());
+            dependents.push((kind, object, owners));
         }
     }
-    for (kind, object) in &all {
-        let owners = owners(object);
-        if owners.is_empty() || owners.iter().any(|uid| live.contains(uid)) {
+    if dependents.is_empty() {
+        return collect_namespaces(store, &kinds);
+    }
+    let mut live: HashSet<String> = HashSet::new();
+    for kind in &kinds {
+        let owners = store.list(kind, None, None, 0, &|object| {
+            object["metadata"]["uid"]
+                .as_str()
+                .is_some_and(|uid| named.contains(uid))
+        });
+        live.extend(
+            owners
+                .items
+                .iter()
+                .filter_map(|owner| owner["metadata"]["uid"].as_str().map(str::to_owned)),
+        );
+    }
+    for (kind, object, owners) in &dependents {
+        if owners.iter().any(|uid| live.contains(uid)) {
             continue;
         }
         let namespace = object["metadata"]["namespace"].as_str();
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
         let _ = store.delete(kind, namespace, name, &DeleteOptions::default());
     }
+    collect_namespaces(store, &kinds);
+}
+
+/// A deleting namespace is emptied, then removed.
+fn collect_namespaces(store: &Store, kinds: &[Arc<ResourceType>]) {
     let namespaces = store.kind("", "namespaces");
     for namespace in store.all(&namespaces) {
         if !namespace["metadata"]["deletionTimestamp"].is_string() {
