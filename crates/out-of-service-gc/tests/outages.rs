@@ -71,13 +71,14 @@ async fn a_toleration_of_a_taint_without_time_added_runs_out_and_the_taint_goes_
     let gone = tainted.elapsed();
     eprintln!("the pod tolerating the taint for 4 s went {gone:?} after it");
     ensure!(gone >= Duration::from_secs(4), "gone after {gone:?}");
-    let forced = events(&client, "ForceDeleted").await?;
-    ensure!(
-        forced
+    // Events are written after the delete, so the pod may be gone first.
+    wait_for("our ForceDeleted Event for the patient", || async {
+        Ok(events(&client, "ForceDeleted")
+            .await?
             .iter()
-            .any(|e| e.involved_object.name.as_deref() == Some("patient")),
-        "not force-deleted by us: {forced:?}"
-    );
+            .any(|e| e.involved_object.name.as_deref() == Some("patient")))
+    })
+    .await?;
     revive(&client, "node-1").await?;
     wait_for("the taint to go once the node is back", || async {
         Ok(!has_taint(&nodes.get("node-1").await?))
@@ -225,9 +226,18 @@ async fn a_kubelet_renewing_on_a_late_clock_is_refused_until_it_stops() -> Resul
     );
     ensure!(gc.counter("pods_force_deleted").await? == 0);
     ensure!(gc.counter("refusals").await? == 1);
+    wait_for("the refusal's Event", || async {
+        Ok(!events(&client, "OutOfServiceCleanupRefused")
+            .await?
+            .is_empty())
+    })
+    .await?;
     let refused = events(&client, "OutOfServiceCleanupRefused").await?;
     let note = refused[0].message.clone().unwrap_or_default();
-    ensure!(note.contains("by its own clock"), "{note}");
+    ensure!(
+        refused.len() == 1 && note.contains("by its own clock"),
+        "{refused:?}"
+    );
     renewing.store(false, Ordering::SeqCst);
     let last = renewals.await??;
     wait_for("the pods to go once the renewals stopped", || async {
