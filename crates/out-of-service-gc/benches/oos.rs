@@ -10,16 +10,18 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
-use nodegrace_core::k8s::taints::change_taints;
 use serde_json::json;
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{stop_kubelet, taint};
+
 const BINARY: &str = env!("CARGO_BIN_EXE_out-of-service-gc");
-const TAINT: &str = "node.kubernetes.io/out-of-service";
 
 fn world() -> WorldOptions {
     WorldOptions {
@@ -76,14 +78,7 @@ async fn until_ready(port: u16) -> Result<()> {
 async fn kill(client: &Client, nodes: &[String]) -> Result<()> {
     let api: Api<Node> = Api::all(client.clone());
     for node in nodes {
-        api.patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
-            ),
-        )
-        .await?;
+        stop_kubelet(client, node).await?;
     }
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
     for node in nodes {
@@ -110,21 +105,6 @@ async fn kill(client: &Client, nodes: &[String]) -> Result<()> {
         )
         .await?;
     }
-    Ok(())
-}
-
-async fn taint(client: &Client, node: &str) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    change_taints(&nodes, node, |_, taints| {
-        taints.push(Taint {
-            key: TAINT.to_owned(),
-            value: Some("nodeshutdown".to_owned()),
-            effect: "NoExecute".to_owned(),
-            time_added: None,
-        });
-        true
-    })
-    .await?;
     Ok(())
 }
 

@@ -253,12 +253,9 @@ impl NodeCleanup {
                     })?;
                     // A renewal the watch has not delivered yet still counts.
                     let heartbeats = &self.shared.heartbeats;
-                    heartbeats.observe(&self.node, lease.as_ref(), tokio::time::Instant::now());
-                    heartbeats.judge(
-                        &self.node,
-                        tokio::time::Instant::now(),
-                        self.shared.settings.guard_window,
-                    )
+                    let read_at = tokio::time::Instant::now();
+                    heartbeats.observe(&self.node, lease.as_ref(), read_at);
+                    heartbeats.judge(&self.node, read_at, self.shared.settings.guard_window)
                 } else {
                     Heartbeat::Silent
                 };

@@ -3,8 +3,6 @@
 //! one, a kubelet renewing on a late clock taken for silent, and a tolerating pod's ephemeral
 //! volume detached under it.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
@@ -16,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 mod common;
 use common::*;
@@ -146,16 +145,18 @@ async fn a_fence_confirms_only_the_outage_it_was_given_in() -> Result<()> {
     gc.stop().await
 }
 
-/// Renews `node`'s Lease every 200 ms with a `renewTime` ten minutes in the past (a kubelet
-/// whose clock is late), until `renewing` is cleared; returns when the last renewal was written.
-async fn renew_late(
-    client: kube::Client,
-    node: &str,
-    renewing: Arc<AtomicBool>,
-) -> Result<Instant> {
+/// Renews `node`'s Lease every 200 ms (the kubelet's period, shortened) with a `renewTime` ten
+/// minutes in the past (a kubelet whose clock is late), until `stop` is cancelled; returns when
+/// the last renewal was written.
+async fn renew_late(client: kube::Client, node: &str, stop: CancellationToken) -> Result<Instant> {
     let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    let mut period = tokio::time::interval(Duration::from_millis(200));
     let mut last = Instant::now();
-    while renewing.load(Ordering::SeqCst) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(last),
+            _ = period.tick() => {}
+        }
         let late = Timestamp::now() - SignedDuration::from_mins(10);
         leases
             .patch(
@@ -165,9 +166,7 @@ async fn renew_late(
             )
             .await?;
         last = Instant::now();
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    Ok(last)
 }
 
 #[tokio::test]
@@ -178,18 +177,10 @@ async fn a_kubelet_renewing_on_a_late_clock_is_refused_until_it_stops() -> Resul
     let names = running_pods(&client, "node-1", 3).await?;
     // The kubelet lives on (its Lease renewed, on a clock ten minutes late) but reports the node
     // NotReady: its container runtime is down, say. The simulated kubelet stands aside.
-    let renewing = Arc::new(AtomicBool::new(true));
-    let renewals = tokio::spawn(renew_late(client.clone(), "node-1", Arc::clone(&renewing)));
+    let renewing = CancellationToken::new();
+    let renewals = tokio::spawn(renew_late(client.clone(), "node-1", renewing.clone()));
+    stop_kubelet(&client, "node-1").await?;
     let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .patch(
-            "node-1",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
-            ),
-        )
-        .await?;
     nodes
         .patch_status(
             "node-1",
@@ -238,7 +229,7 @@ async fn a_kubelet_renewing_on_a_late_clock_is_refused_until_it_stops() -> Resul
         refused.len() == 1 && note.contains("by its own clock"),
         "{refused:?}"
     );
-    renewing.store(false, Ordering::SeqCst);
+    renewing.cancel();
     let last = renewals.await??;
     wait_for("the pods to go once the renewals stopped", || async {
         Ok(pod_names(&client, "node-1").await?.is_empty())

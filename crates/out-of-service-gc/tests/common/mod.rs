@@ -150,8 +150,8 @@ pub async fn running_pods(client: &Client, node: &str, count: usize) -> Result<V
     Ok(names)
 }
 
-/// The node's kubelet stops (a hard power-off) and the node is seen NotReady.
-pub async fn kill(client: &Client, node: &str) -> Result<()> {
+/// The node's simulated kubelet stops: no more Lease renewals or status reports.
+pub async fn stop_kubelet(client: &Client, node: &str) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .patch(
@@ -162,6 +162,13 @@ pub async fn kill(client: &Client, node: &str) -> Result<()> {
             ),
         )
         .await?;
+    Ok(())
+}
+
+/// The node's kubelet stops (a hard power-off) and the node is seen NotReady.
+pub async fn kill(client: &Client, node: &str) -> Result<()> {
+    stop_kubelet(client, node).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
     wait_for("the node to be NotReady", || async {
         Ok(!ready(&nodes.get(node).await?))
     })
