@@ -1,6 +1,11 @@
-//! The availability audit: every moment an API eviction or delete took a healthy pod away while
-//! its PodDisruptionBudget's healthy pods fell below `desiredHealthy`. Drain tests assert there
-//! were none; a correct eviction cannot cause one unless the budget's status was stale.
+//! The audit of what API clients took away, for judges that must not trust the clients' own
+//! reports (drain tests, `cargo xtask explore`):
+//! - availability: every moment an API eviction or delete took a healthy pod away while its
+//!   PodDisruptionBudget's healthy pods fell below `desiredHealthy` (a correct eviction cannot
+//!   cause one unless the budget's status was stale);
+//! - deletions: every API delete of a pod or a VolumeAttachment, by whom, with which grace
+//!   period, and whether the kubelet of the object's node was running at that moment — which
+//!   only the simulator knows.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -34,11 +39,70 @@ pub struct Violation {
     pub healthy: i64,
     /// The budget's `status.desiredHealthy` at that moment.
     pub desired_healthy: i64,
+    /// The requester's user name.
+    pub user: String,
+    /// The store's resourceVersion just before the pod went, to order the record among
+    /// watched changes.
+    pub revision: u64,
+}
+
+/// The kubelet of a node, as the simulated machine runs it (see `world::KUBELET_ANNOTATION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum KubeletState {
+    /// Running and reporting.
+    Running,
+    /// Running (its containers too) but cut off from the API server: it reports nothing.
+    Partitioned,
+    /// Stopped with its machine: nothing runs there.
+    Stopped,
+    /// No such node, or no node named.
+    None,
+}
+
+impl KubeletState {
+    pub fn of_node(store: &Store, node: &str) -> Self {
+        if node.is_empty() {
+            return Self::None;
+        }
+        match store.get(&store.kind("", "nodes"), None, node) {
+            Err(_) => Self::None,
+            Ok(node) => {
+                match node["metadata"]["annotations"][crate::world::KUBELET_ANNOTATION].as_str() {
+                    Some("stopped") => Self::Stopped,
+                    Some("partitioned") => Self::Partitioned,
+                    _ => Self::Running,
+                }
+            }
+        }
+    }
+}
+
+/// One API delete of a pod or a VolumeAttachment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Deletion {
+    /// `pods` or `volumeattachments`.
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The pod's `spec.nodeName`, the attachment's `spec.nodeName`.
+    pub node: String,
+    /// As requested (`None`: the object's own).
+    pub grace_period_seconds: Option<i64>,
+    pub user: String,
+    /// RFC 3339 with milliseconds.
+    pub at: String,
+    pub revision: u64,
+    /// The node's kubelet at that moment.
+    pub kubelet: KubeletState,
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct Audit {
     violations: Arc<Mutex<Vec<Violation>>>,
+    deletions: Arc<Mutex<Vec<Deletion>>>,
 }
 
 /// Counted toward a budget: Ready, not terminating, not finished.
@@ -59,9 +123,52 @@ impl Audit {
             .clone()
     }
 
-    /// Called just before `pod` is deleted through the API: records each budget of the pod whose
-    /// healthy pods, without this one, are fewer than it desires.
-    pub fn pod_leaving(&self, store: &Store, pod: &Value, by: Disruption) {
+    pub fn deletions(&self) -> Vec<Deletion> {
+        self.deletions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Called just before `object` of `resource` (plural) is deleted through the API by `user`;
+    /// only pods and VolumeAttachments are recorded.
+    pub fn deleting(
+        &self,
+        store: &Store,
+        resource: &str,
+        object: &Value,
+        grace_period_seconds: Option<i64>,
+        user: &str,
+    ) {
+        if !matches!(resource, "pods" | "volumeattachments") {
+            return;
+        }
+        let meta = &object["metadata"];
+        let node = object["spec"]["nodeName"].as_str().unwrap_or_default();
+        let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+        let deletion = Deletion {
+            resource: resource.to_owned(),
+            namespace: text(&meta["namespace"]),
+            name: text(&meta["name"]),
+            uid: text(&meta["uid"]),
+            node: node.to_owned(),
+            grace_period_seconds,
+            user: user.to_owned(),
+            at: jiff::Timestamp::now()
+                .strftime("%Y-%m-%dT%H:%M:%S%.3fZ")
+                .to_string(),
+            revision: store.revision(),
+            kubelet: KubeletState::of_node(store, node),
+        };
+        self.deletions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(deletion);
+    }
+
+    /// Called just before `pod` is deleted through the API by `user`: records each budget of the
+    /// pod whose healthy pods, without this one, are fewer than it desires.
+    pub fn pod_leaving(&self, store: &Store, pod: &Value, by: Disruption, user: &str) {
         if !healthy(pod) {
             return;
         }
@@ -110,6 +217,8 @@ impl Audit {
                         by,
                         healthy: remaining,
                         desired_healthy: desired,
+                        user: user.to_owned(),
+                        revision: store.revision(),
                     });
             }
         }

@@ -42,6 +42,7 @@ fn budget_being_processed(budget: &str) -> ApiError {
 pub fn evict(
     store: &Store,
     audit: &Audit,
+    user: &str,
     namespace: &str,
     name: &str,
     eviction: &Value,
@@ -68,7 +69,7 @@ pub fn evict(
             // Not racing a pod that turns Running (and budgeted) meanwhile.
             delete.preconditions.resource_version = Some(version_of(&pod));
         }
-        match delete_with_condition(store, audit, &pod, &delete) {
+        match delete_with_condition(store, audit, user, &pod, &delete) {
             Err(error) if error.code == 409 && !client_version && attempts < CONFLICT_RETRIES => {}
             outcome => return outcome,
         }
@@ -90,7 +91,7 @@ pub fn evict(
         }
         _ => return Err(ApiError::failure_status(500, MULTIPLE_BUDGETS_MESSAGE)),
     };
-    match delete_with_condition(store, audit, &pod, &delete) {
+    match delete_with_condition(store, audit, user, &pod, &delete) {
         // The unready pod changed (it may be Ready now): the client must ask again.
         Err(error) if error.code == 409 && spends_nothing && !client_version => {
             Err(budget_being_processed(&budget_name))
@@ -255,6 +256,7 @@ fn mark_insufficient(status: &mut Value) {
 fn delete_with_condition(
     store: &Store,
     audit: &Audit,
+    user: &str,
     pod: &Value,
     options: &DeleteOptions,
 ) -> Result<(), ApiError> {
@@ -275,7 +277,7 @@ fn delete_with_condition(
     if options.preconditions.resource_version.is_some() {
         options.preconditions.resource_version = Some(version_of(&marked));
     }
-    audit.pod_leaving(store, &marked, Disruption::Eviction);
+    audit.pod_leaving(store, &marked, Disruption::Eviction, user);
     store.delete(&pods, namespace, name, &options)?;
     Ok(())
 }

@@ -58,6 +58,11 @@ enum Command {
         /// kubelet's 10 s default for demos).
         #[arg(long, value_parser = duration, value_name = "DURATION")]
         probe_period_max: Option<Duration>,
+        /// The not-ready/unreachable tolerations the DefaultTolerationSeconds admission gives
+        /// pods (the API server's --default-not-ready-toleration-seconds and
+        /// --default-unreachable-toleration-seconds).
+        #[arg(long, default_value_t = 300)]
+        default_toleration_seconds: u32,
     },
     /// The container init the kubelet starts a container process through: mounts the volumes
     /// the spec names in a mount namespace of its own, then runs the program. Not for people.
@@ -87,6 +92,7 @@ fn main() -> Result<()> {
             node_lease_renew_interval,
             node_roots,
             probe_period_max,
+            default_toleration_seconds,
         } => {
             let options = SimOptions {
                 listen,
@@ -100,6 +106,7 @@ fn main() -> Result<()> {
                     container_init: std::env::current_exe().ok(),
                     node_roots,
                     probe_period_max,
+                    default_toleration_seconds: i64::from(default_toleration_seconds),
                     ..kube_sim::WorldOptions::default()
                 },
                 ..SimOptions::default()

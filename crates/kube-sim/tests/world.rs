@@ -1017,3 +1017,67 @@ async fn probes_drive_readiness_and_restart_unhealthy_containers() -> Result<()>
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_partitioned_kubelet_stops_reporting_and_the_audit_names_who_deleted_under_it()
+-> Result<()> {
+    let sim = sim(1).await?;
+    let client: Client = sim.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "kube-node-lease");
+    pods.create(
+        &PostParams::default(),
+        &pod("p", Some("node-0"), &json!({}))?,
+    )
+    .await?;
+    wait_until(&sim, "p to be ready", || async {
+        Ok(ready(&pods.get("p").await?))
+    })
+    .await?;
+    let annotate = |value: serde_json::Value| {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .patch(
+                    "node-0",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": value}})),
+                )
+                .await
+        }
+    };
+    // A clock an hour ahead shows in the renewals it writes.
+    annotate(json!({"sim.nodegrace.io/clock-skew-seconds": "3600"})).await?;
+    wait_until(&sim, "a renewal an hour ahead", || async {
+        let renewed = leases.get("node-0").await?.spec.and_then(|s| s.renew_time);
+        Ok(renewed.is_some_and(|time| {
+            time.0.duration_since(jiff::Timestamp::now()) > jiff::SignedDuration::from_mins(50)
+        }))
+    })
+    .await?;
+    annotate(json!({"sim.nodegrace.io/kubelet": "partitioned"})).await?;
+    wait_until(&sim, "node-0 to turn Unknown", || async {
+        Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
+    })
+    .await?;
+    pods.delete("p", &DeleteParams::default()).await?;
+    let deletions = sim.world().audit().deletions();
+    ensure!(
+        matches!(deletions.as_slice(), [deletion] if deletion.name == "p"
+            && deletion.node == "node-0"
+            && deletion.kubelet == kube_sim::audit::KubeletState::Partitioned
+            && deletion.user == "kube-sim-admin"
+            && deletion.grace_period_seconds.is_none()),
+        "{deletions:?}"
+    );
+    // Cut off, the kubelet cannot finish the pod; reconnected, it does.
+    ensure!(pods.get("p").await?.metadata.deletion_timestamp.is_some());
+    annotate(json!({"sim.nodegrace.io/kubelet": null})).await?;
+    wait_until(&sim, "p to be finished once reconnected", || async {
+        Ok(pods.get_opt("p").await?.is_none())
+    })
+    .await?;
+    Ok(())
+}

@@ -596,7 +596,9 @@ fn dispatch(
                 ))),
                 Method::GET => objects::list(app, &kind, namespace, query, rendering),
                 Method::POST => objects::create(app, &kind, namespace, query, headers, body),
-                Method::DELETE => objects::delete_collection(app, &kind, namespace, query, body),
+                Method::DELETE => {
+                    objects::delete_collection(app, &user.name, &kind, namespace, query, body)
+                }
                 _ => Err(ApiError::method_not_allowed(format!(
                     "{method} is not supported on a collection"
                 ))),
@@ -617,7 +619,14 @@ fn dispatch(
                         && kind.plural == "pods"
                         && *method == Method::POST =>
                 {
-                    return objects::evict(app, namespace.unwrap_or_default(), &name, query, body);
+                    return objects::evict(
+                        app,
+                        &user.name,
+                        namespace.unwrap_or_default(),
+                        &name,
+                        query,
+                        body,
+                    );
                 }
                 Some("scale") if kind.scale.is_some() => {
                     return scale::serve(
@@ -661,7 +670,7 @@ fn dispatch(
                     objects::patch(app, &kind, namespace, &name, part, query, headers, body)
                 }
                 Method::DELETE if part == crate::store::Part::Main => {
-                    objects::delete(app, &kind, namespace, &name, query, body)
+                    objects::delete(app, &user.name, &kind, namespace, &name, query, body)
                 }
                 _ => Err(ApiError::method_not_allowed(format!(
                     "{method} is not supported here"

@@ -493,6 +493,7 @@ fn delete_options(query: &Query, body: &Bytes) -> Result<DeleteOptions, ApiError
 
 pub fn delete(
     app: &App,
+    user: &str,
     kind: &ResourceType,
     namespace: Option<&str>,
     name: &str,
@@ -507,11 +508,18 @@ pub fn delete(
             serde_json::to_vec(&*current).unwrap_or_default(),
         ));
     }
+    let current = app.store.get(kind, namespace, name)?;
     if is_pods(kind) {
-        let pod = app.store.get(kind, namespace, name)?;
         app.audit
-            .pod_leaving(&app.store, &pod, crate::audit::Disruption::Delete);
+            .pod_leaving(&app.store, &current, crate::audit::Disruption::Delete, user);
     }
+    app.audit.deleting(
+        &app.store,
+        &kind.plural,
+        &current,
+        options.grace_period_seconds,
+        user,
+    );
     if options.propagation_policy.as_deref() == Some("Orphan") {
         let current = app.store.get(kind, namespace, name)?;
         crate::world::orphan_dependents(
@@ -534,6 +542,7 @@ pub fn delete(
 
 pub fn delete_collection(
     app: &App,
+    user: &str,
     kind: &ResourceType,
     namespace: Option<&str>,
     query: &Query,
@@ -555,8 +564,15 @@ pub fn delete_collection(
         }
         if is_pods(kind) {
             app.audit
-                .pod_leaving(&app.store, &object, crate::audit::Disruption::Delete);
+                .pod_leaving(&app.store, &object, crate::audit::Disruption::Delete, user);
         }
+        app.audit.deleting(
+            &app.store,
+            &kind.plural,
+            &object,
+            options.grace_period_seconds,
+            user,
+        );
         match app.store.delete(kind, ns, name, &options) {
             Ok(deletion) => deleted.push(Arc::clone(deletion.object())),
             Err(error) if error.code == 404 => {}
@@ -583,6 +599,7 @@ fn is_pods(kind: &ResourceType) -> bool {
 /// gives the code 201.
 pub fn evict(
     app: &App,
+    user: &str,
     namespace: &str,
     name: &str,
     query: &Query,
@@ -592,6 +609,7 @@ pub fn evict(
     crate::eviction::evict(
         &app.store,
         &app.audit,
+        user,
         namespace,
         name,
         &eviction,

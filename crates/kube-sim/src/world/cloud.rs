@@ -25,6 +25,16 @@ pub struct Instance {
     pub node: String,
     pub state: String,
     pub terminate_calls: u32,
+    /// When each terminate call came (RFC 3339 with milliseconds) and the store's
+    /// resourceVersion then, so a judge can order the calls among watched changes.
+    pub terminate_call_log: Vec<Call>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Call {
+    pub at: String,
+    pub revision: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +82,7 @@ impl Cloud {
                     .to_owned(),
                 state: "running".to_owned(),
                 terminate_calls: 0,
+                terminate_call_log: Vec::new(),
             });
         }
     }
@@ -86,6 +97,12 @@ impl Cloud {
             let mut instances = self.lock();
             let instance = instances.get_mut(id)?;
             instance.terminate_calls += 1;
+            instance.terminate_call_log.push(Call {
+                at: jiff::Timestamp::now()
+                    .strftime("%Y-%m-%dT%H:%M:%S%.3fZ")
+                    .to_string(),
+                revision: self.store.revision(),
+            });
             "terminated".clone_into(&mut instance.state);
             instance.clone()
         };

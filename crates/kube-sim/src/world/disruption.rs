@@ -279,7 +279,15 @@ mod tests {
 
     fn eviction_of(store: &Store, pod: &str) -> Result<(), ApiError> {
         let eviction = json!({"metadata": {"name": pod}});
-        evict(store, &Audit::default(), "default", pod, &eviction, false)
+        evict(
+            store,
+            &Audit::default(),
+            "test",
+            "default",
+            pod,
+            &eviction,
+            false,
+        )
     }
 
     /// What an eviction leaves in the budget when its delete never happens.

@@ -7,6 +7,10 @@
 //! its pods mount in `node.status.volumesInUse` and records the usual pod events.
 //! A node annotated `sim.nodegrace.io/kubelet: stopped` gets none of that: its pods stay
 //! Terminating and its volumes mounted forever, which is the non-graceful shutdown case.
+//! `partitioned` is a kubelet cut off from the API server: its containers keep running, but it
+//! writes nothing (no Lease renewal, no pod status, no finished deletion) until the annotation
+//! goes. `sim.nodegrace.io/clock-skew-seconds: "-30"` makes its Lease `renewTime` run that far
+//! off the true time, as a node with a wrong clock writes it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,7 +26,10 @@ use tokio_util::time::{DelayQueue, delay_queue};
 use super::launch::{self, InCluster};
 use super::probes;
 use super::runtime::{Exit, Logs, Runtime};
-use super::{KUBELET_ANNOTATION, READY_AFTER_ANNOTATION, STOP_SECONDS_ANNOTATION, WorldOptions};
+use super::{
+    CLOCK_SKEW_ANNOTATION, KUBELET_ANNOTATION, READY_AFTER_ANNOTATION, STOP_SECONDS_ANNOTATION,
+    WorldOptions,
+};
 use crate::store::strategy::now_rfc3339;
 use crate::store::{DeleteOptions, Part, Preconditions, Store};
 
@@ -102,6 +109,26 @@ impl PodAddresses {
         let fourth = index % 254 + 1;
         format!("127.{a}.{third}.{fourth}")
     }
+}
+
+/// Whether the node's kubelet runs and reaches the API server.
+fn reporting(node: &Value) -> bool {
+    !matches!(
+        node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str(),
+        Some("stopped" | "partitioned")
+    )
+}
+
+/// The time on the node's own clock: the true time moved by its `clock-skew-seconds`.
+fn node_clock(node: &Value) -> jiff::Timestamp {
+    let now = jiff::Timestamp::now();
+    let skew = node["metadata"]["annotations"][CLOCK_SKEW_ANNOTATION]
+        .as_str()
+        .and_then(|seconds| seconds.parse::<f64>().ok())
+        .filter(|seconds| seconds.is_finite())
+        .and_then(|seconds| jiff::SignedDuration::try_from_secs_f64(seconds).ok())
+        .unwrap_or_default();
+    now.checked_add(skew).unwrap_or(now)
 }
 
 fn seconds_annotation(object: &Value, annotation: &str) -> Duration {
@@ -207,11 +234,12 @@ pub async fn run(
 }
 
 impl Kubelets {
+    /// Running and reaching the API server.
     fn kubelet_running(&self, node: &str) -> bool {
         let nodes = self.store.kind("", "nodes");
-        self.store.get(&nodes, None, node).is_ok_and(|node| {
-            node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() != Some("stopped")
-        })
+        self.store
+            .get(&nodes, None, node)
+            .is_ok_and(|node| reporting(&node))
     }
 
     fn pod_changed(&mut self, pod: &Arc<Value>) {
@@ -463,14 +491,23 @@ impl Kubelets {
                 pod["spec"]["nodeName"] == name.as_str()
             })
             .items;
-        if node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() == Some("stopped") {
-            for pod in &bound {
-                let uid = text(&pod["metadata"]["uid"]);
-                self.runtime.signal(&uid, Signal::SIGKILL);
-                self.stop_probing(&uid, None);
+        match node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() {
+            // Cut off, not dead: its containers run on, unseen.
+            Some("partitioned") => {}
+            Some("stopped") => {
+                for pod in &bound {
+                    let uid = text(&pod["metadata"]["uid"]);
+                    self.runtime.signal(&uid, Signal::SIGKILL);
+                    self.stop_probing(&uid, None);
+                }
             }
-            return;
+            _ => self.node_reporting(bound),
         }
+    }
+
+    /// A kubelet reporting (again): it catches up with its pods and, as after a reboot, starts
+    /// the containers of its running pods that have no process.
+    fn node_reporting(&mut self, bound: Vec<Arc<Value>>) {
         for pod in bound {
             self.pod_changed(&pod);
             let running = pod["status"]["phase"] == "Running"
@@ -1029,11 +1066,11 @@ impl Kubelets {
     fn renew_leases(&self) {
         let nodes = self.store.kind("", "nodes");
         let leases = self.store.kind("coordination.k8s.io", "leases");
-        let now = crate::store::timestamps::format_micro_time(jiff::Timestamp::now());
         for node in self.store.all(&nodes) {
-            if node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() == Some("stopped") {
+            if !reporting(&node) {
                 continue;
             }
+            let now = crate::store::timestamps::format_micro_time(node_clock(&node));
             let name = text(&node["metadata"]["name"]);
             self.post_ready(&name, &node);
             let renewed = self.store.update(

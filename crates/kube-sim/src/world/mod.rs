@@ -39,8 +39,13 @@ pub use runtime::{ImageRule, Logs};
 use crate::audit::Audit;
 use crate::store::Store;
 
-/// Node annotation: `stopped` makes the node's kubelet stop (no lease renewal, no pod changes).
+/// Node annotation: `stopped` makes the node's kubelet stop (no lease renewal, no pod changes,
+/// its containers killed); `partitioned` cuts it off from the API server (it writes nothing,
+/// its containers run on).
 pub const KUBELET_ANNOTATION: &str = "sim.nodegrace.io/kubelet";
+/// Node annotation: seconds (may be negative or fractional) the node's clock is off the true
+/// time; its kubelet writes its Lease `renewTime` by that clock.
+pub const CLOCK_SKEW_ANNOTATION: &str = "sim.nodegrace.io/clock-skew-seconds";
 /// Pod annotation: seconds its containers take to exit after SIGTERM (default 0).
 pub const STOP_SECONDS_ANNOTATION: &str = "sim.nodegrace.io/stop-seconds";
 /// Pod annotation: seconds from Running to Ready (default 0).
@@ -284,12 +289,16 @@ impl World {
         &self.audit
     }
 
-    /// The world's `/sim/v1` endpoints: instances and the audit log.
+    /// The world's `/sim/v1` endpoints: instances and the audit logs.
     pub fn control_router<S: Clone + Send + Sync + 'static>(&self) -> Router<S> {
         let audit = Router::new()
             .route(
                 "/sim/v1/audit/violations",
                 get(|State(audit): State<Audit>| async move { axum::Json(audit.violations()) }),
+            )
+            .route(
+                "/sim/v1/audit/deletions",
+                get(|State(audit): State<Audit>| async move { axum::Json(audit.deletions()) }),
             )
             .with_state(self.audit.clone());
         self.cloud.router().merge(audit)
