@@ -7,6 +7,7 @@ pub mod acts;
 pub mod chart;
 pub mod cluster;
 pub mod demo;
+pub mod explore;
 pub mod images;
 pub mod manifests;
 pub mod node_host;

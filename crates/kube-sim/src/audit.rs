@@ -3,9 +3,9 @@
 //! - availability: every moment an API eviction or delete took a healthy pod away while its
 //!   PodDisruptionBudget's healthy pods fell below `desiredHealthy` (a correct eviction cannot
 //!   cause one unless the budget's status was stale);
-//! - deletions: every API delete of a pod or a VolumeAttachment, by whom, with which grace
-//!   period, and whether the kubelet of the object's node was running at that moment — which
-//!   only the simulator knows.
+//! - deletions: every API delete of a pod, a VolumeAttachment or a Node, by whom, with which
+//!   grace period, and whether the kubelet of the object's node was running at that moment —
+//!   which only the simulator knows.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -78,17 +78,22 @@ impl KubeletState {
     }
 }
 
-/// One API delete of a pod or a VolumeAttachment.
+/// One API delete of a pod, a VolumeAttachment or a Node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Deletion {
-    /// `pods` or `volumeattachments`.
+    /// `pods`, `volumeattachments` or `nodes`.
     pub resource: String,
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    /// The pod's `spec.nodeName`, the attachment's `spec.nodeName`.
+    /// The pod's or the attachment's `spec.nodeName`; a Node's own name.
     pub node: String,
+    /// A Node's `spec.providerID`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    /// The object's finalizers when the delete came.
+    pub finalizers: Vec<String>,
     /// As requested (`None`: the object's own).
     pub grace_period_seconds: Option<i64>,
     pub user: String,
@@ -131,7 +136,7 @@ impl Audit {
     }
 
     /// Called just before `object` of `resource` (plural) is deleted through the API by `user`;
-    /// only pods and VolumeAttachments are recorded.
+    /// only pods, VolumeAttachments and Nodes are recorded.
     pub fn deleting(
         &self,
         store: &Store,
@@ -140,11 +145,16 @@ impl Audit {
         grace_period_seconds: Option<i64>,
         user: &str,
     ) {
-        if !matches!(resource, "pods" | "volumeattachments") {
+        if !matches!(resource, "pods" | "volumeattachments" | "nodes") {
             return;
         }
         let meta = &object["metadata"];
-        let node = object["spec"]["nodeName"].as_str().unwrap_or_default();
+        let node = if resource == "nodes" {
+            meta["name"].as_str()
+        } else {
+            object["spec"]["nodeName"].as_str()
+        }
+        .unwrap_or_default();
         let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
         let deletion = Deletion {
             resource: resource.to_owned(),
@@ -152,6 +162,15 @@ impl Audit {
             name: text(&meta["name"]),
             uid: text(&meta["uid"]),
             node: node.to_owned(),
+            provider_id: (resource == "nodes")
+                .then(|| object["spec"]["providerID"].as_str().map(str::to_owned))
+                .flatten(),
+            finalizers: meta["finalizers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|finalizer| finalizer.as_str().map(str::to_owned))
+                .collect(),
             grace_period_seconds,
             user: user.to_owned(),
             at: jiff::Timestamp::now()

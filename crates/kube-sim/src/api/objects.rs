@@ -513,13 +513,6 @@ pub fn delete(
         app.audit
             .pod_leaving(&app.store, &current, crate::audit::Disruption::Delete, user);
     }
-    app.audit.deleting(
-        &app.store,
-        &kind.plural,
-        &current,
-        options.grace_period_seconds,
-        user,
-    );
     if options.propagation_policy.as_deref() == Some("Orphan") {
         let current = app.store.get(kind, namespace, name)?;
         crate::world::orphan_dependents(
@@ -528,6 +521,13 @@ pub fn delete(
         );
     }
     let deletion = app.store.delete(kind, namespace, name, &options)?;
+    app.audit.deleting(
+        &app.store,
+        &kind.plural,
+        &current,
+        options.grace_period_seconds,
+        user,
+    );
     // handlers/delete.go: 202 only for an object not deleted at once whose client asked for
     // its dependents not to be orphaned; 200 otherwise, finalizers or not.
     let code = match deletion {
@@ -566,15 +566,17 @@ pub fn delete_collection(
             app.audit
                 .pod_leaving(&app.store, &object, crate::audit::Disruption::Delete, user);
         }
-        app.audit.deleting(
-            &app.store,
-            &kind.plural,
-            &object,
-            options.grace_period_seconds,
-            user,
-        );
         match app.store.delete(kind, ns, name, &options) {
-            Ok(deletion) => deleted.push(Arc::clone(deletion.object())),
+            Ok(deletion) => {
+                app.audit.deleting(
+                    &app.store,
+                    &kind.plural,
+                    &object,
+                    options.grace_period_seconds,
+                    user,
+                );
+                deleted.push(Arc::clone(deletion.object()));
+            }
             Err(error) if error.code == 404 => {}
             Err(error) => return Err(error),
         }

@@ -1,7 +1,8 @@
 //! The cloud: one instance per node `providerID`, listable and terminable over
 //! `/sim/v1/instances`, counting terminate calls so tests can assert "terminated exactly once,
 //! none leaked". Terminating or powering off an instance stops its node's kubelet, as a machine
-//! that is gone or off would; powering it on starts the kubelet again. An instance's `state` is
+//! that is gone or off would; powering it on starts the kubelet again. `POST …/{id}/reclaim` is
+//! the cloud ending a machine on its own (a spot reclaim): terminated, but no client's call. An instance's `state` is
 //! `running`, `stopped` (powered off) or `terminated`.
 
 use std::collections::BTreeMap;
@@ -93,16 +94,28 @@ impl Cloud {
 
     /// Terminates an instance; idempotent, but every call is counted.
     pub fn terminate(&self, id: &str) -> Option<Instance> {
+        self.end(id, true)
+    }
+
+    /// The cloud ends an instance on its own (a spot reclaim, a console click): terminated
+    /// like [`Cloud::terminate`], but not counted as a client's call.
+    pub fn reclaim(&self, id: &str) -> Option<Instance> {
+        self.end(id, false)
+    }
+
+    fn end(&self, id: &str, called: bool) -> Option<Instance> {
         let instance = {
             let mut instances = self.lock();
             let instance = instances.get_mut(id)?;
-            instance.terminate_calls += 1;
-            instance.terminate_call_log.push(Call {
-                at: jiff::Timestamp::now()
-                    .strftime("%Y-%m-%dT%H:%M:%S%.3fZ")
-                    .to_string(),
-                revision: self.store.revision(),
-            });
+            if called {
+                instance.terminate_calls += 1;
+                instance.terminate_call_log.push(Call {
+                    at: jiff::Timestamp::now()
+                        .strftime("%Y-%m-%dT%H:%M:%S%.3fZ")
+                        .to_string(),
+                    revision: self.store.revision(),
+                });
+            }
             "terminated".clone_into(&mut instance.state);
             instance.clone()
         };
@@ -157,6 +170,7 @@ impl Cloud {
             .route("/sim/v1/instances/{id}", get(one).delete(terminate))
             .route("/sim/v1/instances/{id}/power-off", post(power_off))
             .route("/sim/v1/instances/{id}/power-on", post(power_on))
+            .route("/sim/v1/instances/{id}/reclaim", post(reclaim))
             .with_state(self.clone())
     }
 }
@@ -172,6 +186,14 @@ async fn terminate(
 ) -> Result<Json<Instance>, StatusCode> {
     cloud.reconcile();
     cloud.terminate(&id).map(Json).ok_or(StatusCode::NOT_FOUND)
+}
+
+async fn reclaim(
+    State(cloud): State<Cloud>,
+    Path(id): Path<String>,
+) -> Result<Json<Instance>, StatusCode> {
+    cloud.reconcile();
+    cloud.reclaim(&id).map(Json).ok_or(StatusCode::NOT_FOUND)
 }
 
 async fn power_off(

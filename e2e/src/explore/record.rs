@@ -1,0 +1,147 @@
+//! What the judge saw of Nodes and NodeDisruptionBudgets: every version its watches delivered,
+//! with its resourceVersion, so the two kinds can be replayed in the API server's order (one
+//! global resourceVersion). The watches go through the same faults as everyone: a version
+//! that lived only during an outage may be missed, and a re-list is recorded as a resync.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Node,
+    Budget,
+}
+
+#[derive(Debug, Clone)]
+pub enum Change {
+    Upsert(Value),
+    Removed(String),
+    /// A re-list: these names exist, no others.
+    Resync(Vec<String>),
+}
+
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub revision: u64,
+    /// When the watch delivered it.
+    pub received: jiff::Timestamp,
+    pub kind: Kind,
+    pub change: Change,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Recording {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Recording {
+    fn push(&self, seen: Seen) {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(seen);
+    }
+
+    /// Everything seen, in resourceVersion order (stable for equal versions).
+    pub fn in_order(&self) -> Vec<Seen> {
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        seen.sort_by_key(|seen| seen.revision);
+        seen
+    }
+}
+
+pub fn revision_of(object: &Value) -> u64 {
+    object["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|version| version.parse().ok())
+        .unwrap_or_default()
+}
+
+/// Watches Nodes and NodeDisruptionBudgets into a [`Recording`] until the handles are dropped.
+pub fn start(client: &Client) -> (Recording, Vec<AbortOnDrop>) {
+    let recording = Recording::default();
+    let nodes = ApiResource::erase::<k8s_openapi::api::core::v1::Node>(&());
+    let budgets = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("nodegrace.io", "v1alpha1", "NodeDisruptionBudget"),
+        "nodedisruptionbudgets",
+    );
+    let tasks = [(Kind::Node, nodes), (Kind::Budget, budgets)]
+        .into_iter()
+        .map(|(kind, resource)| {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            AbortOnDrop(tokio::spawn(watch(api, kind, recording.clone())))
+        })
+        .collect();
+    (recording, tasks)
+}
+
+#[derive(Debug)]
+pub struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn watch(api: Api<DynamicObject>, kind: Kind, recording: Recording) {
+    let mut events = watcher(api, watcher::Config::default()).boxed();
+    let mut listed: Vec<String> = Vec::new();
+    let mut newest = 0;
+    let mut listing = false;
+    while let Some(event) = events.next().await {
+        let Ok(event) = event else {
+            continue;
+        };
+        match event {
+            watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
+                let value = serde_json::to_value(&object).unwrap_or_default();
+                let revision = revision_of(&value);
+                newest = newest.max(revision);
+                if listing {
+                    listed.push(object.metadata.name.clone().unwrap_or_default());
+                }
+                recording.push(Seen {
+                    revision,
+                    received: jiff::Timestamp::now(),
+                    kind,
+                    change: Change::Upsert(value),
+                });
+            }
+            watcher::Event::Delete(object) => {
+                let value = serde_json::to_value(&object).unwrap_or_default();
+                let revision = revision_of(&value);
+                newest = newest.max(revision);
+                recording.push(Seen {
+                    revision,
+                    received: jiff::Timestamp::now(),
+                    kind,
+                    change: Change::Removed(object.metadata.name.clone().unwrap_or_default()),
+                });
+            }
+            watcher::Event::Init => {
+                listing = true;
+                listed.clear();
+            }
+            watcher::Event::InitDone => {
+                listing = false;
+                recording.push(Seen {
+                    revision: newest,
+                    received: jiff::Timestamp::now(),
+                    kind,
+                    change: Change::Resync(std::mem::take(&mut listed)),
+                });
+            }
+        }
+    }
+}

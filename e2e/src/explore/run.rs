@@ -1,0 +1,625 @@
+//! One run: a fresh kube-sim, the programs' release binaries (two replicas each, through a
+//! proxy each), the cluster set up, the seed's schedule played, the faults cleared, a wait for
+//! the cluster to settle, then the judgement. Everything lands in `<work>/<seed>/`:
+//! `history.jsonl` (each event, when, and what became of it), `logs/` (every process),
+//! `violations.txt`.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::ListParams;
+use kube::config::Kubeconfig;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::actions::{Outcome, World, node_budgets};
+use super::invariants::{self, Deletion, Instance, Settled, Unavailability, Violation};
+use super::proxy::Proxy;
+use super::record;
+use super::schedule::{self, Event, NODES, Program, Programs, REPLICAS, Step};
+use super::setup;
+use crate::cluster::Cluster;
+use crate::processes::Guarded;
+use crate::wait::poll_until;
+
+/// The machines renew their Lease every 500 ms and count as down after 3 s of silence.
+const RENEW_INTERVAL: Duration = Duration::from_millis(500);
+const NODE_MONITOR_GRACE: Duration = Duration::from_secs(3);
+/// How long the programs get to bring every node into a state the progress invariant
+/// accepts, once the schedule is over: the longest chain of the timings below (a stuck pod
+/// given up after 5 s, a detach waited for 10 s, the provider's poll backing off to 15 s),
+/// with room for a lost leadership (4 s lease).
+pub const SETTLE_BOUND: Duration = Duration::from_secs(60);
+/// How often the settling cluster is read (kube-sim has no watch for the cloud's state).
+const SETTLE_POLL: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where kube-sim and the programs' release binaries are.
+    pub bin_dir: PathBuf,
+    pub charts_dir: PathBuf,
+    /// Each run writes into `<work_root>/<seed>`.
+    pub work_root: PathBuf,
+    pub duration: Duration,
+    pub programs: Programs,
+}
+
+#[derive(Debug)]
+pub struct Report {
+    pub seed: u64,
+    pub events: usize,
+    pub violations: Vec<Violation>,
+    pub dir: PathBuf,
+}
+
+struct Replica {
+    program: Program,
+    index: usize,
+    proxy: Proxy,
+    process: Option<Guarded>,
+    args: Vec<String>,
+    log: PathBuf,
+}
+
+impl Replica {
+    fn start(&mut self, binary: &Path) -> Result<()> {
+        self.process = Some(Guarded::spawn(
+            self.program.name(),
+            binary,
+            &self.args,
+            &[],
+            &self.log,
+        )?);
+        Ok(())
+    }
+}
+
+/// Plays `seed` and judges it.
+pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
+    let dir = options.work_root.join(seed.to_string());
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clear {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir.join("logs"))?;
+    let programs = options.programs.list();
+    let steps = schedule::generate(seed, options.duration, &programs);
+    let cluster = Cluster::start(
+        &options.bin_dir.join("kube-sim"),
+        NODES,
+        RENEW_INTERVAL,
+        NODE_MONITOR_GRACE,
+        &dir,
+        &["--default-toleration-seconds=4".to_owned()],
+    )
+    .await?;
+    let client = cluster.client().clone();
+    let api = api_address(cluster.kubeconfig())?;
+    let names: Vec<&str> = programs.iter().map(|p| p.name()).collect();
+    let tokens = setup::identities(&client, &names).await?;
+    setup::crd(&client, &options.charts_dir).await?;
+    let webhook_ports = free_ports(REPLICAS)?;
+    let webhook_proxy = Proxy::start(
+        webhook_ports
+            .iter()
+            .map(|port| SocketAddr::from(([127, 0, 0, 1], *port)))
+            .collect(),
+    )
+    .await?;
+    if programs.contains(&Program::TerminationController) {
+        setup::webhooks(&client, webhook_proxy.address()).await?;
+    }
+    setup::workloads(&client).await?;
+
+    let mut replicas = Vec::new();
+    for (program, token) in programs.iter().zip(&tokens) {
+        for index in 0..REPLICAS {
+            let proxy = Proxy::start(vec![api]).await?;
+            let kubeconfig = dir.join(format!("kubeconfig-{}-{index}", program.name()));
+            write_kubeconfig(&kubeconfig, proxy.address(), token)?;
+            let mut replica = Replica {
+                program: *program,
+                index,
+                args: known_to(
+                    &binary(options, *program),
+                    arguments(*program, index, &kubeconfig, webhook_ports[index]),
+                )?,
+                log: dir.join(format!("logs/{}-{index}.log", program.name())),
+                proxy,
+                process: None,
+            };
+            replica.start(&binary(options, *program))?;
+            replicas.push(replica);
+        }
+    }
+    if programs.contains(&Program::TerminationController) {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let finalized = poll_until(Duration::from_secs(30), || async {
+            nodes.list(&ListParams::default()).await.is_ok_and(|list| {
+                list.items.iter().all(|node| {
+                    node.metadata
+                        .finalizers
+                        .as_ref()
+                        .is_some_and(|f| f.iter().any(|f| f == invariants::FINALIZER))
+                })
+            })
+        })
+        .await;
+        anyhow::ensure!(
+            finalized,
+            "termination-controller did not put its finalizer on every node within 30 s (logs in {})",
+            dir.display()
+        );
+    }
+
+    let (recording, _watches) = record::start(&client);
+    let mut history = History::create(&dir.join("history.jsonl"))?;
+    let mut world = World::new(
+        client.clone(),
+        &(0..NODES).map(schedule::node).collect::<Vec<_>>(),
+    );
+    let mut violations = Vec::new();
+    let start = Instant::now();
+    for step in &steps {
+        tokio::time::sleep_until(start + step.at).await;
+        let outcome = match &step.event {
+            Event::KillReplica { program, replica } => {
+                let replica = find(&mut replicas, *program, *replica);
+                match replica.process.take() {
+                    Some(mut process) => {
+                        check_alive(
+                            &mut process,
+                            replica.program,
+                            replica.index,
+                            &mut violations,
+                        );
+                        process.kill();
+                        Outcome::Done("SIGKILL".to_owned())
+                    }
+                    None => Outcome::Skipped("not running".to_owned()),
+                }
+            }
+            Event::StartReplica { program, replica } => {
+                let binary = binary(options, *program);
+                let replica = find(&mut replicas, *program, *replica);
+                if replica.process.is_some() {
+                    Outcome::Skipped("running".to_owned())
+                } else {
+                    replica.start(&binary)?;
+                    Outcome::Done("started".to_owned())
+                }
+            }
+            Event::CutReplica { program, replica } => {
+                find(&mut replicas, *program, *replica).proxy.cut();
+                Outcome::Done("API traffic cut".to_owned())
+            }
+            Event::RestoreReplica { program, replica } => {
+                find(&mut replicas, *program, *replica).proxy.restore();
+                Outcome::Done("API traffic restored".to_owned())
+            }
+            event => world.apply(event).await,
+        };
+        history.write(start, step, &outcome)?;
+        for replica in &mut replicas {
+            let (program, index) = (replica.program, replica.index);
+            if let Some(process) = replica.process.as_mut() {
+                if check_alive(process, program, index, &mut violations) {
+                    replica.process = None;
+                }
+            }
+        }
+    }
+
+    // The faults end; the machines stay as the schedule left them (off, terminated, running).
+    let settling = Instant::now();
+    let clear = [Event::ClearFaults];
+    for event in &clear {
+        let outcome = world.apply(event).await;
+        history.write(
+            start,
+            &Step {
+                at: start.elapsed(),
+                event: event.clone(),
+            },
+            &outcome,
+        )?;
+    }
+    for replica in &mut replicas {
+        replica.proxy.restore();
+        if replica.process.is_none() {
+            replica.start(&binary(options, replica.program))?;
+        }
+    }
+    heal_partitions(&mut world, start, &mut history).await?;
+    let termination = programs.contains(&Program::TerminationController);
+    let out_of_service = programs.contains(&Program::OutOfServiceGc);
+    let deadline = Instant::now() + SETTLE_BOUND;
+    let (settled, stuck) = loop {
+        let stuck = settled_state(&client, termination, out_of_service)
+            .await
+            .unwrap_or_else(|error| vec![format!("reading the cluster failed: {error:#}")]);
+        if stuck.is_empty() || Instant::now() >= deadline {
+            break (stuck.is_empty(), stuck);
+        }
+        tokio::time::sleep(SETTLE_POLL).await;
+    };
+    if !settled {
+        for what in &stuck {
+            violations.push(Violation {
+                invariant: 5,
+                at: jiff::Timestamp::now().to_string(),
+                what: format!("{:.0?} after the schedule: {what}", settling.elapsed()),
+            });
+        }
+    }
+    for replica in &mut replicas {
+        if let Some(mut process) = replica.process.take() {
+            check_alive(
+                &mut process,
+                replica.program,
+                replica.index,
+                &mut violations,
+            );
+        }
+    }
+    violations.extend(judge(&client, &recording.in_order(), termination, out_of_service).await?);
+    violations.extend(panics(&dir.join("logs")));
+    write_violations(&dir, &violations, &history.lines)?;
+    drop(replicas);
+    drop(cluster);
+    Ok(Report {
+        seed,
+        events: steps.len(),
+        violations,
+        dir,
+    })
+}
+
+fn binary(options: &Options, program: Program) -> PathBuf {
+    options.bin_dir.join(program.name())
+}
+
+fn find(replicas: &mut [Replica], program: Program, index: usize) -> &mut Replica {
+    replicas
+        .iter_mut()
+        .find(|r| r.program == program && r.index == index)
+        .expect("the schedule names only replicas the run started")
+}
+
+/// 6. A process that ended without being killed by the explorer: returns whether it ended.
+fn check_alive(
+    process: &mut Guarded,
+    program: Program,
+    index: usize,
+    violations: &mut Vec<Violation>,
+) -> bool {
+    let Some(status) = process.exited() else {
+        return false;
+    };
+    violations.push(Violation {
+        invariant: 6,
+        at: jiff::Timestamp::now().to_string(),
+        what: format!(
+            "{} replica {} exited on its own: {status}",
+            program.name(),
+            index
+        ),
+    });
+    true
+}
+
+/// 6. A panic anywhere in a log.
+fn panics(logs: &Path) -> Vec<Violation> {
+    let Ok(entries) = std::fs::read_dir(logs) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let text = std::fs::read_to_string(entry.path()).ok()?;
+            let line = text.lines().find(|line| line.contains("panicked at"))?;
+            Some(Violation {
+                invariant: 6,
+                at: String::new(),
+                what: format!("{}: {line}", entry.file_name().to_string_lossy()),
+            })
+        })
+        .collect()
+}
+
+async fn heal_partitions(world: &mut World, start: Instant, history: &mut History) -> Result<()> {
+    let nodes: Api<Node> = Api::all(world.client().clone());
+    for node in nodes.list(&ListParams::default()).await?.items {
+        let partitioned = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("sim.nodegrace.io/kubelet"))
+            .is_some_and(|state| state == "partitioned");
+        if partitioned {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let event = Event::Heal { node: name };
+            let outcome = world.apply(&event).await;
+            history.write(
+                start,
+                &Step {
+                    at: start.elapsed(),
+                    event,
+                },
+                &outcome,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// What keeps the progress invariant from holding now (empty: it holds).
+async fn settled_state(
+    client: &Client,
+    termination: bool,
+    out_of_service: bool,
+) -> Result<Vec<String>> {
+    let nodes: Vec<Value> = list::<Node>(Api::all(client.clone())).await?;
+    let pods = list::<Pod>(Api::all(client.clone())).await?;
+    let attachments = list::<VolumeAttachment>(Api::all(client.clone())).await?;
+    let pod_budgets = list::<PodDisruptionBudget>(Api::all(client.clone())).await?;
+    let node_budgets: Vec<Value> = node_budgets(client)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|b| serde_json::to_value(b).unwrap_or_default())
+        .collect();
+    let instances: Vec<Instance> = serde_json::from_str(&get(client, "/sim/v1/instances").await?)?;
+    Ok(invariants::progress(
+        &Settled {
+            nodes: &nodes,
+            pods: &pods,
+            attachments: &attachments,
+            instances: &instances,
+            pod_budgets: &pod_budgets,
+            node_budgets: &node_budgets,
+        },
+        termination,
+        out_of_service,
+    ))
+}
+
+async fn list<K>(api: Api<K>) -> Result<Vec<Value>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|item| serde_json::to_value(item).unwrap_or_default())
+        .collect())
+}
+
+async fn get(client: &Client, path: &str) -> Result<String> {
+    let request = http::Request::get(path).body(Vec::new())?;
+    Ok(client.request_text(request).await?)
+}
+
+/// Invariants 1–4, from kube-sim's records and the judge's watches.
+async fn judge(
+    client: &Client,
+    recording: &[record::Seen],
+    termination: bool,
+    out_of_service: bool,
+) -> Result<Vec<Violation>> {
+    let deletions: Vec<Deletion> =
+        serde_json::from_str(&get(client, "/sim/v1/audit/deletions").await?)?;
+    let unavailabilities: Vec<Unavailability> =
+        serde_json::from_str(&get(client, "/sim/v1/audit/violations").await?)?;
+    let instances: Vec<Instance> = serde_json::from_str(&get(client, "/sim/v1/instances").await?)?;
+    let events: Api<CoreEvent> = Api::all(client.clone());
+    let drain_deadline_pods: BTreeSet<(String, String)> = events
+        .list(&ListParams::default().fields("reason=DrainDeadline"))
+        .await?
+        .items
+        .into_iter()
+        .filter(|event| event.involved_object.kind.as_deref() == Some("Pod"))
+        .map(|event| {
+            (
+                event.involved_object.namespace.unwrap_or_default(),
+                event.involved_object.name.unwrap_or_default(),
+            )
+        })
+        .collect();
+    let mut violations = Vec::new();
+    if termination {
+        violations.extend(invariants::terminations(&instances, &deletions));
+        violations.extend(invariants::budgets(recording));
+    }
+    violations.extend(invariants::availability(
+        &unavailabilities,
+        &drain_deadline_pods,
+    ));
+    if out_of_service {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), setup::APPS);
+        let tolerating_volumes = claims
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|claim| {
+                claim
+                    .metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| name.starts_with("data-keeper-"))
+            })
+            .filter_map(|claim| claim.spec.and_then(|spec| spec.volume_name))
+            .collect();
+        let tolerating_pods = std::iter::once("keeper-0".to_owned()).collect();
+        violations.extend(invariants::out_of_service(
+            &deletions,
+            &tolerating_pods,
+            &tolerating_volumes,
+        ));
+    }
+    Ok(violations)
+}
+
+fn api_address(kubeconfig: &Path) -> Result<SocketAddr> {
+    let config = Kubeconfig::read_from(kubeconfig)?;
+    let server = config
+        .clusters
+        .first()
+        .and_then(|cluster| cluster.cluster.as_ref())
+        .and_then(|cluster| cluster.server.clone())
+        .context("the kubeconfig names no server")?;
+    let authority = server
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    authority
+        .parse()
+        .with_context(|| format!("kube-sim's address {server} (the explorer serves plain HTTP)"))
+}
+
+fn write_kubeconfig(path: &Path, server: SocketAddr, token: &str) -> Result<()> {
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "sim", "cluster": {"server": format!("http://{server}")}}],
+        "users": [{"name": "program", "user": {"token": token}}],
+        "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "program"}}],
+        "current-context": "sim",
+    });
+    std::fs::write(path, serde_json::to_vec_pretty(&config)?)?;
+    Ok(())
+}
+
+/// The flags among `args` that `binary --help` names: a binary built from an older commit (to
+/// show what the explorer finds there) runs with the options it has.
+fn known_to(binary: &Path, args: Vec<String>) -> Result<Vec<String>> {
+    let help = std::process::Command::new(binary)
+        .arg("--help")
+        .output()
+        .with_context(|| format!("run {} --help", binary.display()))?;
+    let help = String::from_utf8_lossy(&help.stdout);
+    Ok(args
+        .into_iter()
+        .filter(|arg| {
+            let flag = arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag);
+            help.contains(&format!("{flag} "))
+        })
+        .collect())
+}
+
+/// Free local ports, found by binding and releasing them.
+fn free_ports(count: usize) -> Result<Vec<u16>> {
+    let listeners = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(listeners
+        .iter()
+        .map(|listener| listener.local_addr().map(|a| a.port()).unwrap_or_default())
+        .collect())
+}
+
+/// The programs' flags: timings shortened so a run's histories play out in seconds.
+fn arguments(program: Program, index: usize, kubeconfig: &Path, webhook_port: u16) -> Vec<String> {
+    let mut args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+        format!("--leader-election-namespace={}", setup::NAMESPACE),
+        format!("--leader-election-identity={}-{index}", program.name()),
+        "--leader-election-lease-duration=4s".to_owned(),
+        "--leader-election-renew-margin=2s".to_owned(),
+        "--instance-provider=sim".to_owned(),
+        "--log-level=info".to_owned(),
+    ];
+    match program {
+        Program::TerminationController => args.extend([
+            format!("--webhook-listen=127.0.0.1:{webhook_port}"),
+            "--webhook-mode=queue".to_owned(),
+            format!("--webhook-secret={}", setup::WEBHOOK_SECRET),
+            format!("--webhook-secret-namespace={}", setup::NAMESPACE),
+            "--webhook-issue-certificates=true".to_owned(),
+            "--webhook-dns-names=127.0.0.1".to_owned(),
+            format!("--webhook-configurations={}", setup::WEBHOOK_CONFIGURATION),
+            "--eviction-backoff-max=2s".to_owned(),
+            "--stuck-terminating-after=5s".to_owned(),
+            "--volume-detach-timeout=10s".to_owned(),
+            "--drain-timeout=30s".to_owned(),
+            "--not-ready-timeout=15s".to_owned(),
+        ]),
+        Program::OutOfServiceGc => args.extend([
+            "--auto-untaint=true".to_owned(),
+            "--auto-taint-after=3s".to_owned(),
+            "--liveness-guard-window=3s".to_owned(),
+        ]),
+    }
+    args
+}
+
+/// `history.jsonl`: one line per event, with its time from the start and the wall clock.
+struct History {
+    file: File,
+    lines: Vec<(jiff::Timestamp, String)>,
+}
+
+impl History {
+    fn create(path: &Path) -> Result<Self> {
+        Ok(Self {
+            file: File::create(path).with_context(|| format!("create {}", path.display()))?,
+            lines: Vec::new(),
+        })
+    }
+
+    fn write(&mut self, start: Instant, step: &Step, outcome: &Outcome) -> Result<()> {
+        let wall = jiff::Timestamp::now();
+        let mut line = serde_json::to_value(step)?;
+        line["t"] = json!((start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0);
+        line["wall"] = json!(wall.to_string());
+        let (key, text) = match outcome {
+            Outcome::Done(text) => ("done", text),
+            Outcome::Skipped(text) => ("skipped", text),
+            Outcome::Failed(text) => ("failed", text),
+        };
+        line[key] = json!(text);
+        let text = serde_json::to_string(&line)?;
+        writeln!(self.file, "{text}")?;
+        self.lines.push((wall, text));
+        Ok(())
+    }
+}
+
+/// `violations.txt`: each violation with the history lines of the 5 s before it.
+fn write_violations(
+    dir: &Path,
+    violations: &[Violation],
+    history: &[(jiff::Timestamp, String)],
+) -> Result<()> {
+    let mut text = String::new();
+    for violation in violations {
+        text.push_str(&format!(
+            "invariant {} at {}: {}\n",
+            violation.invariant, violation.at, violation.what
+        ));
+        if let Ok(at) = violation.at.parse::<jiff::Timestamp>() {
+            let from = at - jiff::SignedDuration::from_secs(5);
+            for (_, line) in history
+                .iter()
+                .filter(|(wall, _)| *wall >= from && *wall <= at)
+            {
+                text.push_str(&format!("    {line}\n"));
+            }
+        }
+    }
+    std::fs::write(dir.join("violations.txt"), text)?;
+    Ok(())
+}
