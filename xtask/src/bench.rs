@@ -24,10 +24,21 @@ pub enum Which {
     /// SIGKILLed 24 times during three drains (and the leader of two replicas 6 times), and
     /// the webhook's latency under 100 concurrent clients.
     Termination,
+    /// The explorer: as many random histories as fit in the time, printing
+    /// `explore runs=… events=… violations=… seeds-failed=…`.
+    Explore {
+        /// How long to keep starting runs.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+        /// The first seed (default: from the clock, so each bench explores anew).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
 }
 
 pub fn run(which: &Which) -> Result<()> {
     let (package, bench) = match which {
+        Which::Explore { seconds, seed } => return crate::explore::bench(*seconds, *seed),
         Which::Sim => ("kube-sim", "sim"),
         Which::Shutdown => ("graceful-shutdown-agent", "shutdown"),
         Which::Inhibitor => ("shutdown-inhibitor-agent", "inhibitor"),

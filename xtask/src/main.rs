@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod disk;
 mod e2e;
+mod explore;
 mod helm;
 mod image;
 mod kind;
@@ -36,6 +37,9 @@ enum Task {
     /// The charts installed with helm into a fresh kube-sim (pods run as processes, RBAC
     /// enforced), each alone and all together, then the scenarios. Needs root.
     E2e(e2e::E2eArgs),
+    /// Random cluster histories against the release binaries on kube-sim, invariants judged
+    /// from what the API server and the simulated cloud saw (docs/explore.md).
+    Explore(explore::ExploreArgs),
     /// Builds one OCI image per program without a container engine, under target/images/.
     Image(image::ImageArgs),
     /// Runs a real elogind on a private bus for manual experiments.
@@ -67,6 +71,7 @@ fn main() -> Result<()> {
         Task::Demo(args) => demo::run(&args),
         Task::Test => test::run(),
         Task::E2e(args) => e2e::run(&args),
+        Task::Explore(args) => explore::run(&args),
         Task::Image(args) => image::run(&args),
         Task::Logind { action } => logind::run(action),
         Task::Bench { which } => bench::run(&which),

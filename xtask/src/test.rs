@@ -6,7 +6,8 @@ use std::process::Command;
 use anyhow::{Result, bail};
 
 use crate::{
-    actionlint, cargo, disk, e2e, helm, image, peer_tests, project_root, run_command, setup,
+    actionlint, cargo, disk, e2e, explore, helm, image, peer_tests, project_root, run_command,
+    setup,
 };
 
 pub fn run() -> Result<()> {
@@ -55,6 +56,8 @@ pub fn run() -> Result<()> {
     // The README's first command is the e2e's story with all four charts; e2e adds each chart
     // alone and the least-privilege proof, against the release binaries.
     step("e2e", || e2e::run(&e2e::E2eArgs::default()))?;
+    // Random histories of the seeds on record, against the same release binaries.
+    step("explore", explore::fixed_seeds)?;
     // The e2e just built and ran these release binaries: the images carry exactly them.
     step("images", || {
         let built = image::build_all(&image::PROGRAMS)?;
@@ -83,7 +86,7 @@ fn step(name: &str, body: impl FnOnce() -> Result<()>) -> Result<()> {
 /// The logind harness and the demo promise a clean teardown; a leftover elogind, bus daemon,
 /// cluster or agent from the suite is a bug, so it fails the run.
 fn check_no_stray_processes() -> Result<()> {
-    const OURS: [&str; 8] = [
+    const OURS: [&str; 9] = [
         "elogind",
         "dbus-daemon",
         "kube-sim",
@@ -92,6 +95,7 @@ fn check_no_stray_processes() -> Result<()> {
         "out-of-service-gc",
         "termination-controller",
         "nodegrace-demo",
+        "nodegrace-explore",
     ];
     let target = project_root().join("target");
     let out = Command::new("ps").args(["-eo", "pid,args"]).output()?;

@@ -54,6 +54,8 @@ pub enum KubeletState {
     Running,
     /// Running (its containers too) but cut off from the API server: it reports nothing.
     Partitioned,
+    /// Its machine just powered on: it reports before it starts any pod.
+    Booting,
     /// Stopped with its machine: nothing runs there.
     Stopped,
     /// No such node, or no node named.
@@ -71,6 +73,7 @@ impl KubeletState {
                 match node["metadata"]["annotations"][crate::world::KUBELET_ANNOTATION].as_str() {
                     Some("stopped") => Self::Stopped,
                     Some("partitioned") => Self::Partitioned,
+                    Some("booting") => Self::Booting,
                     _ => Self::Running,
                 }
             }

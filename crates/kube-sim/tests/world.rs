@@ -843,9 +843,26 @@ async fn instances_power_off_and_on_with_their_kubelet() -> Result<()> {
             .cloned()
     };
     ensure!(kubelet(nodes.get("node-0").await?).as_deref() == Some("stopped"));
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(sim.client(), "kube-node-lease");
+    let renewed = |lease: k8s_openapi::api::coordination::v1::Lease| {
+        lease
+            .spec
+            .and_then(|spec| spec.renew_time)
+            .map(|time| time.0)
+    };
+    let before = leases.get_opt("node-0").await?.and_then(renewed);
     let on = cloud.set_power("node-0", true).unwrap();
     ensure!(on.state == "running", "{on:?}");
-    ensure!(kubelet(nodes.get("node-0").await?).is_none());
+    // A booting kubelet reports (its Lease renewed) before it runs pods and drops the mark.
+    wait_until(&sim, "the boot to finish", || async {
+        Ok(kubelet(nodes.get("node-0").await?).is_none())
+    })
+    .await?;
+    ensure!(
+        renewed(leases.get("node-0").await?) > before,
+        "the Lease was renewed by the boot"
+    );
     cloud.terminate("node-0");
     let after = cloud.set_power("node-0", true).unwrap();
     ensure!(

@@ -1,7 +1,7 @@
 //! The cloud: one instance per node `providerID`, listable and terminable over
 //! `/sim/v1/instances`, counting terminate calls so tests can assert "terminated exactly once,
 //! none leaked". Terminating or powering off an instance stops its node's kubelet, as a machine
-//! that is gone or off would; powering it on starts the kubelet again. `POST …/{id}/reclaim` is
+//! that is gone or off would; powering it on boots it: the kubelet reports, then runs pods. `POST …/{id}/reclaim` is
 //! the cloud ending a machine on its own (a spot reclaim): terminated, but no client's call. An instance's `state` is
 //! `running`, `stopped` (powered off) or `terminated`.
 
@@ -153,9 +153,9 @@ impl Cloud {
                 }
                 let mut updated = current.clone();
                 if running {
-                    if let Some(annotations) = updated["metadata"]["annotations"].as_object_mut() {
-                        annotations.remove(super::KUBELET_ANNOTATION);
-                    }
+                    // The kubelet reports first, then drops the annotation (kubelet.rs).
+                    updated["metadata"]["annotations"][super::KUBELET_ANNOTATION] =
+                        json!("booting");
                 } else {
                     updated["metadata"]["annotations"][super::KUBELET_ANNOTATION] =
                         json!("stopped");

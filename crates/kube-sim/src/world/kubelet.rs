@@ -7,7 +7,9 @@
 //! its pods mount in `node.status.volumesInUse` and records the usual pod events.
 //! A node annotated `sim.nodegrace.io/kubelet: stopped` gets none of that: its pods stay
 //! Terminating and its volumes mounted forever, which is the non-graceful shutdown case.
-//! `partitioned` is a kubelet cut off from the API server: its containers keep running, but it
+//! `booting` is a machine just powered on: its kubelet renews its Lease and reports Ready
+//! before it starts any pod, then drops the annotation. `partitioned` is a kubelet cut off
+//! from the API server: its containers keep running, but it
 //! writes nothing (no Lease renewal, no pod status, no finished deletion) until the annotation
 //! goes. `sim.nodegrace.io/clock-skew-seconds: "-30"` makes its Lease `renewTime` run that far
 //! off the true time, as a node with a wrong clock writes it.
@@ -115,7 +117,7 @@ impl PodAddresses {
 fn reporting(node: &Value) -> bool {
     !matches!(
         node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str(),
-        Some("stopped" | "partitioned")
+        Some("stopped" | "partitioned" | "booting")
     )
 }
 
@@ -494,6 +496,7 @@ impl Kubelets {
         match node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() {
             // Cut off, not dead: its containers run on, unseen.
             Some("partitioned") => {}
+            Some("booting") => self.boot(node),
             Some("stopped") => {
                 for pod in &bound {
                     let uid = text(&pod["metadata"]["uid"]);
@@ -1065,14 +1068,39 @@ impl Kubelets {
 
     fn renew_leases(&self) {
         let nodes = self.store.kind("", "nodes");
-        let leases = self.store.kind("coordination.k8s.io", "leases");
         for node in self.store.all(&nodes) {
-            if !reporting(&node) {
-                continue;
+            if reporting(&node) {
+                self.renew_lease(&node);
             }
-            let now = crate::store::timestamps::format_micro_time(node_clock(&node));
-            let name = text(&node["metadata"]["name"]);
-            self.post_ready(&name, &node);
+        }
+    }
+
+    /// A booting machine's kubelet reports first — its Lease renewed, the node Ready — and
+    /// only then runs pods, as a real kubelet needs the API server before it can start any.
+    fn boot(&mut self, node: &Value) {
+        self.renew_lease(node);
+        let nodes = self.store.kind("", "nodes");
+        let name = text(&node["metadata"]["name"]);
+        let uid = node["metadata"]["uid"].clone();
+        let _ = self
+            .store
+            .update(&nodes, None, &name, Part::Main, |current| {
+                let mut booted = current.clone();
+                if current["metadata"]["uid"] == uid {
+                    if let Some(annotations) = booted["metadata"]["annotations"].as_object_mut() {
+                        annotations.remove(KUBELET_ANNOTATION);
+                    }
+                }
+                Ok(booted)
+            });
+    }
+
+    fn renew_lease(&self, node: &Value) {
+        let leases = self.store.kind("coordination.k8s.io", "leases");
+        let now = crate::store::timestamps::format_micro_time(node_clock(node));
+        let name = text(&node["metadata"]["name"]);
+        self.post_ready(&name, node);
+        {
             let renewed = self.store.update(
                 &leases,
                 Some("kube-node-lease"),

@@ -41,7 +41,8 @@ use crate::store::Store;
 
 /// Node annotation: `stopped` makes the node's kubelet stop (no lease renewal, no pod changes,
 /// its containers killed); `partitioned` cuts it off from the API server (it writes nothing,
-/// its containers run on).
+/// its containers run on); `booting` (set by a power-on) makes it report, then drop the
+/// annotation and run its pods.
 pub const KUBELET_ANNOTATION: &str = "sim.nodegrace.io/kubelet";
 /// Node annotation: seconds (may be negative or fractional) the node's clock is off the true
 /// time; its kubelet writes its Lease `renewTime` by that clock.

@@ -1,0 +1,85 @@
+//! `cargo xtask explore`: builds the release binaries the explorer runs (kube-sim, the two
+//! controllers, `nodegrace-explore`), then runs it: random cluster histories, invariants judged
+//! from outside (see docs/explore.md).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::{cargo, project_root, run_command, target_dir};
+
+/// Seeds the test command always plays: the fixed set, and every seed that once found a
+/// violation (after its fix), so a regression there fails the suite.
+const SEEDS_FILE: &str = "e2e/explore/seeds.txt";
+
+#[derive(Debug, Args)]
+pub struct ExploreArgs {
+    /// Passed to nodegrace-explore: --seed N, --runs K, --seeds A,B, --duration 20s,
+    /// --program all|termination|oos, --jobs J, --time-budget 600s (see its --help).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+const PACKAGES: [&str; 4] = [
+    "kube-sim",
+    "termination-controller",
+    "out-of-service-gc",
+    "nodegrace-e2e",
+];
+
+fn build() -> Result<PathBuf> {
+    println!("==> release build of {}", PACKAGES.join(", "));
+    let mut build = cargo();
+    build.args(["build", "--release"]);
+    for package in PACKAGES {
+        build.args(["--package", package]);
+    }
+    run_command(&mut build)?;
+    Ok(target_dir().join("release/nodegrace-explore"))
+}
+
+pub fn run(args: &ExploreArgs) -> Result<()> {
+    let explorer = build()?;
+    run_command(
+        Command::new(explorer)
+            .current_dir(project_root())
+            .args(&args.args),
+    )
+}
+
+/// The test command's share: the seeds of `e2e/explore/seeds.txt`, two at once.
+pub fn fixed_seeds() -> Result<()> {
+    let explorer = build()?;
+    let listed = std::fs::read_to_string(project_root().join(SEEDS_FILE))?;
+    let seeds: Vec<&str> = listed
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or_default().trim())
+        .filter(|seed| !seed.is_empty())
+        .collect();
+    run_command(
+        Command::new(explorer)
+            .current_dir(project_root())
+            .arg(format!("--seeds={}", seeds.join(",")))
+            .arg("--jobs=2"),
+    )
+}
+
+/// `cargo xtask bench explore`: as many runs as fit in `seconds`, from a seed of the clock.
+pub fn bench(seconds: u64, first_seed: Option<u64>) -> Result<()> {
+    let explorer = build()?;
+    let seed = first_seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |since| since.as_secs())
+    });
+    run_command(
+        Command::new(explorer)
+            .current_dir(project_root())
+            .arg(format!("--seed={seed}"))
+            .arg("--runs=100000")
+            .arg(format!("--time-budget={seconds}s"))
+            .arg("--jobs=2"),
+    )
+}
