@@ -42,6 +42,10 @@ struct Args {
     /// Where kube-sim and the programs are [default: this binary's directory].
     #[arg(long)]
     bin_dir: Option<PathBuf>,
+    /// Where the NodeDisruptionBudget CRD is read from (`termination-controller/crds/`): the
+    /// charts of the commit the binaries were built from [default: this repository's charts].
+    #[arg(long)]
+    charts_dir: Option<PathBuf>,
     /// Each run's history, logs and violations go to DIR/<seed> [default: target/explore].
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -86,7 +90,7 @@ fn run() -> Result<bool> {
     };
     let options = Options {
         bin_dir,
-        charts_dir: repo.join("charts"),
+        charts_dir: args.charts_dir.unwrap_or_else(|| repo.join("charts")),
         work_root: args.work_dir.unwrap_or_else(|| repo.join("target/explore")),
         duration: args.duration,
         programs: args.program,

@@ -296,6 +296,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
             api: Api::all(client.clone()),
             cache: ndbs,
             nodes,
+            node_api: Api::all(client.clone()),
         };
         let webhook = webhook.map(|(listener, mode, source, loaded)| {
             let admission = Arc::new(Admission {

@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::nodes::{Readiness, readiness, taints};
 use nodegrace_core::k8s::watched::Watched;
@@ -86,6 +86,8 @@ pub struct Budgets {
     pub api: Api<NodeDisruptionBudget>,
     pub cache: Watched<NodeDisruptionBudget>,
     pub nodes: Watched<Node>,
+    /// For the fresh reads every grant (and every grant dropped) is decided on.
+    pub node_api: Api<Node>,
 }
 
 impl Budgets {
@@ -112,6 +114,21 @@ impl Budgets {
             budgets.push(budget.name().to_owned());
         }
         Ok(Verdict::Granted { budgets })
+    }
+
+    /// Every node as the API server has it now. Grants are decided on this, never on the
+    /// cache alone: a cache can be any time behind while its watch is down (a replica cut off
+    /// from the API server serves reviews all the same), and numbers counted from it — a
+    /// namesake unknown, a gone node still Ready — over-spend the budget.
+    pub async fn fresh_nodes(&self) -> Result<Vec<Arc<Node>>, kube::Error> {
+        Ok(self
+            .node_api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(Arc::new)
+            .collect())
     }
 
     /// The verdict [`Budgets::acquire`] would reach now, taking nothing (dry runs, plans).
@@ -155,7 +172,7 @@ impl Budgets {
     ) -> Result<Option<Refusal>, kube::Error> {
         let mut budget = cached.clone();
         for _ in 0..CONFLICT_RETRIES {
-            let nodes = self.nodes.state();
+            let nodes = self.fresh_nodes().await?;
             if let Some(refusal) = refusal(&budget, node, facts, &nodes) {
                 return Ok(Some(refusal));
             }
@@ -434,15 +451,29 @@ pub struct Refreshed {
 
 /// Grants the waiting nodes what the budgets allow (see [`allocate`]) and brings every budget's
 /// status up to date, one write per budget; a 409 is left to the next change (the watch
-/// delivers the newer version, which triggers another pass).
+/// delivers the newer version, which triggers another pass). A pass that would grant a node or
+/// drop a grant is decided again on a fresh read of the nodes ([`Budgets::fresh_nodes`]);
+/// one that only updates numbers goes by the cache.
 pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Error> {
-    let nodes = budgets.nodes.state();
     let cached = budgets.cache.state();
     let now = Timestamp::now();
+    let mut nodes = budgets.nodes.state();
+    let mut allocation = allocate(&cached, &nodes, now);
+    let drops_a_grant = cached.iter().any(|budget| {
+        let kept = status_for(budget, &nodes, now).disrupted_nodes.len();
+        budget
+            .status
+            .as_ref()
+            .is_some_and(|status| status.disrupted_nodes.len() > kept)
+    });
+    if !allocation.grants.is_empty() || drops_a_grant {
+        nodes = budgets.fresh_nodes().await?;
+        allocation = allocate(&cached, &nodes, now);
+    }
     let Allocation {
         mut grants,
         waiting,
-    } = allocate(&cached, &nodes, now);
+    } = allocation;
     let mut refreshed = Refreshed {
         waiting,
         ..Refreshed::default()

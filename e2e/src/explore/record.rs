@@ -60,6 +60,31 @@ impl Recording {
     }
 }
 
+impl Seen {
+    /// One line of `watched.jsonl`: what the judge needs of the object, to read a verdict back.
+    pub fn summary(&self) -> Value {
+        let kind = match self.kind {
+            Kind::Node => "Node",
+            Kind::Budget => "NodeDisruptionBudget",
+        };
+        let change = match &self.change {
+            Change::Upsert(object) => serde_json::json!({
+                "name": object["metadata"]["name"],
+                "uid": object["metadata"]["uid"],
+                "labels": object["metadata"]["labels"],
+                "deletionTimestamp": object["metadata"]["deletionTimestamp"],
+                "finalizers": object["metadata"]["finalizers"],
+                "taints": object["spec"]["taints"],
+                "ready": object["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Ready")).map(|c| c["status"].clone()),
+                "spec": if self.kind == Kind::Budget { object["spec"].clone() } else { Value::Null },
+            }),
+            Change::Removed(name) => serde_json::json!({"removed": name}),
+            Change::Resync(names) => serde_json::json!({"resync": names}),
+        };
+        serde_json::json!({"revision": self.revision, "received": self.received.to_string(), "kind": kind, "change": change})
+    }
+}
+
 pub fn revision_of(object: &Value) -> u64 {
     object["metadata"]["resourceVersion"]
         .as_str()

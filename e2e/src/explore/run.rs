@@ -270,7 +270,13 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
             );
         }
     }
-    violations.extend(judge(&client, &recording.in_order(), termination, out_of_service).await?);
+    let watched = recording.in_order();
+    let lines: Vec<String> = watched
+        .iter()
+        .map(|seen| seen.summary().to_string())
+        .collect();
+    std::fs::write(dir.join("watched.jsonl"), lines.join("\n"))?;
+    violations.extend(judge(&dir, &client, &watched, termination, out_of_service).await?);
     violations.extend(panics(&dir.join("logs")));
     write_violations(&dir, &violations, &history.lines)?;
     drop(replicas);
@@ -413,16 +419,23 @@ async fn get(client: &Client, path: &str) -> Result<String> {
 
 /// Invariants 1–4, from kube-sim's records and the judge's watches.
 async fn judge(
+    dir: &Path,
     client: &Client,
     recording: &[record::Seen],
     termination: bool,
     out_of_service: bool,
 ) -> Result<Vec<Violation>> {
-    let deletions: Vec<Deletion> =
-        serde_json::from_str(&get(client, "/sim/v1/audit/deletions").await?)?;
-    let unavailabilities: Vec<Unavailability> =
-        serde_json::from_str(&get(client, "/sim/v1/audit/violations").await?)?;
-    let instances: Vec<Instance> = serde_json::from_str(&get(client, "/sim/v1/instances").await?)?;
+    // kube-sim's records are kept beside the history: the simulator is gone after the run.
+    let record = |name: &str, text: &str| std::fs::write(dir.join(name), text);
+    let text = get(client, "/sim/v1/audit/deletions").await?;
+    record("audit-deletions.json", &text)?;
+    let deletions: Vec<Deletion> = serde_json::from_str(&text)?;
+    let text = get(client, "/sim/v1/audit/violations").await?;
+    record("audit-violations.json", &text)?;
+    let unavailabilities: Vec<Unavailability> = serde_json::from_str(&text)?;
+    let text = get(client, "/sim/v1/instances").await?;
+    record("instances.json", &text)?;
+    let instances: Vec<Instance> = serde_json::from_str(&text)?;
     let events: Api<CoreEvent> = Api::all(client.clone());
     let drain_deadline_pods: BTreeSet<(String, String)> = events
         .list(&ListParams::default().fields("reason=DrainDeadline"))
