@@ -601,3 +601,52 @@ async fn a_deleted_budgets_gauge_goes_with_it() -> Result<()> {
     .await?;
     controller.stop().await
 }
+
+/// A replica whose node cache is behind — its watch down for a while, as when its API traffic
+/// is cut, while it still answers reviews — must not grant from that cache. Here the cache is
+/// another cluster's view of the same names (all Ready, none disrupted), while in the real one
+/// node-2 is already cordoned by us under the budget's only unit: the grant for node-1 must be
+/// refused, as a fresh read shows. (The explorer found this: seed 1 granted two nodes of a
+/// `maxUnavailable: 1` budget at once from a cache 14 s behind.)
+#[tokio::test]
+async fn a_grant_is_decided_on_a_fresh_read_never_on_a_cache_left_behind() -> Result<()> {
+    use kube::runtime::watcher;
+    use nodegrace_core::k8s::watched::{WatchCounters, Watched};
+    use termination_controller::grants::{Budgets, Verdict};
+
+    let real = common::sim(3).await?;
+    let elsewhere = common::sim(3).await?;
+    common::workers_budget(&real.client()).await?;
+    let nodes: Api<Node> = Api::all(real.client());
+    nodes
+        .patch(
+            "node-2",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"taints": [{"key": DISRUPTED_TAINT, "effect": "NoSchedule"}]}}),
+            ),
+        )
+        .await?;
+    let budgets = Budgets {
+        api: Api::all(real.client()),
+        cache: Watched::start(
+            Api::<NodeDisruptionBudget>::all(real.client()),
+            watcher::Config::default(),
+            WatchCounters::default(),
+        ),
+        nodes: Watched::start(
+            Api::<Node>::all(elsewhere.client()),
+            watcher::Config::default(),
+            WatchCounters::default(),
+        ),
+        node_api: Api::all(real.client()),
+    };
+    budgets.cache.synced().await?;
+    budgets.nodes.synced().await?;
+    let verdict = budgets.acquire(&nodes.get("node-1").await?).await?;
+    ensure!(
+        matches!(&verdict, Verdict::Waiting { budget, .. } if budget == "workers"),
+        "node-1 was granted while node-2 is disrupted: {verdict:?}"
+    );
+    Ok(())
+}

@@ -22,14 +22,15 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::actions::{Outcome, World, node_budgets};
+use super::balancer::Balancer;
 use super::invariants::{self, Deletion, Instance, Settled, Unavailability, Violation};
-use super::proxy::Proxy;
 use super::record;
 use super::schedule::{self, Event, NODES, Program, Programs, REPLICAS, Step};
 use super::setup;
 use crate::cluster::Cluster;
 use crate::processes::Guarded;
 use crate::wait::poll_until;
+use nodegrace_core::testing::proxy::Proxy;
 
 /// The machines renew their Lease every 500 ms and count as down after 3 s of silence.
 const RENEW_INTERVAL: Duration = Duration::from_millis(500);
@@ -107,7 +108,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     let tokens = setup::identities(&client, &names).await?;
     setup::crd(&client, &options.charts_dir).await?;
     let webhook_ports = free_ports(REPLICAS)?;
-    let webhook_proxy = Proxy::start(
+    let webhook = Balancer::start(
         webhook_ports
             .iter()
             .map(|port| SocketAddr::from(([127, 0, 0, 1], *port)))
@@ -115,16 +116,16 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     )
     .await?;
     if programs.contains(&Program::TerminationController) {
-        setup::webhooks(&client, webhook_proxy.address()).await?;
+        setup::webhooks(&client, webhook.address()).await?;
     }
     setup::workloads(&client).await?;
 
     let mut replicas = Vec::new();
     for (program, token) in programs.iter().zip(&tokens) {
         for index in 0..REPLICAS {
-            let proxy = Proxy::start(vec![api]).await?;
+            let proxy = Proxy::start(api).await?;
             let kubeconfig = dir.join(format!("kubeconfig-{}-{index}", program.name()));
-            write_kubeconfig(&kubeconfig, proxy.address(), token)?;
+            write_kubeconfig(&kubeconfig, &proxy.url(), token)?;
             let mut replica = Replica {
                 program: *program,
                 index,
@@ -202,7 +203,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
                 Outcome::Done("API traffic cut".to_owned())
             }
             Event::RestoreReplica { program, replica } => {
-                find(&mut replicas, *program, *replica).proxy.restore();
+                find(&mut replicas, *program, *replica).proxy.heal();
                 Outcome::Done("API traffic restored".to_owned())
             }
             event => world.apply(event).await,
@@ -233,7 +234,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
         )?;
     }
     for replica in &mut replicas {
-        replica.proxy.restore();
+        replica.proxy.heal();
         if replica.process.is_none() {
             replica.start(&binary(options, replica.program))?;
         }
@@ -502,11 +503,11 @@ fn api_address(kubeconfig: &Path) -> Result<SocketAddr> {
         .with_context(|| format!("kube-sim's address {server} (the explorer serves plain HTTP)"))
 }
 
-fn write_kubeconfig(path: &Path, server: SocketAddr, token: &str) -> Result<()> {
+fn write_kubeconfig(path: &Path, server: &str, token: &str) -> Result<()> {
     let config = json!({
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "sim", "cluster": {"server": format!("http://{server}")}}],
+        "clusters": [{"name": "sim", "cluster": {"server": server}}],
         "users": [{"name": "program", "user": {"token": token}}],
         "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "program"}}],
         "current-context": "sim",
@@ -567,7 +568,7 @@ fn arguments(program: Program, index: usize, kubeconfig: &Path, webhook_port: u1
             "--eviction-backoff-max=2s".to_owned(),
             "--stuck-terminating-after=5s".to_owned(),
             "--volume-detach-timeout=10s".to_owned(),
-            "--drain-timeout=30s".to_owned(),
+            "--drain-timeout=45s".to_owned(),
             "--not-ready-timeout=15s".to_owned(),
         ]),
         Program::OutOfServiceGc => args.extend([
