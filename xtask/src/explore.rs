@@ -8,7 +8,7 @@ use std::process::Command;
 use anyhow::Result;
 use clap::Args;
 
-use crate::{cargo, project_root, run_command, target_dir};
+use crate::{project_root, run_command, target_dir};
 
 /// Seeds the test command always plays: the fixed set, and every seed that once found a
 /// violation (after its fix), so a regression there fails the suite.
@@ -30,13 +30,7 @@ const PACKAGES: [&str; 4] = [
 ];
 
 fn build() -> Result<PathBuf> {
-    println!("==> release build of {}", PACKAGES.join(", "));
-    let mut build = cargo();
-    build.args(["build", "--release"]);
-    for package in PACKAGES {
-        build.args(["--package", package]);
-    }
-    run_command(&mut build)?;
+    crate::demo::release_build(&PACKAGES)?;
     Ok(target_dir().join("release/nodegrace-explore"))
 }
 

@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::conditions::is_ready;
@@ -17,7 +17,7 @@ use crate::selector::LabelSelector;
 use crate::store::Store;
 
 /// What took the pod away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Disruption {
     /// `POST …/pods/{name}/eviction`.
@@ -26,7 +26,7 @@ pub enum Disruption {
     Delete,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Violation {
     pub namespace: String,
@@ -47,7 +47,7 @@ pub struct Violation {
 }
 
 /// The kubelet of a node, as the simulated machine runs it (see `world::KUBELET_ANNOTATION`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum KubeletState {
     /// Running and reporting.
@@ -82,7 +82,7 @@ impl KubeletState {
 }
 
 /// One API delete of a pod, a VolumeAttachment or a Node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Deletion {
     /// `pods`, `volumeattachments` or `nodes`.

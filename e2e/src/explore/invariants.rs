@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
 use super::record::{Change, Kind, Seen};
@@ -16,59 +16,8 @@ pub const TERMINATION_CONTROLLER_USER: &str =
     "system:serviceaccount:nodegrace:termination-controller";
 pub const OUT_OF_SERVICE_GC_USER: &str = "system:serviceaccount:nodegrace:out-of-service-gc";
 
-/// kube-sim's `/sim/v1/audit/deletions` record.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Deletion {
-    pub resource: String,
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub node: String,
-    #[serde(default)]
-    pub provider_id: Option<String>,
-    #[serde(default)]
-    pub finalizers: Vec<String>,
-    pub grace_period_seconds: Option<i64>,
-    pub user: String,
-    pub at: String,
-    pub revision: u64,
-    pub kubelet: String,
-}
-
-/// kube-sim's `/sim/v1/audit/violations` record.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Unavailability {
-    pub namespace: String,
-    pub pod: String,
-    pub budget: String,
-    pub at: String,
-    pub by: String,
-    pub healthy: i64,
-    pub desired_healthy: i64,
-    pub user: String,
-    pub revision: u64,
-}
-
-/// kube-sim's `/sim/v1/instances` record.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Instance {
-    pub id: String,
-    pub provider_id: String,
-    pub node: String,
-    pub state: String,
-    pub terminate_calls: u32,
-    pub terminate_call_log: Vec<Call>,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Call {
-    pub at: String,
-    pub revision: u64,
-}
+pub use kube_sim::audit::{Deletion, Disruption, KubeletState, Violation as Unavailability};
+pub use kube_sim::world::Instance;
 
 /// One broken invariant: which, when (wall clock, RFC 3339), and what.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -130,14 +79,14 @@ pub fn availability(
         .iter()
         .filter(|u| u.user == TERMINATION_CONTROLLER_USER || u.user == OUT_OF_SERVICE_GC_USER)
         .filter(|u| {
-            !(u.by == "delete"
+            !(u.by == Disruption::Delete
                 && drain_deadline_pods.contains(&(u.namespace.clone(), u.pod.clone())))
         })
         .map(|u| Violation {
             invariant: 2,
             at: u.at.clone(),
             what: format!(
-                "{} of {}/{} by {} left PodDisruptionBudget {} with {} healthy pods, below its desiredHealthy {}",
+                "{:?} of {}/{} by {} left PodDisruptionBudget {} with {} healthy pods, below its desiredHealthy {}",
                 u.by, u.namespace, u.pod, u.user, u.budget, u.healthy, u.desired_healthy
             ),
         })
@@ -145,40 +94,45 @@ pub fn availability(
 }
 
 /// 4. out-of-service-gc deleted no pod with grace 0 and no VolumeAttachment while the node's
-///    kubelet ran (reporting or cut off), and never touched a pod that tolerates the taint for
-///    good or that pod's attachments.
+///    kubelet ran (reporting or cut off), and never touched a `keeper` pod (which tolerates the
+///    taint for good) or the attachment of a `keeper` volume while a `keeper` pod was bound to
+///    that node (by the judge's watch of the `keeper` pods, replayed to the delete).
 pub fn out_of_service(
     deletions: &[Deletion],
-    tolerating_pods: &BTreeSet<String>,
-    tolerating_volumes: &BTreeSet<String>,
+    keeper_volumes: &BTreeSet<String>,
+    recording: &[Seen],
 ) -> Vec<Violation> {
     let mut violations = Vec::new();
     for deletion in deletions
         .iter()
         .filter(|d| d.user == OUT_OF_SERVICE_GC_USER)
     {
-        let kubelet_ran = matches!(deletion.kubelet.as_str(), "running" | "partitioned");
+        let kubelet_ran = matches!(
+            deletion.kubelet,
+            KubeletState::Running | KubeletState::Partitioned
+        );
+        let keeper_volume = keeper_volumes
+            .iter()
+            .any(|volume| deletion.name.contains(volume.as_str()));
         let what = match deletion.resource.as_str() {
             "pods" if deletion.grace_period_seconds == Some(0) && kubelet_ran => format!(
-                "pod {}/{} force-deleted while the kubelet of {} was {}",
+                "pod {}/{} force-deleted while the kubelet of {} was {:?}",
                 deletion.namespace, deletion.name, deletion.node, deletion.kubelet
             ),
-            "pods" if tolerating_pods.contains(&deletion.name) => format!(
+            "pods" if deletion.name.starts_with("keeper-") => format!(
                 "pod {}/{} tolerates the out-of-service taint, yet was deleted",
                 deletion.namespace, deletion.name
             ),
             "volumeattachments" if kubelet_ran => format!(
-                "VolumeAttachment {} deleted while the kubelet of {} was {}",
+                "VolumeAttachment {} deleted while the kubelet of {} was {:?}",
                 deletion.name, deletion.node, deletion.kubelet
             ),
             "volumeattachments"
-                if tolerating_volumes
-                    .iter()
-                    .any(|volume| deletion.name.contains(volume.as_str())) =>
+                if keeper_volume && keeper_bound(recording, &deletion.node, deletion.revision) =>
             {
                 format!(
-                    "VolumeAttachment {} serves a pod that tolerates the out-of-service taint, yet was deleted",
-                    deletion.name
+                    "VolumeAttachment {} deleted while a keeper pod, which tolerates the out-of-service taint, was bound to {}",
+                    deletion.name, deletion.node
                 )
             }
             _ => continue,
@@ -192,6 +146,34 @@ pub fn out_of_service(
     violations
 }
 
+/// Whether a `keeper` pod was bound to `node` as of `revision`.
+fn keeper_bound(recording: &[Seen], node: &str, revision: u64) -> bool {
+    let mut bound: BTreeMap<String, String> = BTreeMap::new();
+    for seen in recording
+        .iter()
+        .filter(|seen| seen.kind == Kind::Keeper && seen.revision <= revision)
+    {
+        match &seen.change {
+            Change::Upsert(pod) => {
+                let name = pod["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let node = pod["spec"]["nodeName"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                bound.insert(name, node);
+            }
+            Change::Removed(name) => {
+                bound.remove(name);
+            }
+            Change::Resync(names) => bound.retain(|name, _| names.contains(name)),
+        }
+    }
+    bound.values().any(|bound_to| bound_to == node)
+}
+
 /// A Node as the budget judge needs it.
 #[derive(Debug, Clone)]
 struct NodeView {
@@ -203,17 +185,21 @@ struct NodeView {
     ours: bool,
 }
 
+/// A JSON map of strings (labels, a selector's `matchLabels`).
+fn string_map(value: &Value) -> BTreeMap<String, String> {
+    value
+        .as_object()
+        .map(|map| {
+            map.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 impl NodeView {
     fn of(node: &Value) -> Self {
-        let labels = node["metadata"]["labels"]
-            .as_object()
-            .map(|labels| {
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let labels = string_map(&node["metadata"]["labels"]);
         let ready = node["status"]["conditions"].as_array().is_some_and(|c| {
             c.iter()
                 .any(|c| c["type"] == "Ready" && c["status"] == "True")
@@ -254,15 +240,7 @@ struct BudgetView {
 
 impl BudgetView {
     fn of(budget: &Value) -> Self {
-        let match_labels = budget["spec"]["selector"]["matchLabels"]
-            .as_object()
-            .map(|labels| {
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let match_labels = string_map(&budget["spec"]["selector"]["matchLabels"]);
         Self {
             match_labels,
             min_available: Some(budget["spec"]["minAvailable"].clone()).filter(|v| !v.is_null()),
@@ -364,6 +342,7 @@ pub fn budgets(recording: &[Seen]) -> Vec<Violation> {
             (Kind::Budget, Change::Resync(names)) => {
                 budgets.retain(|name, _| names.contains(name));
             }
+            (Kind::Keeper, _) => continue,
         }
         // Every deleting node not yet cordoned: is it allowed now by each budget covering it?
         for (name, node) in nodes
@@ -580,7 +559,7 @@ mod tests {
             user: user.to_owned(),
             at: "2026-11-25T10:00:00.000Z".to_owned(),
             revision,
-            kubelet: "running".to_owned(),
+            kubelet: KubeletState::Running,
         }
     }
 
@@ -593,7 +572,7 @@ mod tests {
             terminate_calls: u32::try_from(calls.len()).unwrap_or(u32::MAX),
             terminate_call_log: calls
                 .iter()
-                .map(|revision| Call {
+                .map(|revision| kube_sim::world::Call {
                     at: "2026-11-25T10:00:01.000Z".to_owned(),
                     revision: *revision,
                 })
@@ -627,26 +606,56 @@ mod tests {
     fn out_of_service_gc_force_deletes_only_under_a_stopped_kubelet_and_never_a_tolerating_pod() {
         let mut force = deletion("pods", "web-1", OUT_OF_SERVICE_GC_USER, 5);
         force.grace_period_seconds = Some(0);
-        force.kubelet = "stopped".to_owned();
+        force.kubelet = KubeletState::Stopped;
         let none = BTreeSet::new();
-        assert!(out_of_service(std::slice::from_ref(&force), &none, &none).is_empty());
-        for kubelet in ["running", "partitioned"] {
-            force.kubelet = kubelet.to_owned();
+        assert!(out_of_service(std::slice::from_ref(&force), &none, &[]).is_empty());
+        force.kubelet = KubeletState::Booting;
+        assert!(out_of_service(std::slice::from_ref(&force), &none, &[]).is_empty());
+        for kubelet in [KubeletState::Running, KubeletState::Partitioned] {
+            force.kubelet = kubelet;
             assert_eq!(
-                out_of_service(std::slice::from_ref(&force), &none, &none).len(),
+                out_of_service(std::slice::from_ref(&force), &none, &[]).len(),
                 1
             );
         }
-        force.kubelet = "stopped".to_owned();
-        let keeper: BTreeSet<String> = ["web-1".to_owned()].into();
-        assert_eq!(
-            out_of_service(std::slice::from_ref(&force), &keeper, &none).len(),
-            1
-        );
+        let mut keeper = force.clone();
+        keeper.name = "keeper-0".to_owned();
+        keeper.kubelet = KubeletState::Stopped;
+        assert_eq!(out_of_service(&[keeper], &none, &[]).len(), 1);
         // Someone else's force delete is not judged here.
         force.user = "admin".to_owned();
-        force.kubelet = "running".to_owned();
-        assert!(out_of_service(&[force], &none, &none).is_empty());
+        force.kubelet = KubeletState::Running;
+        assert!(out_of_service(&[force], &none, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_keeper_volume_attachment_may_go_only_once_no_keeper_pod_is_bound_there() {
+        let mut attachment = deletion(
+            "volumeattachments",
+            "csi-pvc-1-node-1",
+            OUT_OF_SERVICE_GC_USER,
+            10,
+        );
+        attachment.node = "node-1".to_owned();
+        attachment.kubelet = KubeletState::Stopped;
+        let volumes: BTreeSet<String> = ["pvc-1".to_owned()].into();
+        let keeper = |revision, node: &str| Seen {
+            revision,
+            received: jiff::Timestamp::UNIX_EPOCH,
+            kind: Kind::Keeper,
+            change: Change::Upsert(
+                json!({"metadata": {"name": "keeper-0"}, "spec": {"nodeName": node}}),
+            ),
+        };
+        let bound = [keeper(3, "node-1")];
+        assert_eq!(
+            out_of_service(std::slice::from_ref(&attachment), &volumes, &bound).len(),
+            1
+        );
+        let moved = [keeper(3, "node-1"), keeper(8, "node-2")];
+        assert!(out_of_service(std::slice::from_ref(&attachment), &volumes, &moved).is_empty());
+        let later = [keeper(3, "node-2"), keeper(12, "node-1")];
+        assert!(out_of_service(&[attachment], &volumes, &later).is_empty());
     }
 
     fn node(name: &str, revision: u64, labels: &Value, deleting: bool, cordoned: bool) -> Seen {

@@ -16,6 +16,8 @@ use tokio::task::JoinHandle;
 pub enum Kind {
     Node,
     Budget,
+    /// The pods of the `keeper` StatefulSet, which tolerate the out-of-service taint.
+    Keeper,
 }
 
 #[derive(Debug, Clone)]
@@ -66,6 +68,7 @@ impl Seen {
         let kind = match self.kind {
             Kind::Node => "Node",
             Kind::Budget => "NodeDisruptionBudget",
+            Kind::Keeper => "Pod",
         };
         let change = match &self.change {
             Change::Upsert(object) => serde_json::json!({
@@ -77,6 +80,7 @@ impl Seen {
                 "taints": object["spec"]["taints"],
                 "ready": object["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Ready")).map(|c| c["status"].clone()),
                 "spec": if self.kind == Kind::Budget { object["spec"].clone() } else { Value::Null },
+                "nodeName": object["spec"]["nodeName"],
             }),
             Change::Removed(name) => serde_json::json!({"removed": name}),
             Change::Resync(names) => serde_json::json!({"resync": names}),
@@ -92,7 +96,8 @@ pub fn revision_of(object: &Value) -> u64 {
         .unwrap_or_default()
 }
 
-/// Watches Nodes and NodeDisruptionBudgets into a [`Recording`] until the handles are dropped.
+/// Watches Nodes, NodeDisruptionBudgets and the `keeper` pods into a [`Recording`] until the
+/// handles are dropped.
 pub fn start(client: &Client) -> (Recording, Vec<AbortOnDrop>) {
     let recording = Recording::default();
     let nodes = ApiResource::erase::<k8s_openapi::api::core::v1::Node>(&());
@@ -100,13 +105,20 @@ pub fn start(client: &Client) -> (Recording, Vec<AbortOnDrop>) {
         &GroupVersionKind::gvk("nodegrace.io", "v1alpha1", "NodeDisruptionBudget"),
         "nodedisruptionbudgets",
     );
-    let tasks = [(Kind::Node, nodes), (Kind::Budget, budgets)]
-        .into_iter()
-        .map(|(kind, resource)| {
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-            AbortOnDrop(tokio::spawn(watch(api, kind, recording.clone())))
-        })
-        .collect();
+    let pods = ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&());
+    let everything = watcher::Config::default();
+    let keepers = watcher::Config::default().labels("app=keeper");
+    let tasks = [
+        (Kind::Node, nodes, everything.clone()),
+        (Kind::Budget, budgets, everything),
+        (Kind::Keeper, pods, keepers),
+    ]
+    .into_iter()
+    .map(|(kind, resource, config)| {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        AbortOnDrop(tokio::spawn(watch(api, config, kind, recording.clone())))
+    })
+    .collect();
     (recording, tasks)
 }
 
@@ -119,8 +131,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn watch(api: Api<DynamicObject>, kind: Kind, recording: Recording) {
-    let mut events = watcher(api, watcher::Config::default()).boxed();
+async fn watch(api: Api<DynamicObject>, config: watcher::Config, kind: Kind, recording: Recording) {
+    let mut events = watcher(api, config).boxed();
     let mut listed: Vec<String> = Vec::new();
     let mut newest = 0;
     let mut listing = false;

@@ -5,6 +5,7 @@
 //! `violations.txt`.
 
 use std::collections::BTreeSet;
+use std::fmt::Write as _;
 use std::fs::File;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -122,7 +123,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
 
     let mut replicas = Vec::new();
     for (program, token) in programs.iter().zip(&tokens) {
-        for index in 0..REPLICAS {
+        for (index, webhook_port) in webhook_ports.iter().copied().enumerate() {
             let proxy = Proxy::start(api).await?;
             let kubeconfig = dir.join(format!("kubeconfig-{}-{index}", program.name()));
             write_kubeconfig(&kubeconfig, &proxy.url(), token)?;
@@ -131,7 +132,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
                 index,
                 args: known_to(
                     &binary(options, *program),
-                    arguments(*program, index, &kubeconfig, webhook_ports[index]),
+                    arguments(*program, index, &kubeconfig, webhook_port),
                 )?,
                 log: dir.join(format!("logs/{}-{index}.log", program.name())),
                 proxy,
@@ -211,10 +212,10 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
         history.write(start, step, &outcome)?;
         for replica in &mut replicas {
             let (program, index) = (replica.program, replica.index);
-            if let Some(process) = replica.process.as_mut() {
-                if check_alive(process, program, index, &mut violations) {
-                    replica.process = None;
-                }
+            if let Some(process) = replica.process.as_mut()
+                && check_alive(process, program, index, &mut violations)
+            {
+                replica.process = None;
             }
         }
     }
@@ -462,7 +463,7 @@ async fn judge(
     ));
     if out_of_service {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), setup::APPS);
-        let tolerating_volumes = claims
+        let keeper_volumes = claims
             .list(&ListParams::default())
             .await?
             .items
@@ -476,11 +477,10 @@ async fn judge(
             })
             .filter_map(|claim| claim.spec.and_then(|spec| spec.volume_name))
             .collect();
-        let tolerating_pods = std::iter::once("keeper-0".to_owned()).collect();
         violations.extend(invariants::out_of_service(
             &deletions,
-            &tolerating_pods,
-            &tolerating_volumes,
+            &keeper_volumes,
+            recording,
         ));
     }
     Ok(violations)
@@ -620,17 +620,18 @@ fn write_violations(
 ) -> Result<()> {
     let mut text = String::new();
     for violation in violations {
-        text.push_str(&format!(
-            "invariant {} at {}: {}\n",
+        let _ = writeln!(
+            text,
+            "invariant {} at {}: {}",
             violation.invariant, violation.at, violation.what
-        ));
+        );
         if let Ok(at) = violation.at.parse::<jiff::Timestamp>() {
             let from = at - jiff::SignedDuration::from_secs(5);
             for (_, line) in history
                 .iter()
                 .filter(|(wall, _)| *wall >= from && *wall <= at)
             {
-                text.push_str(&format!("    {line}\n"));
+                let _ = writeln!(text, "    {line}");
             }
         }
     }

@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::schedule::{NODES, node};
 use crate::manifests::{create, parse_documents};
+use crate::stage::pod_ready;
 use crate::wait::poll_until;
 
 pub const NAMESPACE: &str = "nodegrace";
@@ -153,22 +154,11 @@ pub async fn workloads(client: &Client) -> Result<()> {
     let ready = poll_until(READY_TIMEOUT, || async {
         pods.list(&ListParams::default())
             .await
-            .is_ok_and(|list| list.items.iter().filter(|pod| ready(pod)).count() >= expected)
+            .is_ok_and(|list| list.items.iter().filter(|pod| pod_ready(pod)).count() >= expected)
     })
     .await;
     if !ready {
         bail!("the workloads' {expected} pods were not Ready within {READY_TIMEOUT:?}");
     }
     Ok(())
-}
-
-pub fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
 }

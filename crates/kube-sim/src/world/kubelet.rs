@@ -1086,10 +1086,10 @@ impl Kubelets {
             .store
             .update(&nodes, None, &name, Part::Main, |current| {
                 let mut booted = current.clone();
-                if current["metadata"]["uid"] == uid {
-                    if let Some(annotations) = booted["metadata"]["annotations"].as_object_mut() {
-                        annotations.remove(KUBELET_ANNOTATION);
-                    }
+                if current["metadata"]["uid"] == uid
+                    && let Some(annotations) = booted["metadata"]["annotations"].as_object_mut()
+                {
+                    annotations.remove(KUBELET_ANNOTATION);
                 }
                 Ok(booted)
             });

@@ -31,7 +31,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 pub use attach_detach::{DRIVER as CSI_DRIVER, attachment_name, unique_volume_name};
-pub use cloud::{Cloud, Instance};
+pub use cloud::{Call, Cloud, Instance};
 pub use gc::orphan_dependents;
 pub use launch::InCluster;
 pub use runtime::{ImageRule, Logs};
