@@ -3,8 +3,8 @@
 //! cloud saw. See docs/explore.md.
 
 pub mod actions;
-pub mod balancer;
 pub mod invariants;
+pub mod proxy;
 pub mod record;
 pub mod run;
 pub mod schedule;

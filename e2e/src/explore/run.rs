@@ -23,15 +23,14 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::actions::{Outcome, World, node_budgets};
-use super::balancer::Balancer;
 use super::invariants::{self, Deletion, Instance, Settled, Unavailability, Violation};
+use super::proxy::Proxy;
 use super::record;
 use super::schedule::{self, Event, NODES, Program, Programs, REPLICAS, Step};
 use super::setup;
 use crate::cluster::Cluster;
 use crate::processes::Guarded;
 use crate::wait::poll_until;
-use nodegrace_core::testing::proxy::Proxy;
 
 /// The machines renew their Lease every 500 ms and count as down after 3 s of silence.
 const RENEW_INTERVAL: Duration = Duration::from_millis(500);
@@ -109,7 +108,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     let tokens = setup::identities(&client, &names).await?;
     setup::crd(&client, &options.charts_dir).await?;
     let webhook_ports = free_ports(REPLICAS)?;
-    let webhook = Balancer::start(
+    let webhook = Proxy::start(
         webhook_ports
             .iter()
             .map(|port| SocketAddr::from(([127, 0, 0, 1], *port)))
@@ -124,9 +123,9 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     let mut replicas = Vec::new();
     for (program, token) in programs.iter().zip(&tokens) {
         for (index, webhook_port) in webhook_ports.iter().copied().enumerate() {
-            let proxy = Proxy::start(api).await?;
+            let proxy = Proxy::start(vec![api]).await?;
             let kubeconfig = dir.join(format!("kubeconfig-{}-{index}", program.name()));
-            write_kubeconfig(&kubeconfig, &proxy.url(), token)?;
+            write_kubeconfig(&kubeconfig, &format!("http://{}", proxy.address()), token)?;
             let mut replica = Replica {
                 program: *program,
                 index,
@@ -204,7 +203,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
                 Outcome::Done("API traffic cut".to_owned())
             }
             Event::RestoreReplica { program, replica } => {
-                find(&mut replicas, *program, *replica).proxy.heal();
+                find(&mut replicas, *program, *replica).proxy.restore();
                 Outcome::Done("API traffic restored".to_owned())
             }
             event => world.apply(event).await,
@@ -235,7 +234,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
         )?;
     }
     for replica in &mut replicas {
-        replica.proxy.heal();
+        replica.proxy.restore();
         if replica.process.is_none() {
             replica.start(&binary(options, replica.program))?;
         }
