@@ -131,6 +131,29 @@ impl Budgets {
             .collect())
     }
 
+    /// Before the cordon that starts `node`'s disruption: whether, on a fresh read, a budget
+    /// that granted it is now over-spent with it counted — another node of it turned NotReady
+    /// between the read the grant was decided on and now. Such a grant is given back
+    /// ([`Budgets::release`]) and the node waits again. A NotReady node is granted whatever
+    /// the numbers, so it never is.
+    pub async fn overspent(&self, node: &Node) -> Result<Option<(String, Numbers)>, kube::Error> {
+        let facts = facts(node);
+        if !facts.ready {
+            return Ok(None);
+        }
+        let nodes = self.fresh_nodes().await?;
+        for budget in self.covering(&facts) {
+            let Ok(limit) = Limit::of(&budget.spec) else {
+                continue;
+            };
+            let numbers = budget_numbers(&budget, limit, &nodes);
+            if numbers.available < numbers.desired {
+                return Ok(Some((budget.name().to_owned(), numbers)));
+            }
+        }
+        Ok(None)
+    }
+
     /// The verdict [`Budgets::acquire`] would reach now, taking nothing (dry runs, plans).
     pub fn verdict(&self, node: &Node) -> Verdict {
         verdict(&self.cache.state(), &self.nodes.state(), node)

@@ -152,6 +152,22 @@ impl NodeTermination {
                 break node;
             }
             if let Some(budgets) = self.shared.budgets.granted(&node) {
+                if let Some((budget, numbers)) = self.shared.budgets.overspent(&node).await? {
+                    self.announce(
+                        &format!("regranted:{budget}"),
+                        false,
+                        "AwaitingBudget",
+                        format!(
+                            "Grant of NodeDisruptionBudget {budget} given back before the cordon: {numbers}, with this node counted (a node of it turned NotReady since the grant)"
+                        ),
+                    );
+                    self.shared.budgets.release(&node, &budgets).await?;
+                    tokio::select! {
+                        () = stop.cancelled() => return Ok(Finished::Stopped),
+                        changed = wake.changed() => if changed.is_err() { return Ok(Finished::Stopped) },
+                    }
+                    continue;
+                }
                 if !budgets.is_empty() {
                     self.announce(
                         "granted",
