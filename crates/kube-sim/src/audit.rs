@@ -39,6 +39,11 @@ pub struct Violation {
     pub healthy: i64,
     /// The budget's `status.desiredHealthy` at that moment.
     pub desired_healthy: i64,
+    /// The budget's `status.currentHealthy` at that moment: more than `healthy` + 1 means the
+    /// status had not yet counted pods that turned unhealthy (the disruption controller is
+    /// asynchronous, as upstream), so the eviction was allowed on a stale status.
+    #[serde(default)]
+    pub status_healthy: i64,
     /// The requester's user name.
     pub user: String,
     /// The store's resourceVersion just before the pod went, to order the record among
@@ -239,6 +244,9 @@ impl Audit {
                         by,
                         healthy: remaining,
                         desired_healthy: desired,
+                        status_healthy: budget["status"]["currentHealthy"]
+                            .as_i64()
+                            .unwrap_or_default(),
                         user: user.to_owned(),
                         revision: store.revision(),
                     });
