@@ -28,6 +28,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::error_chain::Chain;
+use crate::k8s::api_errors::{ApiErrorClass, classify_write};
+
+/// Backoff of a start that cannot reach the election Lease yet.
+const START_RETRY_FIRST: Duration = Duration::from_millis(200);
+const START_RETRY_MAX: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct LeaderConfig {
@@ -85,19 +90,37 @@ impl Leadership {
             return Err(LeaderError::Timing { duration, margin });
         }
         let params = LeaseParams::new(config.identity.clone(), duration, margin);
-        let manager = LeaseManager::new(
-            client.clone(),
-            config.lease_name.clone(),
-            config.namespace.clone(),
-            params,
-            LeaseCreateMode::AutoCreate,
-        )
-        .await
-        .map_err(|source| LeaderError::Lease {
-            namespace: config.namespace.clone(),
-            name: config.lease_name.clone(),
-            source,
-        })?;
+        // A replica starting while the API server answers 5xx/429 or not at all waits for it
+        // rather than exiting (`cargo xtask explore` saw a restart during injected 500s end the
+        // process); a refusal that can never pass (403, 422) fails at once.
+        let mut delay = START_RETRY_FIRST;
+        let manager = loop {
+            match LeaseManager::new(
+                client.clone(),
+                config.lease_name.clone(),
+                config.namespace.clone(),
+                params.clone(),
+                LeaseCreateMode::AutoCreate,
+            )
+            .await
+            {
+                Ok(manager) => break manager,
+                Err(kube_lease_manager::LeaseManagerError::KubeError(error))
+                    if classify_write(&error) == ApiErrorClass::Retry =>
+                {
+                    tracing::warn!(error = %Chain(&error), retry_in = ?delay, "cannot read or create the election Lease yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(START_RETRY_MAX);
+                }
+                Err(source) => {
+                    return Err(LeaderError::Lease {
+                        namespace: config.namespace.clone(),
+                        name: config.lease_name.clone(),
+                        source,
+                    });
+                }
+            }
+        };
         let (leader, manager) = manager.watch().await;
         let (held_until, renewals) = watch_renewals(client, config);
         Ok(Self {
@@ -264,7 +287,10 @@ where
         work(stop.clone()).await;
         return Ok(());
     };
-    let mut leadership = Leadership::start(client, config).await?;
+    let mut leadership = tokio::select! {
+        () = stop.cancelled() => return Ok(()),
+        started = Leadership::start(client, config) => started?,
+    };
     let result = leadership.run_while_leader(stop, work).await;
     leadership.resign().await;
     result

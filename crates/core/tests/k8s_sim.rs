@@ -294,3 +294,37 @@ async fn the_sim_instance_provider_reads_and_terminates_machines() -> Result<()>
     ensure!(other.is_err_and(|error| error.to_string().contains("unknown scheme")));
     Ok(())
 }
+
+/// A replica starting while the API server fails every Lease request waits for it instead of
+/// exiting (the explorer's seed 31 saw a restarted replica end on an injected 500).
+#[tokio::test]
+async fn joining_the_election_waits_out_a_failing_api_server() -> Result<()> {
+    use kube_sim::faults::{ErrorRule, FailureKind};
+
+    let (sim, _nodes) = sim_with_node().await?;
+    let config = LeaderConfig {
+        namespace: "default".into(),
+        lease_name: "nodegrace-test".into(),
+        identity: "a".into(),
+        lease_duration_seconds: 3,
+        renew_margin_seconds: 1,
+    };
+    sim.faults().add_rule(ErrorRule {
+        verb: String::new(),
+        resource: "leases".into(),
+        rate: 1.0,
+        failure: FailureKind::InternalError,
+    });
+    let client = sim.client_without_retries().await?;
+    let joining = tokio::spawn(async move { Leadership::start(client, &config).await });
+    // Failing fast would end the task at the first 500; it keeps trying instead.
+    wait_for("a failed attempt", Duration::from_secs(15), || async {
+        Ok(sim.faults().failed() > 0)
+    })
+    .await?;
+    ensure!(!joining.is_finished(), "the start gave up on a 500");
+    sim.faults().clear();
+    let joined = tokio::time::timeout(Duration::from_secs(15), joining).await??;
+    ensure!(joined.is_ok(), "{:?}", joined.err());
+    Ok(())
+}

@@ -46,6 +46,8 @@ struct Settings {
 pub struct Faults {
     settings: Arc<Mutex<Settings>>,
     watches: Arc<watch::Sender<u64>>,
+    /// Requests failed by a rule (not by an outage), for tests that wait for one.
+    failed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Faults {
@@ -53,6 +55,7 @@ impl Default for Faults {
         Self {
             settings: Arc::default(),
             watches: Arc::new(watch::channel(0).0),
+            failed: Arc::default(),
         }
     }
 }
@@ -124,10 +127,17 @@ impl Faults {
             let applies = (rule.verb.is_empty() || rule.verb == verb)
                 && (rule.resource.is_empty() || rule.resource == resource);
             if applies && rand::random::<f64>() < rule.rate {
+                self.failed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return Verdict::Fail(rule.failure);
             }
         }
         Verdict::Serve
+    }
+
+    /// How many requests the error rules have failed so far.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
