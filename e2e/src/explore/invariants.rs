@@ -115,7 +115,7 @@ pub fn out_of_service(
         let kubelet_ran = matches!(
             deletion.kubelet,
             KubeletState::Running | KubeletState::Partitioned
-        );
+        ) && !just_powered_on(recording, deletion);
         let keeper_volume = keeper_volumes
             .iter()
             .any(|volume| deletion.name.contains(volume.as_str()));
@@ -149,6 +149,35 @@ pub fn out_of_service(
         });
     }
     violations
+}
+
+/// How long after its machine came back a delete may still have been decided while it was off:
+/// the time a request takes to reach the API server, which no cleanup can shorten (KEP-2268
+/// leaves it to the operator's confirmation that the machine is off).
+const DECIDED_WHILE_OFF: jiff::SignedDuration = jiff::SignedDuration::from_secs(1);
+
+/// Whether the delete reached the API server within [`DECIDED_WHILE_OFF`] of the node's machine
+/// coming back (its kubelet annotation leaving `stopped`/`booting`, by the judge's watch).
+fn just_powered_on(recording: &[Seen], deletion: &Deletion) -> bool {
+    let Ok(at) = deletion.at.parse::<jiff::Timestamp>() else {
+        return false;
+    };
+    let last_off = recording
+        .iter()
+        .filter(|seen| seen.kind == Kind::Node && seen.revision <= deletion.revision)
+        .filter(|seen| match &seen.change {
+            Change::Upsert(node) => {
+                node["metadata"]["name"] == deletion.node.as_str()
+                    && matches!(
+                        node["metadata"]["annotations"]["sim.nodegrace.io/kubelet"].as_str(),
+                        Some("stopped" | "booting")
+                    )
+            }
+            _ => false,
+        })
+        .map(|seen| seen.received)
+        .max();
+    last_off.is_some_and(|off| at.duration_since(off) < DECIDED_WHILE_OFF)
 }
 
 /// Whether a `keeper` pod was bound to `node` as of `revision`.
@@ -661,6 +690,31 @@ mod tests {
         force.user = "admin".to_owned();
         force.kubelet = KubeletState::Running;
         assert!(out_of_service(&[force], &none, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_delete_decided_while_the_machine_was_off_may_land_just_after_it_came_back() {
+        let mut force = deletion("pods", "web-1", OUT_OF_SERVICE_GC_USER, 10);
+        force.node = "node-4".to_owned();
+        force.grace_period_seconds = Some(0);
+        force.at = "2026-11-25T10:00:00.500Z".to_owned();
+        let off = |revision, received: &str| Seen {
+            revision,
+            received: received.parse().unwrap_or(jiff::Timestamp::UNIX_EPOCH),
+            kind: Kind::Node,
+            change: Change::Upsert(
+                json!({"metadata": {"name": "node-4", "annotations": {"sim.nodegrace.io/kubelet": "booting"}}}),
+            ),
+        };
+        let none = BTreeSet::new();
+        let just_back = [off(9, "2026-11-25T10:00:00.400Z")];
+        assert!(out_of_service(std::slice::from_ref(&force), &none, &just_back).is_empty());
+        let long_back = [off(9, "2026-11-25T09:59:50.000Z")];
+        assert_eq!(
+            out_of_service(std::slice::from_ref(&force), &none, &long_back).len(),
+            1
+        );
+        assert_eq!(out_of_service(&[force], &none, &[]).len(), 1);
     }
 
     #[test]
