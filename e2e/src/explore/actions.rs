@@ -434,8 +434,7 @@ impl World {
     }
 
     pub async fn get(&self, path: &str) -> Result<String> {
-        let request = http::Request::get(path).body(Vec::new())?;
-        Ok(self.client.request_text(request).await?)
+        sim_get(&self.client, path).await
     }
 
     async fn sim(&self, method: &str, path: &str, body: Value) -> Result<Outcome> {
@@ -459,12 +458,22 @@ impl World {
     }
 }
 
-pub fn node_budgets(client: &Client) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk_with_plural(
+/// The NodeDisruptionBudget resource, for dynamic clients (the explorer has no typed one).
+pub fn node_budget_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("nodegrace.io", "v1alpha1", "NodeDisruptionBudget"),
         "nodedisruptionbudgets",
-    );
-    Api::all_with(client.clone(), &resource)
+    )
+}
+
+pub fn node_budgets(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &node_budget_resource())
+}
+
+/// A GET of one of kube-sim's `/sim/v1` paths, as text.
+pub async fn sim_get(client: &Client, path: &str) -> Result<String> {
+    let request = http::Request::get(path).body(Vec::new())?;
+    Ok(client.request_text(request).await?)
 }
 
 /// Creates the budget, or changes an existing one to exactly `spec`'s numbers (the other

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::Value;
@@ -101,10 +101,7 @@ pub fn revision_of(object: &Value) -> u64 {
 pub fn start(client: &Client) -> (Recording, Vec<AbortOnDrop>) {
     let recording = Recording::default();
     let nodes = ApiResource::erase::<k8s_openapi::api::core::v1::Node>(&());
-    let budgets = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("nodegrace.io", "v1alpha1", "NodeDisruptionBudget"),
-        "nodedisruptionbudgets",
-    );
+    let budgets = super::actions::node_budget_resource();
     let pods = ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&());
     let everything = watcher::Config::default();
     let keepers = watcher::Config::default().labels("app=keeper");

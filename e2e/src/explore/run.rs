@@ -22,7 +22,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::actions::{Outcome, World, node_budgets};
+use super::actions::{Outcome, World, node_budgets, sim_get as get};
 use super::invariants::{self, Deletion, Instance, Settled, Unavailability, Violation};
 use super::proxy::Proxy;
 use super::record;
@@ -411,11 +411,6 @@ where
         .iter()
         .map(|item| serde_json::to_value(item).unwrap_or_default())
         .collect())
-}
-
-async fn get(client: &Client, path: &str) -> Result<String> {
-    let request = http::Request::get(path).body(Vec::new())?;
-    Ok(client.request_text(request).await?)
 }
 
 /// Invariants 1–4, from kube-sim's records and the judge's watches.
