@@ -4,6 +4,7 @@
 //! the taint once the node is back and clean. Passes are idempotent: a new leader, or a pass
 //! after an error, simply does what is still to do.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -141,6 +142,8 @@ struct Said {
     done: bool,
     /// This cleanup saw the node tainted and NotReady: a later Ready means it came back.
     saw_out_of_service: bool,
+    /// Pods (by UID) said to be held by another controller's finalizers.
+    held: HashSet<String>,
 }
 
 #[derive(Debug)]
@@ -317,6 +320,7 @@ impl NodeCleanup {
                     staying.push(pod);
                 }
                 PodVerdict::Tolerated => staying.push(pod),
+                PodVerdict::Released => self.tell_held(&pod),
             }
         }
         let attachments = self.attachments();
@@ -538,6 +542,26 @@ impl NodeCleanup {
             }
             Err(error) => Err(PassError::api(what("delete"), error)),
         }
+    }
+
+    /// Says once per pod that its object outlives its forced deletion, and whose finalizers
+    /// keep it: deleting it again would change nothing (a pass per change would loop).
+    fn tell_held(&self, pod: &Pod) {
+        if !self.said().held.insert(pod.uid().unwrap_or_default()) {
+            return;
+        }
+        let finalizers = pod.finalizers().join(", ");
+        tracing::info!(node = %self.node, pod = %format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()), %finalizers, "force-deleted, held by finalizers");
+        self.reporter().event(EventReport::normal(
+            pod_reference(pod),
+            "ForceDeletedHeldByFinalizers",
+            ACTION,
+            format!(
+                "Force-deleted and marked Failed; the object stays until its finalizers \
+                 ({finalizers}) are removed by whoever set them. No kubelet runs it, so its \
+                 volumes are detached."
+            ),
+        ));
     }
 
     async fn still_there(&self, pods: &Api<Pod>, name: &str, uid: &str) -> Result<bool, PassError> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use nodegrace_core::k8s::nodes::{Readiness, readiness, taint_with_key};
+use nodegrace_core::k8s::pods::is_terminal;
 use nodegrace_core::k8s::tolerations::toleration_time;
 
 /// The taint an operator (or `--auto-taint-after`) puts on a node that is shut down for good.
@@ -46,6 +47,10 @@ pub enum PodVerdict {
     ForceDeleteAt(Timestamp),
     /// Tolerated for good: left alone.
     Tolerated,
+    /// Its deletion was already forced and it is marked finished: only finalizers of another
+    /// controller keep the object, and no kubelet runs it. Deleting it again changes nothing,
+    /// and its volumes may go.
+    Released,
 }
 
 /// The verdict for `pod` under `taint`, at `now`, the taint counting from `since` (see
@@ -57,7 +62,7 @@ pub fn pod_verdict(pod: &Pod, taint: &Taint, since: Timestamp, now: Timestamp) -
         .as_ref()
         .and_then(|spec| spec.tolerations.as_deref())
         .unwrap_or_default();
-    match toleration_time(tolerations, taint) {
+    let verdict = match toleration_time(tolerations, taint) {
         None => PodVerdict::ForceDelete,
         Some(None) => PodVerdict::Tolerated,
         Some(Some(_)) if taint.effect != EXPECTED_EFFECT => PodVerdict::Tolerated,
@@ -69,7 +74,17 @@ pub fn pod_verdict(pod: &Pod, taint: &Taint, since: Timestamp, now: Timestamp) -
                 PodVerdict::ForceDeleteAt(until)
             }
         }
+    };
+    if verdict == PodVerdict::ForceDelete && force_deleted(pod) && is_terminal(pod) {
+        return PodVerdict::Released;
     }
+    verdict
+}
+
+/// Whether the pod's deletion was requested with no grace left (by us or anyone).
+fn force_deleted(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+        && pod.metadata.deletion_grace_period_seconds == Some(0)
 }
 
 /// Since when each node's out-of-service taint counts: its `timeAdded` when it has one (the
@@ -315,6 +330,30 @@ mod tests {
                 "{name}"
             );
         }
+        // A pod whose forced deletion only another controller's finalizer holds up is done
+        // with; one not yet marked failed is deleted (and marked) once more.
+        let mut held = pod(&json!([]));
+        held.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        held.metadata.deletion_grace_period_seconds = Some(0);
+        held.metadata.finalizers = Some(vec!["example.com/hold".to_owned()]);
+        assert_eq!(
+            pod_verdict(&held, &shutdown, since, now),
+            PodVerdict::ForceDelete
+        );
+        held.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".to_owned()),
+            ..Default::default()
+        });
+        assert_eq!(
+            pod_verdict(&held, &shutdown, since, now),
+            PodVerdict::Released
+        );
+        held.metadata.deletion_grace_period_seconds = Some(30);
+        assert_eq!(
+            pod_verdict(&held, &shutdown, since, now),
+            PodVerdict::ForceDelete
+        );
         // tolerationSeconds only means something for NoExecute.
         let seconds = json!([{"key": key, "operator": "Exists", "tolerationSeconds": 30}]);
         let no_schedule = taint(None, "NoSchedule", Some("2026-01-01T00:00:00Z"));

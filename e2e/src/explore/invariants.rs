@@ -151,6 +151,46 @@ pub fn out_of_service(
     violations
 }
 
+/// How often one program may delete one object (by UID): a retry after a lost answer, and once
+/// more by a new leader whose cache had not yet seen the first, are legitimate.
+const DELETES_PER_OBJECT: usize = 3;
+
+/// 7. No busy loop: neither program deletes one object (by UID) more than
+///    [`DELETES_PER_OBJECT`] times — a delete that changes nothing, repeated, is a controller
+///    that cannot see it is done (seed 131 found ~1,400 of one pod).
+pub fn repeated_deletes(deletions: &[Deletion]) -> Vec<Violation> {
+    let mut counts: BTreeMap<(&str, &str), Vec<&Deletion>> = BTreeMap::new();
+    for deletion in deletions.iter().filter(|deletion| {
+        deletion.user == OUT_OF_SERVICE_GC_USER || deletion.user == TERMINATION_CONTROLLER_USER
+    }) {
+        counts
+            .entry((deletion.user.as_str(), deletion.uid.as_str()))
+            .or_default()
+            .push(deletion);
+    }
+    counts
+        .into_values()
+        .filter(|same| same.len() > DELETES_PER_OBJECT)
+        .map(|same| {
+            let first = same[0];
+            Violation {
+                invariant: 7,
+                at: same[DELETES_PER_OBJECT].at.clone(),
+                what: format!(
+                    "{} deleted {} {}/{} {} times (first at {}, last at {})",
+                    first.user,
+                    first.resource,
+                    first.namespace,
+                    first.name,
+                    same.len(),
+                    first.at,
+                    same[same.len() - 1].at
+                ),
+            }
+        })
+        .collect()
+}
+
 /// How long after its machine came back a delete may still have been decided while it was off:
 /// the time a request takes to reach the API server, which no cleanup can shorten (KEP-2268
 /// leaves it to the operator's confirmation that the machine is off).
@@ -473,7 +513,11 @@ pub fn progress(settled: &Settled<'_>, termination: bool, out_of_service: bool) 
         let left: Vec<String> = settled
             .pods
             .iter()
-            .filter(|pod| pod["spec"]["nodeName"] == name && !tolerates_out_of_service(pod))
+            .filter(|pod| {
+                pod["spec"]["nodeName"] == name
+                    && !tolerates_out_of_service(pod)
+                    && !force_deleted(pod)
+            })
             .map(|pod| {
                 format!(
                     "pod {}",
@@ -502,6 +546,12 @@ pub fn progress(settled: &Settled<'_>, termination: bool, out_of_service: bool) 
         }
     }
     stuck
+}
+
+/// A pod deleted with no grace left: no kubelet runs it; only another's finalizer can keep it.
+fn force_deleted(pod: &Value) -> bool {
+    pod["metadata"]["deletionTimestamp"].is_string()
+        && pod["metadata"]["deletionGracePeriodSeconds"] == 0
 }
 
 pub fn tolerates_out_of_service(pod: &Value) -> bool {
@@ -664,6 +714,55 @@ mod tests {
         let mut bare = deletion("nodes", "node-1", "admin", 10);
         bare.finalizers.clear();
         assert_eq!(terminations(&[instance("node-1", &[12])], &[bare]).len(), 1);
+    }
+
+    #[test]
+    fn the_same_object_deleted_over_and_over_is_a_busy_loop() {
+        let pod = |user| deletion("pods", "held-9", user, 3);
+        let legitimate = vec![pod(OUT_OF_SERVICE_GC_USER); DELETES_PER_OBJECT];
+        assert!(repeated_deletes(&legitimate).is_empty());
+        let mut busy = legitimate.clone();
+        busy.push(pod(OUT_OF_SERVICE_GC_USER));
+        let found = repeated_deletes(&busy);
+        assert_eq!(found.len(), 1);
+        assert!(found[0].what.contains("4 times"), "{}", found[0].what);
+        // Others' deletes (an operator's, the kubelet's) are not the programs' loops.
+        assert!(repeated_deletes(&vec![pod("admin"); 9]).is_empty());
+    }
+
+    #[test]
+    fn a_pod_force_deleted_but_held_by_another_finalizer_counts_as_cleaned() {
+        let node = json!({
+            "metadata": {"name": "node-1"},
+            "spec": {"providerID": "sim:///node-1", "taints": [{"key": OUT_OF_SERVICE_TAINT, "effect": "NoExecute"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]},
+        });
+        let mut held = json!({
+            "metadata": {"name": "held-9", "finalizers": ["explore.nodegrace.io/hold"],
+                         "deletionTimestamp": "2026-11-25T10:00:00Z", "deletionGracePeriodSeconds": 0},
+            "spec": {"nodeName": "node-1"},
+        });
+        let mut off = instance("node-1", &[]);
+        off.state = "stopped".to_owned();
+        let instances = [off];
+        let settled = |pods: &[Value]| {
+            progress(
+                &Settled {
+                    nodes: std::slice::from_ref(&node),
+                    pods,
+                    attachments: &[],
+                    instances: &instances,
+                    pod_budgets: &[],
+                    node_budgets: &[],
+                },
+                false,
+                true,
+            )
+        };
+        assert!(settled(std::slice::from_ref(&held)).is_empty());
+        // Still within its grace period: the cleanup has not forced it.
+        held["metadata"]["deletionGracePeriodSeconds"] = json!(30);
+        assert_eq!(settled(std::slice::from_ref(&held)).len(), 1);
     }
 
     #[test]

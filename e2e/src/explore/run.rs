@@ -451,6 +451,7 @@ async fn judge(
         violations.extend(invariants::terminations(&instances, &deletions));
         violations.extend(invariants::budgets(recording));
     }
+    violations.extend(invariants::repeated_deletes(&deletions));
     violations.extend(invariants::availability(
         &unavailabilities,
         &drain_deadline_pods,
