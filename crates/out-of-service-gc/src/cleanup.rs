@@ -160,6 +160,9 @@ pub struct NodeCleanup {
     pods: Watched<Pod>,
     live: Fresh<LiveView>,
     said: Mutex<Said>,
+    /// Pods (by UID) whose forced deletion the API server accepted: the pod watch lags behind
+    /// our own writes, and each other pod's change starts a pass that would delete them again.
+    forced: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for NodeCleanup {
@@ -196,6 +199,7 @@ impl NodeCleanup {
             pods,
             live: Fresh::default(),
             said: Mutex::default(),
+            forced: Mutex::default(),
         }
     }
 
@@ -314,6 +318,7 @@ impl NodeCleanup {
         let mut next_due: Option<Timestamp> = None;
         for pod in self.pods.state() {
             match pod_verdict(&pod, taint, since, now) {
+                PodVerdict::ForceDelete if self.was_forced(&pod) => {}
                 PodVerdict::ForceDelete => victims.push(pod),
                 PodVerdict::ForceDeleteAt(due) => {
                     next_due = Some(next_due.map_or(due, |next| next.min(due)));
@@ -358,7 +363,13 @@ impl NodeCleanup {
         let mut progressed = false;
         for (pod, result) in results {
             match result {
-                Ok(Deleted::Yes | Deleted::AlreadyGone) => progressed = true,
+                Ok(Deleted::Yes | Deleted::AlreadyGone) => {
+                    self.forced
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(pod.uid().unwrap_or_default());
+                    progressed = true;
+                }
                 Ok(Deleted::Skipped) => skipped = true,
                 Err(error) => {
                     // Its volumes stay in use until it is gone.
@@ -542,6 +553,13 @@ impl NodeCleanup {
             }
             Err(error) => Err(PassError::api(what("delete"), error)),
         }
+    }
+
+    fn was_forced(&self, pod: &Pod) -> bool {
+        self.forced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&pod.uid().unwrap_or_default())
     }
 
     /// Says once per pod that its object outlives its forced deletion, and whose finalizers
