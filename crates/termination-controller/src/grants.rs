@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use kube::core::Selector;
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::nodes::{Readiness, readiness, taints};
 use nodegrace_core::k8s::watched::Watched;
@@ -121,9 +122,38 @@ impl Budgets {
     /// from the API server serves reviews all the same), and numbers counted from it — a
     /// namesake unknown, a gone node still Ready — over-spend the budget.
     pub async fn fresh_nodes(&self) -> Result<Vec<Arc<Node>>, kube::Error> {
+        self.fresh_nodes_where(&ListParams::default()).await
+    }
+
+    /// The nodes `budget` may cover, as the API server has them now: only its selector's, so a
+    /// check per cordon costs the budget's size, not the cluster's. A selector the API cannot
+    /// take (the budget is invalid, and covers every node) reads every node.
+    async fn fresh_nodes_of(
+        &self,
+        budget: &NodeDisruptionBudget,
+    ) -> Result<Vec<Arc<Node>>, kube::Error> {
+        let selector = budget
+            .spec
+            .selector
+            .clone()
+            .and_then(|selector| Selector::try_from(selector).ok());
+        let Some(selector) = selector.filter(|selector| !selector.selects_all()) else {
+            return self.fresh_nodes().await;
+        };
+        match self
+            .fresh_nodes_where(&ListParams::default().labels_from(&selector))
+            .await
+        {
+            // A value the API refuses in a selector: the budget covers every node.
+            Err(error) if status_code(&error) == Some(400) => self.fresh_nodes().await,
+            read => read,
+        }
+    }
+
+    async fn fresh_nodes_where(&self, params: &ListParams) -> Result<Vec<Arc<Node>>, kube::Error> {
         Ok(self
             .node_api
-            .list(&ListParams::default())
+            .list(params)
             .await?
             .items
             .into_iter()
@@ -141,11 +171,11 @@ impl Budgets {
         if !facts.ready {
             return Ok(None);
         }
-        let nodes = self.fresh_nodes().await?;
         for budget in self.covering(&facts) {
             let Ok(limit) = Limit::of(&budget.spec) else {
                 continue;
             };
+            let nodes = self.fresh_nodes_of(&budget).await?;
             let numbers = budget_numbers(&budget, limit, &nodes);
             if numbers.available < numbers.desired {
                 return Ok(Some((budget.name().to_owned(), numbers)));
