@@ -160,9 +160,10 @@ pub struct NodeCleanup {
     pods: Watched<Pod>,
     live: Fresh<LiveView>,
     said: Mutex<Said>,
-    /// Pods (by UID) whose forced deletion the API server accepted: the pod watch lags behind
-    /// our own writes, and each other pod's change starts a pass that would delete them again.
-    forced: Mutex<HashSet<String>>,
+    /// Pods and VolumeAttachments (by UID) whose deletion the API server accepted: the watches
+    /// lag behind our own writes, and each other object's change starts a pass that would
+    /// delete them again.
+    deleted: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for NodeCleanup {
@@ -199,7 +200,7 @@ impl NodeCleanup {
             pods,
             live: Fresh::default(),
             said: Mutex::default(),
-            forced: Mutex::default(),
+            deleted: Mutex::default(),
         }
     }
 
@@ -318,7 +319,7 @@ impl NodeCleanup {
         let mut next_due: Option<Timestamp> = None;
         for pod in self.pods.state() {
             match pod_verdict(&pod, taint, since, now) {
-                PodVerdict::ForceDelete if self.was_forced(&pod) => {}
+                PodVerdict::ForceDelete if self.deleted_by_us(pod.uid()) => {}
                 PodVerdict::ForceDelete => victims.push(pod),
                 PodVerdict::ForceDeleteAt(due) => {
                     next_due = Some(next_due.map_or(due, |next| next.min(due)));
@@ -364,10 +365,7 @@ impl NodeCleanup {
         for (pod, result) in results {
             match result {
                 Ok(Deleted::Yes | Deleted::AlreadyGone) => {
-                    self.forced
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(pod.uid().unwrap_or_default());
+                    self.remember_deleted(pod.uid());
                     progressed = true;
                 }
                 Ok(Deleted::Skipped) => skipped = true,
@@ -555,11 +553,22 @@ impl NodeCleanup {
         }
     }
 
-    fn was_forced(&self, pod: &Pod) -> bool {
-        self.forced
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(&pod.uid().unwrap_or_default())
+    fn deleted_by_us(&self, uid: Option<String>) -> bool {
+        uid.is_some_and(|uid| {
+            self.deleted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&uid)
+        })
+    }
+
+    fn remember_deleted(&self, uid: Option<String>) {
+        if let Some(uid) = uid {
+            self.deleted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(uid);
+        }
     }
 
     /// Says once per pod that its object outlives its forced deletion, and whose finalizers
@@ -608,7 +617,9 @@ impl NodeCleanup {
         let api: Api<VolumeAttachment> = Api::all(self.shared.client.clone());
         let mut gone = 0;
         for attachment in &attachments {
-            if attachment.metadata.deletion_timestamp.is_some() {
+            if attachment.metadata.deletion_timestamp.is_some()
+                || self.deleted_by_us(attachment.uid())
+            {
                 continue;
             }
             let volume = attachment.spec.source.persistent_volume_name.clone();
@@ -633,6 +644,7 @@ impl NodeCleanup {
             };
             match api.delete(&name, &params).await {
                 Ok(_) => {
+                    self.remember_deleted(attachment.uid());
                     self.shared.metrics.volumes_force_detached.inc();
                     tracing::info!(node = %self.node, attachment = %name, volume = ?volume, "force-detached");
                     self.node_event(
@@ -645,7 +657,10 @@ impl NodeCleanup {
                         ),
                     );
                 }
-                Err(error) if classify_delete(&error) == ApiErrorClass::Gone => gone += 1,
+                Err(error) if classify_delete(&error) == ApiErrorClass::Gone => {
+                    self.remember_deleted(attachment.uid());
+                    gone += 1;
+                }
                 Err(error) => {
                     return Err(PassError::api(
                         format!("delete VolumeAttachment {name}"),

@@ -157,16 +157,17 @@ async fn a_node_that_still_heartbeats_is_refused_with_an_event() -> Result<()> {
 /// What one node's cleanup shares, for a test that runs its passes by hand (no liveness guard).
 async fn shared_without_guard(
     client: &kube::Client,
+    attachment_watch: nodegrace_core::k8s::watched::WatchCounters,
 ) -> Result<std::sync::Arc<out_of_service_gc::cleanup::Shared>> {
     use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
-    use nodegrace_core::k8s::watched::{WatchCounters, Watched};
+    use nodegrace_core::k8s::watched::Watched;
     use out_of_service_gc::cleanup::{Settings, Shared};
     let (reporter, _flushed) =
         Reporter::start(ApiSink::new(client.clone(), "out-of-service-gc", "test"));
     let attachments = Watched::start(
         Api::all(client.clone()),
         kube::runtime::watcher::Config::default(),
-        WatchCounters::default(),
+        attachment_watch,
     );
     attachments.synced().await?;
     Ok(std::sync::Arc::new(Shared {
@@ -188,13 +189,14 @@ async fn shared_without_guard(
 
 #[tokio::test]
 async fn a_taint_removed_before_the_action_deletes_nothing() -> Result<()> {
+    use nodegrace_core::k8s::watched::WatchCounters;
     use out_of_service_gc::cleanup::{NodeCleanup, Outcome};
     let sim = sim(2, world()).await?;
     let client = sim.client();
     running_pods(&client, "node-1", 3).await?;
     kill(&client, "node-1").await?;
     taint(&client, "node-1").await?;
-    let shared = shared_without_guard(&client).await?;
+    let shared = shared_without_guard(&client, WatchCounters::default()).await?;
     let cleanup = NodeCleanup::new(std::sync::Arc::clone(&shared), "node-1");
     cleanup.pods().synced().await?;
     ensure!(
@@ -489,59 +491,133 @@ async fn a_pod_held_by_another_finalizer_is_force_deleted_once() -> Result<()> {
     gc.stop().await
 }
 
-/// A pass started before the pod watch shows this cleanup's own forced deletions (the watch
-/// lags behind our writes; every other pod's change starts a pass) does not delete again
-/// (explorer seed 41: 13 deletes of one held pod in 42 ms). The watch is held back here by
-/// failing its re-list, so the cache keeps showing the pods as they were.
+/// A pass started before the watches show this cleanup's own deletions (they lag behind our
+/// writes; every other object's change starts a pass) does not delete again (explorer seed
+/// 41: 13 deletes of one held pod in 42 ms; seeds 153 and 165: a VolumeAttachment, whose
+/// attacher's finalizer keeps it until the detach, deleted 5 times in 39 ms). The watches are
+/// held back here by failing their re-lists, so the caches keep showing what was there.
 #[tokio::test]
-async fn a_pass_on_a_cache_behind_its_own_deletions_does_not_repeat_them() -> Result<()> {
+async fn a_pass_on_caches_behind_its_own_deletions_does_not_repeat_them() -> Result<()> {
+    use nodegrace_core::k8s::watched::WatchCounters;
     use out_of_service_gc::cleanup::NodeCleanup;
+    use prometheus_client::metrics::counter::Counter;
     let sim = sim(2, world()).await?;
     let client = sim.client();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let hold = json!({"metadata": {"finalizers": ["example.com/hold"]}});
-    for name in ["held-a", "held-b"] {
-        pods.create(&PostParams::default(), &pod(name, "node-1", &hold)?)
-            .await?;
-    }
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), "default");
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "data"}, "spec": {
+                "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
+            }}))?,
+        )
+        .await?;
+    let held = |volumes: serde_json::Value| json!({"metadata": {"finalizers": ["example.com/hold"]}, "spec": {"volumes": volumes}});
+    let data = json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]);
+    pods.create(
+        &PostParams::default(),
+        &pod("held-a", "node-1", &held(data))?,
+    )
+    .await?;
+    pods.create(
+        &PostParams::default(),
+        &pod("held-b", "node-1", &held(json!([])))?,
+    )
+    .await?;
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    wait_for("held-a's volume to be attached", || async {
+        Ok(attachments
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|va| va.spec.node_name == "node-1"))
+    })
+    .await?;
     kill(&client, "node-1").await?;
-    taint(&client, "node-1").await?;
-    let shared = shared_without_guard(&client).await?;
+    // NoSchedule: the taint manager's evictions (and the detach of an evicted pod's volume,
+    // which the NoExecute taint starts at once) stay out of the caches this test holds back.
+    nodegrace_core::k8s::taints::change_taints(
+        &Api::<Node>::all(client.clone()),
+        "node-1",
+        |_, taints| {
+            taints.push(k8s_openapi::api::core::v1::Taint {
+                key: TAINT.to_owned(),
+                effect: "NoSchedule".to_owned(),
+                ..Default::default()
+            });
+            true
+        },
+    )
+    .await?;
+    let attachment_restarts = Counter::default();
+    let shared = shared_without_guard(
+        &client,
+        WatchCounters {
+            events: None,
+            restarts: Some(attachment_restarts.clone()),
+        },
+    )
+    .await?;
     let cleanup = NodeCleanup::new(std::sync::Arc::clone(&shared), "node-1");
     cleanup.pods().synced().await?;
     ensure!(cleanup.pods().state().len() == 2);
-    for verb in ["list", "watch"] {
-        sim.faults().add_rule(ErrorRule {
-            verb: verb.to_owned(),
-            resource: "pods".to_owned(),
-            rate: 1.0,
-            failure: FailureKind::InternalError,
-        });
-    }
-    sim.faults().close_watches();
+    let hold_back = |resource: &str| {
+        for verb in ["list", "watch"] {
+            sim.faults().add_rule(ErrorRule {
+                verb: verb.to_owned(),
+                resource: resource.to_owned(),
+                rate: 1.0,
+                failure: FailureKind::InternalError,
+            });
+        }
+        sim.faults().close_watches();
+    };
+    // Only the pods are held back at first: the first failure is their watch's.
+    hold_back("pods");
     wait_for("the pod watch to be down", || async {
         Ok(sim.faults().failed() > 0)
     })
     .await?;
+    // A closed watch also counts as a restart: only a restart after this close tells.
+    let restarts = attachment_restarts.get();
+    hold_back("volumeattachments");
+    wait_for("the attachment watch to be down", || async {
+        Ok(attachment_restarts.get() > restarts)
+    })
+    .await?;
     cleanup.pass().await?;
-    // (The taint manager may have begun a graceful deletion before the watch went down.)
     ensure!(
         cleanup
             .pods()
             .state()
             .iter()
-            .all(|pod| pod.metadata.deletion_grace_period_seconds != Some(0)),
-        "the cache was meant to stay behind"
+            .all(|pod| pod.metadata.deletion_timestamp.is_none()),
+        "the pod cache was meant to stay behind"
+    );
+    ensure!(
+        shared
+            .attachments
+            .state()
+            .iter()
+            .all(|va| va.metadata.deletion_timestamp.is_none()),
+        "the attachment cache was meant to stay behind"
     );
     cleanup.pass().await?;
-    let deletes = sim
-        .world()
-        .audit()
-        .deletions()
+    let deletions = sim.world().audit().deletions();
+    let forced = deletions
         .iter()
-        .filter(|deletion| deletion.grace_period_seconds == Some(0))
+        .filter(|deletion| deletion.resource == "pods" && deletion.grace_period_seconds == Some(0))
         .count();
-    ensure!(deletes == 2, "{deletes} deletes of 2 pods");
+    let detached = deletions
+        .iter()
+        .filter(|deletion| deletion.resource == "volumeattachments")
+        .count();
+    ensure!(forced == 2, "{forced} deletes of 2 pods");
+    ensure!(detached == 1, "{detached} deletes of 1 attachment");
     ensure!(shared.metrics.pods_force_deleted.get() == 2);
+    ensure!(shared.metrics.volumes_force_detached.get() == 1);
     Ok(())
 }
