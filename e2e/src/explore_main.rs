@@ -9,9 +9,6 @@ use clap::Parser;
 use nodegrace_e2e::explore::run::Options;
 use nodegrace_e2e::explore::schedule::Programs;
 
-/// The repository this binary was built from: the CRD is read from its charts.
-const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-
 #[derive(Debug, Parser)]
 #[command(
     name = "nodegrace-explore",
@@ -79,8 +76,8 @@ fn run() -> Result<bool> {
     if args.jobs == 0 {
         bail!("--jobs must be at least 1");
     }
-    let repo =
-        std::fs::canonicalize(REPO).context("find the repository this binary was built from")?;
+    let repo = std::fs::canonicalize(nodegrace_e2e::REPO)
+        .context("find the repository this binary was built from")?;
     let bin_dir = match args.bin_dir {
         Some(dir) => dir,
         None => std::env::current_exe()?

@@ -16,3 +16,7 @@ pub mod processes;
 pub mod stage;
 pub mod timeline;
 pub mod wait;
+
+/// The repository this crate was built from: its charts, demo values and the explorer's CRD
+/// are read from there.
+pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");

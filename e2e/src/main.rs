@@ -10,9 +10,6 @@ use nodegrace_e2e::demo::{self, Ending, Options};
 use nodegrace_e2e::images::ImageBinaries;
 use nodegrace_e2e::stage::{CHARTS, Inputs};
 
-/// The repository this binary was built from: its charts and demo values are read from there.
-const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-
 #[derive(Debug, Parser)]
 #[command(
     name = "nodegrace-demo",
@@ -91,8 +88,8 @@ fn run() -> Result<Ending> {
             "the demo needs root: each simulated machine runs elogind in its own PID and mount namespaces. Run: sudo -E env PATH=\"$PATH\" cargo xtask demo"
         );
     }
-    let repo =
-        std::fs::canonicalize(REPO).context("find the repository this demo was built from")?;
+    let repo = std::fs::canonicalize(nodegrace_e2e::REPO)
+        .context("find the repository this demo was built from")?;
     let bin_dir = match args.bin_dir {
         Some(dir) => dir,
         None => std::env::current_exe()?
