@@ -10,8 +10,8 @@ use clap::Args;
 
 use crate::{project_root, run_command, target_dir};
 
-/// Seeds the test command always plays: the fixed set, and every seed that once found a
-/// violation (after its fix), so a regression there fails the suite.
+/// Seeds the test command always plays: every seed that once found a violation (after its
+/// fix), so a regression there fails the suite.
 const SEEDS_FILE: &str = "e2e/explore/seeds.txt";
 
 #[derive(Debug, Args)]
