@@ -504,16 +504,7 @@ async fn a_pass_on_caches_behind_its_own_deletions_does_not_repeat_them() -> Res
     let sim = sim(2, world()).await?;
     let client = sim.client();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), "default");
-    claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "data"}, "spec": {
-                "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
-            }}))?,
-        )
-        .await?;
+    create_claim(&client, "data").await?;
     let held = |volumes: serde_json::Value| json!({"metadata": {"finalizers": ["example.com/hold"]}, "spec": {"volumes": volumes}});
     let data = json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]);
     pods.create(
@@ -539,19 +530,7 @@ async fn a_pass_on_caches_behind_its_own_deletions_does_not_repeat_them() -> Res
     kill(&client, "node-1").await?;
     // NoSchedule: the taint manager's evictions (and the detach of an evicted pod's volume,
     // which the NoExecute taint starts at once) stay out of the caches this test holds back.
-    nodegrace_core::k8s::taints::change_taints(
-        &Api::<Node>::all(client.clone()),
-        "node-1",
-        |_, taints| {
-            taints.push(k8s_openapi::api::core::v1::Taint {
-                key: TAINT.to_owned(),
-                effect: "NoSchedule".to_owned(),
-                ..Default::default()
-            });
-            true
-        },
-    )
-    .await?;
+    taint_with_effect(&client, "node-1", "NoSchedule").await?;
     let attachment_restarts = Counter::default();
     let shared = shared_without_guard(
         &client,

@@ -250,8 +250,7 @@ async fn a_tolerating_pods_ephemeral_volume_stays_attached() -> Result<()> {
     let client = sim.client();
     let gc = controller(&sim, &[]).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let claim =
-        json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}});
+    let claim = claim_spec();
     // A node agent that tolerates the taint and keeps a scratch volume of its own…
     let agent = json!({"spec": {
         "tolerations": [{"key": TAINT, "operator": "Exists"}],
@@ -260,14 +259,7 @@ async fn a_tolerating_pods_ephemeral_volume_stays_attached() -> Result<()> {
     pods.create(&PostParams::default(), &pod("agent", "node-1", &agent)?)
         .await?;
     // …next to a database whose volume must move.
-    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), "default");
-    claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "data"}, "spec": claim}))?,
-        )
-        .await?;
+    let claims = create_claim(&client, "data").await?;
     let database = json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}});
     pods.create(&PostParams::default(), &pod("db", "node-1", &database)?)
         .await?;

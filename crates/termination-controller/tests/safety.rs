@@ -115,6 +115,23 @@ async fn ready(client: &Client, node: &str) -> Result<bool> {
     }))
 }
 
+/// The node's simulated kubelet stops reporting (its machine may run on), until it is NotReady.
+async fn stop_kubelet(client: &Client, node: &str) -> Result<()> {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
+            ),
+        )
+        .await?;
+    wait_for(&format!("{node} NotReady"), || async {
+        Ok(!ready(client, node).await?)
+    })
+    .await
+}
+
 async fn remove_finalizer_by_hand(client: &Client, name: &str) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let mut node = nodes.get(name).await?;
@@ -296,20 +313,7 @@ async fn a_hung_machine_is_released_once_its_pods_are_stuck_terminating() -> Res
     .await?;
     // The kubelet stops answering while the provider still reports the machine running (a
     // hung kernel): the drain runs, and nothing ever confirms the pod's end.
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .patch(
-            "node-0",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(
-                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
-            ),
-        )
-        .await?;
-    wait_for("node-0 NotReady", || async {
-        Ok(!ready(&client, "node-0").await?)
-    })
-    .await?;
+    stop_kubelet(&client, "node-0").await?;
     delete_node(&client, "node-0").await?;
     wait_for("node-0 released", || node_gone(&client, "node-0")).await?;
     event_seen(&client, "node-0", "PodLeftTerminating").await?;
@@ -675,19 +679,7 @@ async fn a_grant_overtaken_by_a_dead_node_is_given_back_before_the_cordon() -> R
             &Patch::Merge(json!({"status": {"disruptedNodes": {"node-1": {"uid": uid, "grantedAt": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}}}})),
         )
         .await?;
-    nodes
-        .patch(
-            "node-2",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
-            ),
-        )
-        .await?;
-    wait_for("node-2 NotReady", || async {
-        Ok(!ready(&client, "node-2").await?)
-    })
-    .await?;
+    stop_kubelet(&client, "node-2").await?;
     delete_node(&client, "node-1").await?;
     wait_for("node-1 waiting for the budget again", || async {
         Ok(condition(&client, "node-1", "Terminating")

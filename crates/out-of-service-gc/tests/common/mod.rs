@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use k8s_openapi::api::core::v1::{Event, Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolumeClaim, Pod, Taint};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
@@ -195,18 +195,39 @@ pub fn ready(node: &Node) -> bool {
 }
 
 pub async fn taint(client: &Client, node: &str) -> Result<()> {
+    taint_with_effect(client, node, "NoExecute").await
+}
+
+pub async fn taint_with_effect(client: &Client, node: &str, effect: &str) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     change_taints(&nodes, node, |_, taints| {
         taints.push(Taint {
             key: TAINT.to_owned(),
             value: Some("nodeshutdown".to_owned()),
-            effect: "NoExecute".to_owned(),
+            effect: effect.to_owned(),
             time_added: None,
         });
         true
     })
     .await?;
     Ok(())
+}
+
+/// The spec of a 1 GiB ReadWriteOnce claim, which kube-sim's provisioner binds.
+pub fn claim_spec() -> serde_json::Value {
+    json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}})
+}
+
+/// Creates the claim `name` in `default` (see [`claim_spec`]).
+pub async fn create_claim(client: &Client, name: &str) -> Result<Api<PersistentVolumeClaim>> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}, "spec": claim_spec()}))?,
+        )
+        .await?;
+    Ok(claims)
 }
 
 pub fn has_taint(node: &Node) -> bool {
