@@ -23,12 +23,13 @@ use nodegrace_core::telemetry::ProgramRegistry;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::NodeDisruptionBudget;
-use crate::cli::{Args, Command, PlanArgs, PlanFormat, WebhookArgs};
+use crate::cli::{Args, Command, PlanArgs, PlanFormat, ReleaseNodesArgs, WebhookArgs};
 use crate::controller::Controller;
 use crate::grants::Budgets;
 use crate::metrics::Metrics;
 use crate::plan;
 use crate::shared::{Settings, Shared};
+use crate::uninstall::{self, Release};
 use crate::webhook::admit::{Admission, Mode};
 use crate::webhook::certs::{self, Issuing};
 use crate::webhook::server::{self, ServingCertificate};
@@ -40,8 +41,28 @@ pub const PROGRAM: &str = "termination-controller";
 pub async fn run(mut args: Args, stop: CancellationToken) -> Result<()> {
     match args.command.take() {
         Some(Command::Plan(plan)) => print_plan(plan).await,
+        Some(Command::ReleaseNodes(release)) => release_nodes(release).await,
         None => Box::pin(start(args, stop)).await?.wait().await,
     }
+}
+
+async fn release_nodes(args: ReleaseNodesArgs) -> Result<()> {
+    let client = client::client(&args.kube, PROGRAM)
+        .await
+        .context("build the Kubernetes client")?;
+    let release = Release {
+        namespace: args.namespace,
+        deployment: args.deployment,
+        stop_timeout: args.stop_timeout,
+    };
+    let released = uninstall::release_nodes(&client, &release).await?;
+    println!(
+        "released {} node(s) from the finalizer nodegrace.io/termination{}{}",
+        released.len(),
+        if released.is_empty() { "" } else { ": " },
+        released.join(", ")
+    );
+    Ok(())
 }
 
 async fn print_plan(args: PlanArgs) -> Result<()> {

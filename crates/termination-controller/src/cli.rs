@@ -124,6 +124,27 @@ pub enum Command {
     /// budget will ever let go, the NodeDisruptionBudget verdict, and an estimated minimum
     /// drain time.
     Plan(PlanArgs),
+    /// Stop the controller and remove its finalizer from every node: what the chart's
+    /// pre-delete hook runs on `helm uninstall`, so no later Node delete waits for a
+    /// controller that is gone. Scales the controller's Deployment to 0 first (a replica would
+    /// add the finalizers again).
+    ReleaseNodes(ReleaseNodesArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReleaseNodesArgs {
+    /// Namespace of the controller's Deployment.
+    #[arg(long, env = "NODEGRACE_NAMESPACE")]
+    pub namespace: String,
+    /// Name of the controller's Deployment, scaled to 0 before the finalizers go.
+    #[arg(long, env = "NODEGRACE_DEPLOYMENT")]
+    pub deployment: String,
+    /// How long to wait for the controller's pods to stop before giving up (the finalizers
+    /// then stay, and the command exits 1).
+    #[arg(long, env = "NODEGRACE_STOP_TIMEOUT", default_value = "2m", value_parser = duration_flag)]
+    pub stop_timeout: Duration,
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 #[derive(Debug, Clone, clap::Args)]

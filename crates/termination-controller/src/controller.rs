@@ -339,16 +339,22 @@ async fn keep_statuses(
                     .map(|(name, _)| name.clone())
                     .collect();
                 for (name, allowed) in refreshed.allowed {
+                    let invalid = refreshed.invalid.contains(&name);
+                    let label = NdbLabel { ndb: name };
                     metrics
                         .ndb_disruptions_allowed
-                        .get_or_create(&NdbLabel { ndb: name })
+                        .get_or_create(&label)
                         .set(i64::from(allowed));
+                    metrics
+                        .ndb_invalid
+                        .get_or_create(&label)
+                        .set(i64::from(invalid));
                 }
                 // A deleted budget's series goes with it, not stays at its last value.
                 for gone in reported.difference(&present) {
-                    metrics
-                        .ndb_disruptions_allowed
-                        .remove(&NdbLabel { ndb: gone.clone() });
+                    let label = NdbLabel { ndb: gone.clone() };
+                    metrics.ndb_disruptions_allowed.remove(&label);
+                    metrics.ndb_invalid.remove(&label);
                 }
                 reported = present;
                 for _ in 0..refreshed.conflicts {

@@ -3,7 +3,7 @@
 //! was made on: of two writers (two controllers, two nodes, later the webhook) deciding on the
 //! same version, one gets a 409, re-reads, and sees the unit taken.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -496,6 +496,8 @@ pub fn allocate(
 pub struct Refreshed {
     /// Each budget's `disruptionsAllowed` after the pass.
     pub allowed: Vec<(String, i32)>,
+    /// The budgets whose spec is invalid (they hold every node they may cover).
+    pub invalid: HashSet<String>,
     /// Why each waiting node waits.
     pub waiting: HashMap<String, Verdict>,
     /// Status writes refused with a 409 (left to the next pass, which the watch triggers).
@@ -544,6 +546,13 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
         refreshed
             .allowed
             .push((budget.name().to_owned(), status.disruptions_allowed));
+        if status
+            .conditions
+            .iter()
+            .any(|condition| condition.reason == "InvalidSpec")
+        {
+            refreshed.invalid.insert(budget.name().to_owned());
+        }
         if budget.status.as_ref() == Some(&status) {
             continue;
         }

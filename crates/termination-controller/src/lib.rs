@@ -20,4 +20,5 @@ pub mod queues;
 pub mod shared;
 pub mod termination;
 pub mod tiers;
+pub mod uninstall;
 pub mod webhook;

@@ -55,6 +55,7 @@ pub struct Metrics {
     pub termination_duration: Histogram,
     pub queue_depth: QueueDepths,
     pub ndb_disruptions_allowed: Family<NdbLabel, Gauge>,
+    pub ndb_invalid: Family<NdbLabel, Gauge>,
     pub nodes_terminating: Gauge,
     pub not_ready_deletions_held: Gauge,
     pub errors: Family<KindLabel, Counter>,
@@ -73,6 +74,7 @@ impl Default for Metrics {
             termination_duration: Histogram::new(exponential_buckets(1.0, 2.0, 15)),
             queue_depth: QueueDepths::default(),
             ndb_disruptions_allowed: Family::default(),
+            ndb_invalid: Family::default(),
             nodes_terminating: Gauge::default(),
             not_ready_deletions_held: Gauge::default(),
             errors: Family::default(),
@@ -120,6 +122,11 @@ impl Metrics {
             "ndb_disruptions_allowed",
             "Node disruptions each NodeDisruptionBudget allows now",
             metrics.ndb_disruptions_allowed.clone(),
+        );
+        registry.register(
+            "ndb_invalid",
+            "1 for each NodeDisruptionBudget whose spec is invalid (it holds every node it may cover)",
+            metrics.ndb_invalid.clone(),
         );
         registry.register(
             "nodes_terminating",

@@ -93,7 +93,7 @@ fn collect_queries(value: &Value, queries: &mut Vec<String>) {
     }
 }
 
-fn selected_metrics(expr: &Expr, names: &mut Vec<String>) {
+pub(super) fn selected_metrics(expr: &Expr, names: &mut Vec<String>) {
     match expr {
         Expr::VectorSelector(selector) => names.extend(selector.name.clone()),
         Expr::MatrixSelector(matrix) => names.extend(matrix.vs.name.clone()),

@@ -2,6 +2,7 @@
 //! reading a program's admin server, a logind stand-in for tests without root, and checks of a
 //! release binary as an operator runs it.
 
+mod alerts;
 mod binary;
 mod dashboard;
 mod fake_logind;
@@ -16,6 +17,7 @@ use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
+pub use alerts::check_program_alerts;
 pub use binary::{
     check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
     check_skeleton_binary,
@@ -25,7 +27,8 @@ pub use fake_logind::{FakeLogind, WithExtraEvents};
 
 /// The two tests of a program's operator documentation, in its integration tests:
 /// docs/<program>.md's generated tables (flags, chart values, metrics) are current, and the
-/// chart's Grafana dashboard selects only series the program exports and shows each.
+/// chart's Grafana dashboard selects only series the program exports and shows each, and so
+/// do its alerts.
 /// `cargo xtask docs` rewrites the tables.
 #[macro_export]
 macro_rules! operator_reference_tests {
@@ -49,6 +52,12 @@ macro_rules! operator_reference_tests {
         fn every_dashboard_query_selects_an_exported_metric_and_every_metric_is_shown()
         -> anyhow::Result<()> {
             $crate::testing::check_program_dashboard($program, &program_metrics())?;
+            Ok(())
+        }
+
+        #[test]
+        fn every_alert_of_the_chart_selects_an_exported_metric() -> anyhow::Result<()> {
+            $crate::testing::check_program_alerts($program, &program_metrics())?;
             Ok(())
         }
     };

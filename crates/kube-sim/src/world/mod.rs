@@ -10,6 +10,7 @@ mod disruption;
 mod ephemeral;
 mod events;
 mod gc;
+mod jobs;
 mod kubelet;
 pub(crate) mod launch;
 mod node_affinity;
@@ -187,6 +188,13 @@ impl World {
                 quick,
                 workloads::concerns,
                 workloads::reconcile,
+            ));
+            tokio::spawn(controller::run(
+                store.clone(),
+                stop.clone(),
+                quick,
+                jobs::concerns,
+                jobs::reconcile,
             ));
         }
         if options.workloads {
