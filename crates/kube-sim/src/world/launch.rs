@@ -6,8 +6,9 @@
 //! token —, downward API, emptyDir, hostPath on the node's filesystem) with where it mounts.
 //!
 //! A process has no network namespace: it gets its own loopback address as pod IP, and
-//! `0.0.0.0` in its args and env is that address, so every pod can bind the ports its chart
-//! names.
+//! `0.0.0.0` and `[::]` (the unspecified addresses, which in a pod's own network namespace
+//! mean its addresses) in its args and env are that address, so every pod can bind the ports
+//! its chart names.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -82,6 +83,16 @@ fn text(value: &Value) -> &str {
     value.as_str().unwrap_or_default()
 }
 
+/// The unspecified addresses in `value`, as the pod's own address.
+fn bind_to_pod(value: String, pod_ip: &str) -> String {
+    if pod_ip.is_empty() {
+        return value;
+    }
+    value
+        .replace("0.0.0.0:", &format!("{pod_ip}:"))
+        .replace("[::]:", &format!("{pod_ip}:"))
+}
+
 pub fn prepare(
     context: &Context<'_>,
     pod: &Value,
@@ -92,13 +103,7 @@ pub fn prepare(
     let pod_ip = text(&pod["status"]["podIP"]).to_owned();
     let env = environment(context, pod, container)?;
     let lookup: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let bind_here = |value: String| {
-        if pod_ip.is_empty() {
-            value
-        } else {
-            value.replace("0.0.0.0:", &format!("{pod_ip}:"))
-        }
-    };
+    let bind_here = |value: String| bind_to_pod(value, &pod_ip);
     let args = args
         .into_iter()
         .map(|arg| bind_here(expand(&arg, &lookup)))
@@ -600,6 +605,17 @@ fn host_path_source(context: &Context<'_>, path: &str, kind: &str) -> Result<Pat
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn both_unspecified_addresses_are_the_pods_own() {
+        for arg in ["--admin-listen=0.0.0.0:9452", "--admin-listen=[::]:9452"] {
+            assert_eq!(
+                bind_to_pod(arg.to_owned(), "127.64.0.2"),
+                "--admin-listen=127.64.0.2:9452"
+            );
+        }
+        assert_eq!(bind_to_pod("[::]:1".to_owned(), ""), "[::]:1");
+    }
+
     use super::*;
 
     #[test]
