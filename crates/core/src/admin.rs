@@ -205,4 +205,27 @@ mod tests {
         server.stopped().await.unwrap();
         assert!(tokio::net::TcpStream::connect(addr).await.is_err());
     }
+
+    /// The programs' default: `[::]` takes IPv6 and IPv4 (dual-stack), so an IPv6-only cluster
+    /// probes it as an IPv4 one does.
+    #[tokio::test]
+    async fn the_unspecified_ipv6_address_serves_ipv6_and_ipv4() {
+        let stop = CancellationToken::new();
+        let server = serve(
+            "[::]:0".parse().unwrap(),
+            Registry::default(),
+            Readiness::new(),
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        let port = server.local_addr().port();
+        for host in ["[::1]", "127.0.0.1"] {
+            let addr: SocketAddr = format!("{host}:{port}").parse().unwrap();
+            let answer = get(addr, "/livez").await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{host}: {answer}");
+        }
+        stop.cancel();
+        server.stopped().await.unwrap();
+    }
 }

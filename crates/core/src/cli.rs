@@ -55,8 +55,9 @@ pub struct LogArgs {
 /// combination of them can share a host network namespace.
 #[derive(Debug, Clone, Args)]
 pub struct AdminArgs<const PORT: u16> {
-    /// Address of the admin server (/metrics, /livez, /readyz).
-    #[arg(long, env = "NODEGRACE_ADMIN_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], PORT)))]
+    /// Address of the admin server (/metrics, /livez, /readyz); the default `[::]` takes IPv6
+    /// and IPv4 (dual-stack).
+    #[arg(long, env = "NODEGRACE_ADMIN_LISTEN", default_value_t = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, PORT)))]
     pub admin_listen: SocketAddr,
 }
 

@@ -165,6 +165,128 @@ async fn measure(
     })
 }
 
+/// A full node (110 pods, the kubelet's default maxPods) in one group of 20 s, the agent at
+/// the chart's API limit (5 requests/s, burst 10): how many pods are deleted within the group,
+/// and how long until the last one is. `shutdown_api_burst` 0 is the agent's default (sized
+/// from the node); 10 is the chart's burst alone, as before the shutdown had a client of its own.
+/// Returns the pods deleted within the group, and the seconds from the power-off to the last
+/// deletion (`None`: no pod was deleted before the machine went).
+async fn full_node(
+    sim: &KubeSim,
+    client: &Client,
+    binary: &str,
+    shutdown_api_burst: u32,
+) -> Result<(usize, Option<f64>)> {
+    const PODS: usize = 110;
+    const PERIOD: Duration = Duration::from_secs(20);
+    let node = format!("full-node-{shutdown_api_burst}");
+    let mut node_object = kube_sim::populate::node(&node);
+    node_object["status"]["allocatable"]["pods"] = json!(PODS.to_string());
+    Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(node_object)?,
+        )
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for index in 0..PODS {
+        let pod = json!({
+            "metadata": {"name": format!("{node}-{index}"), "annotations": {"sim.nodegrace.io/stop-seconds": "0.1"}},
+            "spec": {"nodeName": node, "priorityClassName": "low", "containers": [{"name": "c", "image": "i"}]},
+        });
+        pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
+            .await?;
+    }
+    let removed: Arc<Mutex<HashMap<String, SystemTime>>> = Arc::default();
+    let sink = Arc::clone(&removed);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let watch_client = client.clone();
+    let watch = tokio::spawn(async move {
+        let mut events = watcher(Api::<Pod>::all(watch_client), config).boxed();
+        while let Ok(Some(event)) = events.try_next().await {
+            if let watcher::Event::Delete(pod) = event {
+                sink.lock()
+                    .unwrap()
+                    .insert(pod.metadata.name.unwrap_or_default(), SystemTime::now());
+            }
+        }
+    });
+    let logind = LogindHarness::start(ScenarioOptions {
+        inhibit_delay_max: Duration::from_secs(30),
+        ..ScenarioOptions::default()
+    })
+    .await?;
+    let state = tempfile::tempdir()?;
+    std::fs::write(state.path().join("boot_id"), "bench\n")?;
+    let mut agent = Command::new(binary)
+        .args([
+            format!("--node-name={node}"),
+            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+            format!("--dbus-address={}", logind.bus_address()),
+            format!("--state-dir={}", state.path().display()),
+            format!("--boot-id-file={}", state.path().join("boot_id").display()),
+            format!("--logind-drop-in-dir={}", logind.drop_in_dir().display()),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+            format!(
+                "--shutdown-grace-period-by-pod-priority=0={}",
+                PERIOD.as_secs()
+            ),
+            "--api-qps=5".to_owned(),
+            "--api-burst=10".to_owned(),
+            format!("--shutdown-api-burst={shutdown_api_burst}"),
+            "--log-level=warn".to_owned(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start the agent binary")?;
+    let outcome = async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !logind
+            .list_inhibitors()
+            .await?
+            .iter()
+            .any(|row| row.3 == "delay")
+        {
+            if Instant::now() > deadline {
+                bail!("the agent never took its inhibitor");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let powered_off = SystemTime::now();
+        logind.power_off().await?;
+        while logind.shutdown_hook_runs().is_empty() {
+            if Instant::now() > deadline + PERIOD + Duration::from_secs(30) {
+                bail!("shutdown never proceeded");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let settle = Instant::now() + Duration::from_secs(5);
+        while removed.lock().unwrap().len() < PODS && Instant::now() < settle {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let removed = removed.lock().unwrap();
+        let in_group = removed
+            .values()
+            .filter(|at| {
+                at.duration_since(powered_off)
+                    .is_ok_and(|after| after <= PERIOD)
+            })
+            .count();
+        let last = removed
+            .values()
+            .filter_map(|at| at.duration_since(powered_off).ok())
+            .max()
+            .map(|last| last.as_secs_f64());
+        Ok((in_group, last))
+    }
+    .await;
+    watch.abort();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    outcome
+}
+
 fn main() -> Result<()> {
     if let Some(reason) = logind_harness::skip_reason() {
         println!("shutdown bench skipped: {reason}");
@@ -197,6 +319,11 @@ fn main() -> Result<()> {
         println!("agent rss idle={idle:.1} MiB");
         println!("agent rss during shutdown={busy:.1} MiB");
         println!("release binary size={:.1} MiB", std::fs::metadata(binary)?.len() as f64 / 1024.0 / 1024.0);
+        let seconds = |last: Option<f64>| last.map_or_else(|| "none-deleted".to_owned(), |s| format!("{s:.1}"));
+        let (in_group, last) = full_node(&sim, &client, binary, 0).await.context("full node")?;
+        println!("full-node pods=110 deleted-in-group={in_group} s={} (one group of 20 s, --api-qps=5 --api-burst=10 as the chart sets, shutdown burst sized from the node)", seconds(last));
+        let (in_group, last) = full_node(&sim, &client, binary, 10).await.context("full node, burst 10")?;
+        println!("full-node pods=110 deleted-in-group={in_group} s={} (the same with --shutdown-api-burst=10, the chart's limit alone as before: the status patches take every token first)", seconds(last));
         Ok(())
     })
 }

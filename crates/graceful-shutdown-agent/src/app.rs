@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use nodegrace_core::admin::{Readiness, ReadinessGate};
-use nodegrace_core::cli::{CommonArgs, NodeArgs};
+use nodegrace_core::cli::{CommonArgs, KubeArgs, NodeArgs};
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
@@ -17,12 +17,14 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::Agent;
 use crate::budget::effective;
 use crate::cli::Args;
+use crate::kubelet_conflict;
 use crate::metrics::Metrics;
 use crate::node_marks::NodeMarks;
 use crate::node_pods::NodePods;
 use crate::plan::ShutdownPlan;
 use crate::state::{StateFile, read_boot_id};
 use crate::terminate::Terminator;
+use crate::write_budget;
 
 pub const PROGRAM: &str = "graceful-shutdown-agent";
 
@@ -85,6 +87,7 @@ async fn run_agent(
         logind_drop_in_file,
         logind_reload_timeout,
         boot_id_file,
+        shutdown_api_burst,
         pod_name,
         pod_namespace,
     } = args;
@@ -93,10 +96,29 @@ async fn run_agent(
         .context("build the Kubernetes client")?;
     let (reporter, flushed) = Reporter::start(ApiSink::new(client.clone(), PROGRAM, &node));
     let marks = NodeMarks::new(reporter, node.clone());
+    let max_pods = node_max_pods(&client, &node).await;
+    let burst = write_budget::shutdown_burst(shutdown_api_burst, max_pods);
+    if let Err(too_slow) = write_budget::check(&plan, max_pods, kube.api_qps, burst) {
+        tracing::warn!(%too_slow, "the shutdown's API limit cannot stop a full node in time");
+        marks.shutdown_writes_too_slow(&too_slow);
+    }
+    let shutdown_limits = KubeArgs {
+        api_burst: burst,
+        ..kube.clone()
+    };
+    let shutdown_client = nodegrace_core::k8s::client::client(&shutdown_limits, PROGRAM)
+        .await
+        .context("build the shutdown's Kubernetes client")?;
     let unavailable = |error: &LogindError| marks.logind_unavailable(error);
     let Some(logind) = logind.source().connect(&stop, unavailable).await else {
         return Ok(());
     };
+    tokio::spawn(kubelet_conflict::watch(
+        logind.clone(),
+        logind_drop_in_dir.clone(),
+        marks.clone(),
+        stop.clone(),
+    ));
     let delay = DelayConfig {
         drop_in_dir: logind_drop_in_dir,
         file_name: logind_drop_in_file,
@@ -125,7 +147,7 @@ async fn run_agent(
         logind,
         plan,
         budget,
-        terminator: Terminator::new(client, pods.clone(), node.clone()),
+        terminator: Terminator::new(shutdown_client, pods.clone(), node.clone()),
         pods,
         marks,
         state: StateFile::new(&state_dir),
@@ -175,4 +197,17 @@ async fn raise_budget(
             "logind applied the shutdown budget"
         );
     }
+}
+
+/// How many pods the node can hold (`status.allocatable.pods`), from a read at start; the
+/// kubelet's default when the node does not say or cannot be read.
+async fn node_max_pods(client: &kube::Client, node: &str) -> u32 {
+    let read = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(node)
+        .await;
+    let allocatable = read.ok().and_then(|node| {
+        let pods = node.status?.allocatable?.get("pods")?.0.clone();
+        pods.parse::<u32>().ok()
+    });
+    allocatable.unwrap_or(write_budget::DEFAULT_MAX_PODS)
 }

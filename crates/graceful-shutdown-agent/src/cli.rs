@@ -68,6 +68,11 @@ pub struct Args {
         default_value = "/proc/sys/kernel/random/boot_id"
     )]
     pub boot_id_file: PathBuf,
+    /// Requests the shutdown may send at once (a count): its pods' status patches and deletes,
+    /// on a client of their own. 0 sizes it from the node: two per pod it can hold
+    /// (status.allocatable.pods), plus 10.
+    #[arg(long, env = "NODEGRACE_SHUTDOWN_API_BURST", default_value_t = 0)]
+    pub shutdown_api_burst: u32,
     /// The agent's own pod, which it never deletes (downward API metadata.name); needs
     /// --pod-namespace.
     #[arg(long, env = "NODEGRACE_POD_NAME", requires = "pod_namespace")]

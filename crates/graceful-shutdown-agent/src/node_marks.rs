@@ -8,12 +8,14 @@ use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::reporter::{ConditionGuard, Landed, Reporter};
-use nodegrace_core::logind::LogindError;
+use nodegrace_core::logind::{KubeletShutdownSign, LogindError, describe_conflict};
 
 use crate::plan::PriorityGroup;
 use crate::summary::{GroupEnd, GroupResult, ShutdownSummary};
 
 pub const CONDITION_TYPE: &str = "GracefulShutdown";
+/// True while the kubelet's own graceful node shutdown is on as well.
+pub const CONFLICT_CONDITION_TYPE: &str = "GracefulShutdownConflict";
 pub const TAINT_KEY: &str = "nodegrace.io/shutting-down";
 const ACTION: &str = "Shutdown";
 
@@ -151,6 +153,40 @@ impl NodeMarks {
     }
 
     /// logind grants less delay than the groups need.
+    pub fn kubelet_conflict(&self, signs: &[KubeletShutdownSign]) {
+        let message = describe_conflict(signs);
+        let condition = ConditionSpec::new(
+            CONFLICT_CONDITION_TYPE,
+            "True",
+            "KubeletGracefulShutdown",
+            &message,
+        );
+        self.reporter
+            .condition(&self.node, condition, ConditionGuard::Always);
+        self.event(true, "KubeletGracefulShutdownConflict", message);
+    }
+
+    /// Clears a conflict reported before (never adds the condition to a node that had none).
+    pub fn no_kubelet_conflict(&self) {
+        let condition = ConditionSpec::new(
+            CONFLICT_CONDITION_TYPE,
+            "False",
+            "NoConflict",
+            "The kubelet's graceful node shutdown is off; this agent alone terminates the pods at shutdown.",
+        );
+        self.reporter
+            .condition(&self.node, condition, ConditionGuard::OnlyReplacing("True"));
+    }
+
+    pub fn shutdown_writes_too_slow(&self, too_slow: &crate::write_budget::TooSlow) {
+        self.reporter.event(EventReport::warning(
+            node_reference(&self.node),
+            "ShutdownApiLimitTooLow",
+            "CheckShutdownBudget",
+            too_slow.to_string(),
+        ));
+    }
+
     pub fn budget_reduced(&self, wanted_seconds: u64, effective_seconds: u64) {
         self.reporter.event(EventReport::warning(
             node_reference(&self.node),

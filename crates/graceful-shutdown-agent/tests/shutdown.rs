@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions};
 use logind_harness::{LogindHarness, ScenarioOptions};
-use nodegrace_core::logind::{Logind, ShutdownEvent};
+use nodegrace_core::logind::{InhibitMode, Logind, ShutdownEvent};
 use nodegrace_core::program::Started;
 use nodegrace_core::testing::{Admin, WithExtraEvents, wait_for};
 use serde_json::json;
@@ -977,4 +977,82 @@ async fn the_lock_is_held_while_logind_applies_the_budget_and_a_cut_is_reported(
         "{text}"
     );
     Ok(())
+}
+
+/// The kubelet's own graceful shutdown (its delay lock, or its logind drop-in) is reported as a
+/// conflict: a node condition and a Warning naming what was seen and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelets_own_graceful_shutdown_is_reported_as_a_conflict() -> Result<()> {
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    let kubelet = Logind::connect_to(logind.bus_address()).await?;
+    let kubelet_lock = kubelet
+        .inhibit(
+            "shutdown",
+            "kubelet",
+            "Kubelet needs time to handle node shutdown",
+            InhibitMode::Delay,
+        )
+        .await?;
+    let drop_ins = tempfile::tempdir()?;
+    std::fs::write(
+        drop_ins.path().join("99-kubelet.conf"),
+        "# Kubelet logind override\n[Login]\nInhibitDelayMaxSec=30\n",
+    )?;
+    let _agent = start_agent(&cluster, &logind, "0=5", Some(drop_ins.path()), None).await?;
+    wait_for(
+        "the conflict condition",
+        Duration::from_secs(20),
+        || async {
+            Ok(
+                condition(&node(&cluster).await?, "GracefulShutdownConflict")
+                    == Some(("True".to_owned(), "KubeletGracefulShutdown".to_owned())),
+            )
+        },
+    )
+    .await?;
+    wait_for("the conflict Warning", Duration::from_secs(20), || async {
+        Ok(notes(&cluster, "KubeletGracefulShutdownConflict")
+            .await?
+            .iter()
+            .any(|note| {
+                note.contains("the kubelet holds a delay lock on shutdown")
+                    && note.contains("99-kubelet.conf exists")
+                    && note.contains("shutdownGracePeriod")
+            }))
+    })
+    .await?;
+    drop(kubelet_lock);
+    Ok(())
+}
+
+/// A shutdown API limit that cannot send a full node's writes within the shortest group is a
+/// Warning at start, with the numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_api_limit_too_low_for_a_full_node_is_a_warning_with_its_numbers() -> Result<()>
+{
+    let Some(logind) = logind(30).await? else {
+        return Ok(());
+    };
+    let cluster = cluster().await?;
+    let flags = ["--api-qps=5", "--api-burst=10", "--shutdown-api-burst=10"];
+    let _agent =
+        start_agent_with_state(&cluster, &logind, "0=20", None, None, None, &flags).await?;
+    wait_for(
+        "the ShutdownApiLimitTooLow Warning",
+        Duration::from_secs(20),
+        || async {
+            Ok(notes(&cluster, "ShutdownApiLimitTooLow")
+                .await?
+                .iter()
+                .any(|note| {
+                    note.contains("at 5 writes/s with a burst of 10")
+                        && note.contains("220 writes of a full node (110 pods) take 42s")
+                        && note.contains("20s of the group from priority 0")
+                }))
+        },
+    )
+    .await
 }

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{Alerts, oldest_age};
 use crate::decide::{LockAction, condition, lock_action, transition};
-use crate::leases::{Activity, Holder, active_holders, activity, field_selector};
+use crate::leases::{Activity, Holder, Scope, active_holders, activity, field_selector};
 use crate::metrics::Metrics;
 
 pub const INHIBITOR_WHO: &str = "nodegrace shutdown-inhibitor-agent";
@@ -31,6 +31,8 @@ pub struct Agent {
     pub logind: SharedLogind,
     pub client: Client,
     pub node: String,
+    /// Whose Leases count.
+    pub scope: Scope,
     pub what: String,
     pub metrics: Metrics,
     pub reporter: Reporter,
@@ -79,7 +81,9 @@ impl Agent {
         let mut events = self.logind.shutdown_events().await?;
         let mut leases = Watched::start(
             Api::<Lease>::all(self.client.clone()),
-            watcher::Config::default().fields(&field_selector(&self.node)),
+            watcher::Config::default()
+                .fields(&field_selector(&self.node))
+                .labels(&self.scope.selector_text),
             WatchCounters {
                 events: Some(self.metrics.lease_watch_events.clone()),
                 restarts: Some(self.metrics.watch_restarts.clone()),
@@ -149,7 +153,7 @@ impl Agent {
 
     fn holders(&self, leases: &Leases) -> Vec<Holder> {
         let all = leases.state();
-        active_holders(&self.node, all.iter().map(|lease| &**lease))
+        active_holders(&self.node, &self.scope, all.iter().map(|lease| &**lease))
     }
 
     async fn reconcile(&mut self, leases: &Leases, state: &mut State) {
@@ -205,15 +209,19 @@ impl Agent {
     }
 
     fn warn_incomplete(&self, leases: &Leases, state: &mut State) {
-        for lease in leases.state() {
-            if let Activity::Incomplete { holder } = activity(&lease) {
+        for lease in leases
+            .state()
+            .iter()
+            .filter(|lease| self.scope.admits(lease))
+        {
+            if let Activity::Incomplete { holder } = activity(lease) {
                 let key = (lease.namespace().unwrap_or_default(), holder.clone());
                 if state.warned_incomplete.insert(key) {
                     let note = format!(
                         "Lease has holder {holder:?} but no acquireTime; it does not block shutdown until acquireTime is set"
                     );
                     self.reporter.event(EventReport::warning(
-                        lease_reference(&lease),
+                        lease_reference(lease),
                         "IncompleteLease",
                         ACTION,
                         note,

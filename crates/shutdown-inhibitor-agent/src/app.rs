@@ -7,6 +7,7 @@ use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
+use nodegrace_core::k8s::selectors::parse_selector;
 use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::ProgramRegistry;
 use tokio_util::sync::CancellationToken;
@@ -15,6 +16,7 @@ use crate::agent::Agent;
 use crate::alerts::Alerts;
 use crate::cli::Args;
 use crate::config::alert_timeout;
+use crate::leases::Scope;
 use crate::metrics::Metrics;
 
 pub const PROGRAM: &str = "shutdown-inhibitor-agent";
@@ -38,9 +40,22 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         logind,
         enabled,
         inhibit_what,
+        lease_namespaces,
+        lease_selector,
         config,
         alert_timeout: alert_timeout_flag,
     } = args;
+    let scope = Scope {
+        namespaces: lease_namespaces
+            .into_iter()
+            .map(|namespace| namespace.trim().to_owned())
+            .filter(|namespace| !namespace.is_empty())
+            .collect(),
+        selector: parse_selector(&lease_selector)
+            .map_err(anyhow::Error::msg)
+            .context("--lease-selector")?,
+        selector_text: lease_selector,
+    };
     let alert_timeout =
         alert_timeout(config.as_deref(), alert_timeout_flag).context("invalid configuration")?;
     let mut registry = ProgramRegistry::new(PROGRAM);
@@ -80,6 +95,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
             logind,
             client,
             node,
+            scope,
             what: inhibit_what,
             metrics,
             reporter,

@@ -25,6 +25,15 @@ pub struct Args {
     /// What the block inhibitor covers, in logind's syntax (`shutdown`, `shutdown:sleep`).
     #[arg(long, env = "NODEGRACE_INHIBIT_WHAT", default_value = "shutdown")]
     pub inhibit_what: String,
+    /// The namespaces whose Leases may block this node's shutdown, comma-separated (empty:
+    /// every namespace but kube-node-lease). Whoever may create a Lease in one of them can hold
+    /// the node's shutdown: this is the security boundary.
+    #[arg(long, env = "NODEGRACE_LEASE_NAMESPACES", value_delimiter = ',')]
+    pub lease_namespaces: Vec<String>,
+    /// Only Leases with these labels count (kubectl's -l syntax, e.g.
+    /// "nodegrace.io/inhibit=true"); empty: any.
+    #[arg(long, env = "NODEGRACE_LEASE_SELECTOR", default_value = "")]
+    pub lease_selector: String,
     /// YAML file with KubeletConfiguration's shutdownInhibitorAlertTimeout (a duration).
     #[arg(long, env = "NODEGRACE_CONFIG")]
     pub config: Option<PathBuf>,

@@ -3,10 +3,12 @@
 //! leaseDurationSeconds are ignored on purpose (see the KEP): a holder that stops renewing
 //! must still block, since it may be in the middle of an uninterruptible task.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use nodegrace_core::k8s::selectors::selector_matches;
 
 /// The namespace the kubelets' heartbeat Leases live in; never an inhibitor.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -14,6 +16,26 @@ pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// The field selector that makes the API server send this agent its own Leases only.
 pub fn field_selector(node: &str) -> String {
     format!("metadata.name={node},metadata.namespace!={NODE_LEASE_NAMESPACE}")
+}
+
+/// Whose Leases may block the node: the security boundary, since anyone who can create a
+/// Lease there can hold the node's shutdown. Empty namespaces: every one but kube-node-lease.
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    pub namespaces: BTreeSet<String>,
+    pub selector: LabelSelector,
+    /// The selector as given (kubectl's -l syntax), for the watch.
+    pub selector_text: String,
+}
+
+impl Scope {
+    pub fn admits(&self, lease: &Lease) -> bool {
+        let namespace = lease.metadata.namespace.as_deref().unwrap_or_default();
+        let labels = lease.metadata.labels.clone().unwrap_or_default();
+        namespace != NODE_LEASE_NAMESPACE
+            && (self.namespaces.is_empty() || self.namespaces.contains(namespace))
+            && selector_matches(&self.selector, &labels).unwrap_or(false)
+    }
 }
 
 /// What one Lease says.
@@ -57,13 +79,17 @@ pub struct Holder {
     pub acquired: Timestamp,
 }
 
-/// The active Leases among `leases` that concern `node` (the watch already filters; this
-/// guards against anything else slipping through).
-pub fn active_holders<'a>(node: &str, leases: impl IntoIterator<Item = &'a Lease>) -> Vec<Holder> {
+/// The active Leases among `leases` that concern `node` and are in `scope` (the watch
+/// filters by name and labels; the namespaces are filtered here).
+pub fn active_holders<'a>(
+    node: &str,
+    scope: &Scope,
+    leases: impl IntoIterator<Item = &'a Lease>,
+) -> Vec<Holder> {
     let mut holders: BTreeMap<String, Holder> = BTreeMap::new();
     for lease in leases {
         let namespace = lease.metadata.namespace.clone().unwrap_or_default();
-        if lease.metadata.name.as_deref() != Some(node) || namespace == NODE_LEASE_NAMESPACE {
+        if lease.metadata.name.as_deref() != Some(node) || !scope.admits(lease) {
             continue;
         }
         if let Activity::Active { holder, acquired } = activity(lease) {
@@ -133,9 +159,9 @@ mod tests {
             lease("a", "n2", Some("other-node"), t),
             lease("c", "n1", Some("half"), None),
         ];
-        let holders = active_holders("n1", &leases);
+        let holders = active_holders("n1", &Scope::default(), &leases);
         assert_eq!(describe(&holders), "a/upgrade, b/backup");
-        assert!(active_holders("n3", &leases).is_empty());
+        assert!(active_holders("n3", &Scope::default(), &leases).is_empty());
     }
 
     #[test]

@@ -556,3 +556,64 @@ async fn not_ready_while_logind_is_gone_or_refuses_a_needed_block() -> Result<()
     );
     Ok(())
 }
+
+/// `--lease-namespaces` and `--lease-selector` are the security boundary: a Lease outside
+/// them never blocks, whoever created it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_leases_in_the_allowed_namespaces_with_the_selected_labels_block() -> Result<()> {
+    let Some(setup) = setup_with(&[
+        "--lease-namespaces=team-a",
+        "--lease-selector=nodegrace.io/inhibit=true",
+    ])
+    .await?
+    else {
+        return Ok(());
+    };
+    // Labelled, in a namespace off the list: delivered by the watch, ignored.
+    take_lease(&setup, "team-b", NODE, "intruder").await?;
+    label_lease(&setup, "team-b").await?;
+    // In the listed namespace, unlabelled: not even delivered.
+    take_lease(&setup, "team-a", NODE, "backup").await?;
+    ensure!(our_blocks(&setup).await?.is_empty());
+    // Labelled now: it blocks, and only it.
+    label_lease(&setup, "team-a").await?;
+    wait_for("the listed, labelled Lease's block", || async {
+        Ok(our_blocks(&setup).await? == ["Active Leases: team-a/backup"])
+    })
+    .await?;
+    wait_for("the condition naming it alone", || async {
+        Ok(condition(&setup)
+            .await?
+            .is_some_and(|c| c.0 == "True" && c.2 == "team-a/backup"))
+    })
+    .await?;
+    Ok(())
+}
+
+async fn label_lease(setup: &Setup, namespace: &str) -> Result<()> {
+    Api::<Lease>::namespaced(setup.client.clone(), namespace)
+        .patch(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"nodegrace.io/inhibit": "true"}}})),
+        )
+        .await?;
+    Ok(())
+}
+
+#[test]
+fn a_bad_lease_selector_names_the_flag() {
+    let args = Args::try_parse_from([
+        "shutdown-inhibitor-agent",
+        "--node-name=n",
+        "--lease-selector=a in b",
+    ])
+    .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let error = runtime
+        .block_on(app::start(args, CancellationToken::new()))
+        .err()
+        .map(|error| format!("{error:#}"))
+        .unwrap_or_default();
+    assert!(error.starts_with("--lease-selector: "), "{error}");
+}

@@ -79,7 +79,7 @@ pub struct Args {
 /// The admission webhook (HTTPS), served by every replica.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WebhookArgs {
-    /// Serve the admission webhook on this address, e.g. 0.0.0.0:9443 (paths /validate-node
+    /// Serve the admission webhook on this address, e.g. [::]:9443 (paths /validate-node
     /// for DELETE, /mutate-node for CREATE). Off when unset.
     #[arg(long, env = "NODEGRACE_WEBHOOK_LISTEN")]
     pub webhook_listen: Option<SocketAddr>,

@@ -11,8 +11,8 @@ use futures::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    DelayConfig, DelayError, DelayOutcome, InhibitMode, InhibitorLock, Logind, LogindError,
-    ShutdownEvent, ensure_inhibit_delay,
+    DelayConfig, DelayError, DelayOutcome, InhibitMode, Inhibitor, InhibitorLock, Logind,
+    LogindError, ShutdownEvent, ensure_inhibit_delay,
 };
 use crate::error_chain::Chain;
 
@@ -38,6 +38,9 @@ pub trait LogindApi: Send + Sync + std::fmt::Debug {
 
     /// The longest a delay inhibitor may hold up shutdown (`InhibitDelayMaxSec`).
     fn inhibit_delay_max(&self) -> BoxFuture<'_, Result<Duration, LogindError>>;
+
+    /// Every inhibitor lock held on the machine (`ListInhibitors`).
+    fn list_inhibitors(&self) -> BoxFuture<'_, Result<Vec<Inhibitor>, LogindError>>;
 
     /// Raises `InhibitDelayMaxSec` to `wanted` if needed (see [`ensure_inhibit_delay`]).
     fn ensure_inhibit_delay<'a>(
@@ -70,6 +73,10 @@ impl LogindApi for Logind {
 
     fn inhibit_delay_max(&self) -> BoxFuture<'_, Result<Duration, LogindError>> {
         Logind::inhibit_delay_max(self).boxed()
+    }
+
+    fn list_inhibitors(&self) -> BoxFuture<'_, Result<Vec<Inhibitor>, LogindError>> {
+        Logind::list_inhibitors(self).boxed()
     }
 
     fn ensure_inhibit_delay<'a>(

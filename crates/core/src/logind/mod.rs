@@ -5,6 +5,7 @@ mod api;
 mod delay;
 mod events;
 mod inhibitor;
+mod kubelet_shutdown;
 mod proxy;
 
 use std::time::Duration;
@@ -17,6 +18,9 @@ pub use api::{LogindApi, LogindSource, SharedLogind};
 pub use delay::{DelayConfig, DelayError, DelayOutcome, ensure_inhibit_delay};
 pub use events::{ShutdownEvent, ShutdownEvents};
 pub use inhibitor::{InhibitMode, Inhibitor, InhibitorLock};
+pub use kubelet_shutdown::{
+    KUBELET_DROP_IN, KUBELET_WHO, KubeletShutdownSign, describe_conflict, kubelet_shutdown_signs,
+};
 
 /// The well-known bus name logind owns.
 pub const LOGIND_BUS_NAME: &str = "org.freedesktop.login1";

@@ -9,10 +9,7 @@ use anyhow::{Context, Result, ensure};
 pub fn check_help_and_chart_port(binary: &str, port: u16, chart_values: &Path) -> Result<()> {
     let help = Command::new(binary).arg("--help").output()?;
     let help = String::from_utf8(help.stdout)?;
-    ensure!(
-        help.contains(&format!("[default: 0.0.0.0:{port}]")),
-        "{help}"
-    );
+    ensure!(help.contains(&format!("[default: [::]:{port}]")), "{help}");
     let values = std::fs::read_to_string(chart_values)
         .with_context(|| format!("read {}", chart_values.display()))?;
     ensure!(
@@ -85,10 +82,7 @@ pub fn check_env_follows_flags(command: &clap::Command) -> Result<()> {
 /// bad value names the flag (exit 2), and a run stops at once with one clear line (exit 1).
 pub fn check_skeleton_binary(binary: &str, program: &str, port: u16) -> Result<()> {
     let help = String::from_utf8(Command::new(binary).arg("--help").output()?.stdout)?;
-    ensure!(
-        help.contains(&format!("[default: 0.0.0.0:{port}]")),
-        "{help}"
-    );
+    ensure!(help.contains(&format!("[default: [::]:{port}]")), "{help}");
     ensure!(help.contains("[env: NODEGRACE_LEADER_ELECT=]"), "{help}");
     let bad = Command::new(binary)
         .arg("--leader-election-lease-duration=soon")

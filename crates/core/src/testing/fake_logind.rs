@@ -15,12 +15,13 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 
 use crate::logind::{
-    DelayConfig, DelayError, DelayOutcome, InhibitMode, InhibitorLock, LogindApi, LogindError,
-    SharedLogind, ShutdownEvent,
+    DelayConfig, DelayError, DelayOutcome, InhibitMode, Inhibitor, InhibitorLock, LogindApi,
+    LogindError, SharedLogind, ShutdownEvent,
 };
 
 #[derive(Debug)]
 struct Held {
+    what: String,
     who: String,
     why: String,
     mode: InhibitMode,
@@ -126,6 +127,7 @@ impl LogindApi for FakeLogind {
                 source: zbus::Error::InputOutput(Arc::new(e)),
             })?;
             self.lock().locks.push(Held {
+                what: what.to_owned(),
                 who: who.to_owned(),
                 why: why.to_owned(),
                 mode,
@@ -155,6 +157,24 @@ impl LogindApi for FakeLogind {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         async move { Ok(max) }.boxed()
+    }
+
+    fn list_inhibitors(&self) -> BoxFuture<'_, Result<Vec<Inhibitor>, LogindError>> {
+        let mut state = self.lock();
+        state.locks.retain_mut(|held| still_open(&mut held.ours));
+        let rows = state
+            .locks
+            .iter()
+            .map(|held| Inhibitor {
+                what: held.what.clone(),
+                who: held.who.clone(),
+                why: held.why.clone(),
+                mode: held.mode.as_str().to_owned(),
+                uid: 0,
+                pid: std::process::id(),
+            })
+            .collect();
+        async move { Ok(rows) }.boxed()
     }
 
     fn ensure_inhibit_delay<'a>(
@@ -238,6 +258,10 @@ impl LogindApi for WithExtraEvents {
 
     fn inhibit_delay_max(&self) -> BoxFuture<'_, Result<Duration, LogindError>> {
         self.inner.inhibit_delay_max()
+    }
+
+    fn list_inhibitors(&self) -> BoxFuture<'_, Result<Vec<Inhibitor>, LogindError>> {
+        self.inner.list_inhibitors()
     }
 
     fn ensure_inhibit_delay<'a>(
