@@ -8,7 +8,8 @@ use serde_json::Value;
 
 use crate::manifests::parse_documents;
 
-/// The objects `helm template` renders for `chart` with the values file `values`.
+/// The objects `helm install` of `chart` with the values file `values` creates: what `helm
+/// template` renders, less the hooks (run by helm at other moments, e.g. on uninstall).
 pub fn render(
     helm: &Path,
     chart: &Path,
@@ -39,8 +40,12 @@ pub fn render(
             String::from_utf8_lossy(&output.stderr).trim()
         );
     }
-    parse_documents(&String::from_utf8(output.stdout)?)
-        .with_context(|| format!("read what helm rendered for {}", chart.display()))
+    let objects = parse_documents(&String::from_utf8(output.stdout)?)
+        .with_context(|| format!("read what helm rendered for {}", chart.display()))?;
+    Ok(objects
+        .into_iter()
+        .filter(|object| object["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .collect())
 }
 
 /// `helm install <release> <chart> -n <namespace> --create-namespace -f <values>` into the

@@ -64,6 +64,8 @@ pub struct Stage {
     /// The graceful agent's priority groups as its chart configured them: (priority, period).
     pub shutdown_groups: Vec<(i32, Duration)>,
     pub work_dir: PathBuf,
+    /// The helm the charts were installed with.
+    pub helm: PathBuf,
     /// Each chart's pods once installed: (program, how many).
     installed: Vec<(String, usize)>,
 }
@@ -137,6 +139,7 @@ impl Stage {
             cluster,
             shutdown_groups: Vec::new(),
             work_dir: work_dir.clone(),
+            helm: inputs.helm.clone(),
             installed: Vec::new(),
         };
         stage.install_charts(inputs).await?;

@@ -745,3 +745,57 @@ async fn writes_that_name_another_uid_are_refused() -> anyhow::Result<()> {
     anyhow::ensure!(status.code == 422, "{status:?}");
     Ok(())
 }
+
+/// A watch list (client-go's reflectors send one by default since 1.35): the current objects
+/// as ADDED, then a bookmark marking their end, then changes; without
+/// `resourceVersionMatch=NotOlderThan` it is refused as upstream refuses it.
+#[tokio::test]
+async fn a_watch_list_sends_the_current_objects_then_marks_their_end() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    for name in ["a", "b"] {
+        leases.create(&PostParams::default(), &lease(name)?).await?;
+    }
+    let config = watcher::Config::default().streaming_lists();
+    let mut events = watcher(leases.clone(), config).boxed();
+    let mut initial = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.try_next())
+            .await
+            .context("the watch list never marked the end of its initial events")??
+            .context("the stream ended")?;
+        match event {
+            watcher::Event::Init => {}
+            watcher::Event::InitApply(lease) => {
+                initial.push(lease.metadata.name.unwrap_or_default());
+            }
+            watcher::Event::InitDone => break,
+            other => anyhow::bail!("before InitDone: {other:?}"),
+        }
+    }
+    initial.sort();
+    ensure!(initial == ["a", "b"], "{initial:?}");
+    leases.create(&PostParams::default(), &lease("c")?).await?;
+    let next = tokio::time::timeout(Duration::from_secs(10), events.try_next()).await??;
+    ensure!(
+        matches!(&next, Some(watcher::Event::Apply(lease)) if lease.metadata.name.as_deref() == Some("c")),
+        "{next:?}"
+    );
+
+    let refused = sim
+        .client()
+        .request_text(
+            http::Request::get("/apis/coordination.k8s.io/v1/namespaces/default/leases?watch=true&sendInitialEvents=true&allowWatchBookmarks=true")
+                .body(Vec::new())?,
+        )
+        .await
+        .unwrap_err();
+    let status = api_error(refused)?;
+    ensure!(status.code == 422, "{status:?}");
+    ensure!(
+        status.message
+            == "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        "{status:?}"
+    );
+    Ok(())
+}

@@ -7,6 +7,7 @@ mod lease_blocks_shutdown;
 mod node_termination;
 mod out_of_service;
 mod priority_shutdown;
+mod uninstall;
 
 use anyhow::Result;
 use futures::future::LocalBoxFuture;
@@ -29,6 +30,7 @@ pub const ALL: &[Act] = &[
     out_of_service::ACT,
     node_termination::ACT,
     leader_failover::ACT,
+    uninstall::ACT,
 ];
 
 pub fn find(slug: &str) -> Option<&'static Act> {

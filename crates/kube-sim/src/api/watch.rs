@@ -1,6 +1,9 @@
 //! Watches: a chunked stream of `{"type": …, "object": …}` lines, from a resourceVersion (the
 //! kept history is replayed) or from now (the current objects come first as ADDED), with
-//! bookmarks, `timeoutSeconds`, and 410 Gone as an ERROR event for versions too old.
+//! bookmarks, `timeoutSeconds`, and 410 Gone as an ERROR event for versions too old. A watch
+//! list (`sendInitialEvents=true`, what client-go's reflectors send by default since 1.35)
+//! starts with the current objects as ADDED and then a BOOKMARK annotated
+//! `k8s.io/initial-events-end`, which is when the client's cache counts as synced.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use tokio::sync::mpsc;
 
 use super::render::{self, Rendering};
 use super::{App, Query, objects, table};
-use crate::error::ApiError;
+use crate::error::{ApiError, Cause};
 use crate::resources::ResourceType;
 use crate::store::{Change, ChangeKind};
 
@@ -28,7 +31,8 @@ pub fn serve(
 ) -> Result<Response, ApiError> {
     let matches = objects::filter(kind, query)?;
     let from = query.resource_version()?;
-    let (initial, subscription) = if from == 0 {
+    let watch_list = initial_events(query)?;
+    let (initial, subscription) = if from == 0 || watch_list {
         let (objects, subscription) = app.store.snapshot_and_subscribe(kind, namespace);
         let initial: Vec<(ChangeKind, Arc<Value>)> = objects
             .into_iter()
@@ -54,6 +58,7 @@ pub fn serve(
             .then_some(app.bookmark_interval),
         timeout: query.timeout(),
         closed: app.faults.watches_closed(),
+        initial_events_end: watch_list,
     };
     tokio::spawn(watch.run(initial, subscription, sender));
     let body = futures::stream::unfold(receiver, |mut receiver| async move {
@@ -63,6 +68,38 @@ pub fn serve(
             .map(|chunk| (Ok::<_, Infallible>(chunk), receiver))
     });
     Ok(stream_response(Body::from_stream(body)))
+}
+
+/// Whether the watch sends its initial events then marks their end (apimachinery's
+/// ValidateListOptions: both `sendInitialEvents` values need `resourceVersionMatch=NotOlderThan`
+/// and bookmarks).
+fn initial_events(query: &Query) -> Result<bool, ApiError> {
+    let Some(send) = query.get("sendInitialEvents") else {
+        return Ok(false);
+    };
+    let forbidden = |message: &str| {
+        ApiError::invalid(
+            "meta.k8s.io",
+            "ListOptions",
+            "",
+            &[Cause {
+                reason: "FieldValueForbidden",
+                field: "sendInitialEvents".to_owned(),
+                message: format!("Forbidden: {message}"),
+            }],
+        )
+    };
+    if query.get("resourceVersionMatch") != Some("NotOlderThan") {
+        return Err(forbidden(
+            "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        ));
+    }
+    if !query.flag("allowWatchBookmarks") {
+        return Err(forbidden(
+            "sendInitialEvents requires setting allowWatchBookmarks to true",
+        ));
+    }
+    Ok(matches!(send, "true" | "1"))
 }
 
 fn stream_response(body: Body) -> Response {
@@ -92,6 +129,8 @@ struct Watch {
     bookmarks: Option<Duration>,
     timeout: Option<Duration>,
     closed: tokio::sync::watch::Receiver<u64>,
+    /// A watch list: a bookmark marks the end of the initial events.
+    initial_events_end: bool,
 }
 
 impl Watch {
@@ -160,6 +199,19 @@ impl Watch {
                 .await
                 .is_err()
             {
+                return;
+            }
+        }
+        if self.initial_events_end {
+            let marker = Arc::new(json!({
+                "kind": self.kind.kind,
+                "apiVersion": self.kind.api_version(),
+                "metadata": {
+                    "resourceVersion": seen.to_string(),
+                    "annotations": {"k8s.io/initial-events-end": "true"},
+                },
+            }));
+            if sender.send(self.line("BOOKMARK", &marker)).await.is_err() {
                 return;
             }
         }
