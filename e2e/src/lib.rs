@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod demo;
 pub mod explore;
 pub mod images;
+pub mod least_privilege;
 pub mod manifests;
 pub mod node_host;
 pub mod observe;

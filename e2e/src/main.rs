@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use nodegrace_e2e::demo::{self, Ending, Options};
 use nodegrace_e2e::images::ImageBinaries;
+use nodegrace_e2e::least_privilege;
 use nodegrace_e2e::stage::{CHARTS, Inputs};
 
 #[derive(Debug, Parser)]
@@ -29,10 +30,11 @@ struct Args {
     /// Install the charts, wait until their pods are Ready, and stop: no act is played.
     #[arg(long)]
     install_only: bool,
-    /// Install CHART from its rendering with its ClusterRole's rule for RESOURCE removed (not
-    /// with helm), to show the act that needs it fail with the API server's 403.
-    #[arg(long, value_name = "CHART:RESOURCE", value_parser = parse_without_rule)]
-    without_rule: Option<(String, String)>,
+    /// For each RBAC rule of each chart (those of --chart): a fresh cluster, the chart without
+    /// that rule, its scenario, and the rule's 403 in the program's log; prints the rule →
+    /// scenario table and fails if a rule is not needed.
+    #[arg(long, conflicts_with_all = ["acts", "install_only", "keep"])]
+    least_privilege: bool,
     /// Where the program binaries and kube-sim are [default: this binary's directory].
     #[arg(long)]
     bin_dir: Option<PathBuf>,
@@ -46,19 +48,6 @@ struct Args {
     /// (emptied at start) [default: target/demo].
     #[arg(long)]
     work_dir: Option<PathBuf>,
-}
-
-fn parse_without_rule(value: &str) -> Result<(String, String), String> {
-    value
-        .split_once(':')
-        .filter(|(chart, resource)| CHARTS.contains(chart) && !resource.is_empty())
-        .map(|(chart, resource)| (chart.to_owned(), resource.to_owned()))
-        .ok_or_else(|| {
-            format!(
-                "`{value}` is not CHART:RESOURCE with CHART one of {}",
-                CHARTS.join(", ")
-            )
-        })
 }
 
 fn parse_override(value: &str) -> Result<(String, PathBuf), String> {
@@ -129,7 +118,7 @@ fn run() -> Result<Ending> {
             values_dir: repo.join("e2e/demo"),
             work_dir: args.work_dir.unwrap_or_else(|| repo.join("target/demo")),
             charts,
-            without_rule: args.without_rule,
+            without_rule: None,
         },
         acts: args.acts,
         install_only: args.install_only,
@@ -137,8 +126,29 @@ fn run() -> Result<Ending> {
     };
     // One thread: the death signal that ties every child to the demo follows the thread that
     // started it (see processes.rs).
-    tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?
-        .block_on(demo::run(options))
+        .build()?;
+    if args.least_privilege {
+        return runtime.block_on(least_privilege(&options.inputs));
+    }
+    runtime.block_on(demo::run(options))
+}
+
+/// Every rule of every chosen chart, removed one at a time; the table goes to stdout and to
+/// `<work-dir>/least-privilege.md`.
+async fn least_privilege(inputs: &Inputs) -> Result<Ending> {
+    let mut proofs = Vec::new();
+    for chart in &inputs.charts {
+        proofs.extend(least_privilege::prove_chart(inputs, chart).await?);
+    }
+    let (table, all_needed) = least_privilege::table(&proofs);
+    std::fs::create_dir_all(&inputs.work_dir)?;
+    std::fs::write(inputs.work_dir.join("least-privilege.md"), &table)?;
+    println!("\n==> least privilege: every rule removed, one at a time\n{table}");
+    Ok(if all_needed {
+        Ending::AllPassed
+    } else {
+        Ending::ActFailed("least-privilege".to_owned())
+    })
 }

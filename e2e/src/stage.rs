@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use crate::chart;
 use crate::cluster::Cluster;
 use crate::images::ImageBinaries;
+use crate::least_privilege::{self, RuleRef};
 use crate::manifests::{self, describe_all, kind_of};
 use crate::node_host::NodeHost;
 use crate::timeline::{Timeline, seconds};
@@ -51,9 +52,9 @@ pub struct Inputs {
     pub work_dir: PathBuf,
     /// The charts to install (a subset of [`CHARTS`], in its order).
     pub charts: Vec<String>,
-    /// A chart installed from its rendering with the ClusterRole rule covering this resource
-    /// removed, instead of with helm: (chart, resource), to show the rule is needed.
-    pub without_rule: Option<(String, String)>,
+    /// A chart installed from its rendering with this one RBAC rule removed, instead of with
+    /// helm, to show the rule is needed (its pods are not waited for: they may never be Ready).
+    pub without_rule: Option<RuleRef>,
 }
 
 #[derive(Debug)]
@@ -185,14 +186,16 @@ impl Stage {
             let objects =
                 chart::render(&inputs.helm, &chart_dir, program, AGENTS_NAMESPACE, &values)?;
             match &inputs.without_rule {
-                Some((chart, resource)) if chart == program => {
-                    let trimmed = without_rule(&objects, resource)?;
+                Some(rule) if rule.chart == program => {
+                    let trimmed = least_privilege::without(&objects, rule)?;
                     manifests::ensure_namespace(self.client(), AGENTS_NAMESPACE).await?;
                     for object in &trimmed {
                         manifests::create(self.client(), object, AGENTS_NAMESPACE).await?;
                     }
                     self.timeline.event(&format!(
-                        "helm template {program} charts/{program} -f e2e/demo/{program}.values.yaml, its ClusterRole's rule for {resource} removed, created: {}",
+                        "helm template {program} charts/{program} -f e2e/demo/{program}.values.yaml, rule {} of {} removed, created: {}",
+                        rule.index,
+                        rule.role,
                         describe_all(&trimmed)
                     ));
                 }
@@ -216,6 +219,9 @@ impl Stage {
             }
             self.installed
                 .push((program.to_owned(), expected_pods(&objects)));
+        }
+        if inputs.without_rule.is_some() {
+            return Ok(());
         }
         self.wait_until_ready(None).await?;
         self.timeline.event(&format!(
@@ -302,27 +308,6 @@ impl Stage {
     pub fn kubeconfig(&self) -> &Path {
         self.cluster.kubeconfig()
     }
-}
-
-/// The rendered objects with the ClusterRole rule that covers `resource` taken out.
-fn without_rule(objects: &[Value], resource: &str) -> Result<Vec<Value>> {
-    let mut trimmed = objects.to_vec();
-    let mut removed = false;
-    for object in trimmed.iter_mut().filter(|o| kind_of(o) == "ClusterRole") {
-        if let Some(rules) = object["rules"].as_array_mut() {
-            let before = rules.len();
-            rules.retain(|rule| {
-                !rule["resources"]
-                    .as_array()
-                    .is_some_and(|resources| resources.iter().any(|r| r == resource))
-            });
-            removed |= rules.len() < before;
-        }
-    }
-    if !removed {
-        bail!("no ClusterRole rule of the chart covers {resource}");
-    }
-    Ok(trimmed)
 }
 
 async fn set_kubelet(client: &Client, node: &str, state: Option<&str>) -> Result<()> {

@@ -223,7 +223,12 @@ fn install_charts(cluster: &Cluster, stays: &str) -> Result<()> {
             "livenessGuardWindow=45s",
         ],
     )?;
-    cluster.install("termination-controller", &[&pin, "webhook.enabled=true"])?;
+    // Both replicas pinned to the node that stays: the chart's required anti-affinity would
+    // keep the second one Pending.
+    cluster.install(
+        "termination-controller",
+        &[&pin, "podAntiAffinity=preferred"],
+    )?;
     for deployment in ["out-of-service-gc", "termination-controller"] {
         cluster.kubectl(&[
             "-n",

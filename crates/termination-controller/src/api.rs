@@ -156,7 +156,35 @@ impl NodeDisruptionBudget {
 /// The CRD as the chart installs it (`cargo xtask crd` writes it there).
 pub fn crd_yaml() -> String {
     use kube::CustomResourceExt;
-    let crd = NodeDisruptionBudget::crd();
+    let mut crd = NodeDisruptionBudget::crd();
+    // The derive describes the object as "Auto-generated derived type …" and gives the spec the
+    // type's words; `kubectl explain` shows these to users.
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|schema| schema.open_api_v3_schema.as_mut())
+        else {
+            continue;
+        };
+        schema.description = Some(
+            "A PodDisruptionBudget for nodes: how many of the nodes it selects must stay available \
+             while nodes are deleted. A node being deleted waits until every budget selecting it \
+             grants its disruption."
+                .to_owned(),
+        );
+        if let Some(spec) = schema
+            .properties
+            .as_mut()
+            .and_then(|properties| properties.get_mut("spec"))
+        {
+            spec.description = Some(
+                "Which nodes the budget covers, and how many of them must stay available (or may \
+                 be unavailable) at once."
+                    .to_owned(),
+            );
+        }
+    }
     let body = serde_yaml_ng::to_string(&crd).unwrap_or_default();
     format!(
         "# Generated from crates/termination-controller/src/api.rs by `cargo xtask crd`; do not edit.\n{body}"

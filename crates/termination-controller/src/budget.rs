@@ -1,6 +1,6 @@
 //! NodeDisruptionBudget arithmetic, as the disruption controller does it for pods.
 //!
-//! - A budget selects nothing with a null or empty selector (the seed's rule, unlike a PDB).
+//! - A budget selects nothing with a null or empty selector (the design's rule, unlike a PDB).
 //! - **Available** = Ready and not disrupted. *Disrupted* = granted by this budget, cordoned by
 //!   this controller (its drain or termination has begun, whichever budget granted it, and
 //!   also for budgets created or re-selected since), or being deleted without waiting for a

@@ -58,7 +58,7 @@ pub struct Args {
     /// machine is terminated anyway.
     #[arg(long, env = "NODEGRACE_VOLUME_DETACH_TIMEOUT", default_value = "5m", value_parser = duration_flag)]
     pub volume_detach_timeout: Duration,
-    /// Delete a managed node that has been NotReady this long (the seed's 15m), which starts
+    /// Delete a managed node that has been NotReady this long (Karpenter's design proposes 15m), which starts
     /// its termination. Off when unset.
     #[arg(long, env = "NODEGRACE_NOT_READY_TIMEOUT", value_parser = duration_flag)]
     pub not_ready_timeout: Option<Duration>,
