@@ -86,6 +86,7 @@ fn chosen_acts(slugs: &[String]) -> Result<Vec<&'static Act>> {
                 "--act {slug}: no such act; the acts are {}",
                 acts::ALL
                     .iter()
+                    .chain(acts::EXTRA)
                     .map(|act| act.slug)
                     .collect::<Vec<_>>()
                     .join(", ")

@@ -27,7 +27,7 @@ pub struct DemoArgs {
     #[arg(long)]
     keep: bool,
     /// Play only this act (repeatable): lease-blocks-shutdown, priority-shutdown, out-of-service,
-    /// node-termination, leader-failover.
+    /// node-termination, leader-failover; or uninstall, which only plays when asked for.
     #[arg(long = "act", value_name = "SLUG")]
     acts: Vec<String>,
 }

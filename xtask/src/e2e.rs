@@ -6,6 +6,7 @@
 //! - all four together: every act of the story (shutdown by priority, a Lease blocking
 //!   shutdown, out-of-service failover, `kubectl delete node` under budgets with the webhook
 //!   reached through its Service, leader failover by deleting the leader pod);
+//! - uninstall: termination-controller's pre-delete hook releases every node;
 //! - least privilege: every rule of every chart's Roles and ClusterRoles removed, one at a
 //!   time, in a fresh cluster: the chart's scenario must get the API server's 403 for it.
 //!
@@ -88,6 +89,22 @@ fn sim() -> Result<()> {
         )?;
         outcomes.push(Outcome { scenario, took });
     }
+    let scenario =
+        "termination-controller uninstalled: every node released, a later delete completes"
+            .to_owned();
+    let took = expect_success(
+        &prepared,
+        &scenario,
+        &[
+            "--chart",
+            "termination-controller",
+            "--act",
+            "uninstall",
+            "--work-dir",
+            &work.join("uninstall").display().to_string(),
+        ],
+    )?;
+    outcomes.push(Outcome { scenario, took });
     let scenario = "all four charts: every act of the story".to_owned();
     let took = expect_success(
         &prepared,

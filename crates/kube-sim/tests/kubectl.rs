@@ -1411,6 +1411,87 @@ fn helm() -> Option<PathBuf> {
     None
 }
 
+/// graceful-shutdown-agent's token marks and deletes the pods of its own node only: another
+/// node's pod is refused by the policy (status write and delete), one of its own node's goes.
+fn pods_of_other_nodes_are_refused(sim: &Sim, selector: &str, token: &str) -> Result<()> {
+    let pod_on = |node: &str| -> Result<String> {
+        sim.jsonpath(
+            &[
+                "pods",
+                "-n",
+                "nodegrace",
+                "-l",
+                selector,
+                "--field-selector",
+                &format!("spec.nodeName={node}"),
+            ],
+            "{.items[0].metadata.name}",
+        )
+    };
+    let theirs = pod_on("node-1")?;
+    // `kubectl patch --subresource=status` reads the status first; the agent itself never
+    // does, so its chart does not grant it: a test-only rule lets the patch reach the policy.
+    sim.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: read-pod-status}\nrules: [{apiGroups: [''], resources: [pods/status], verbs: [get]}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: read-pod-status}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: read-pod-status}\nsubjects: [{kind: ServiceAccount, name: graceful-shutdown-agent, namespace: nodegrace}]\n",
+    )?;
+    let refusal = format!(
+        "graceful-shutdown-agent may write only the Node its pod runs on and that node's pods, not pod nodegrace/{theirs}"
+    );
+    let marked = sim.kubectl(&[
+        "patch",
+        "pod",
+        &theirs,
+        "-n",
+        "nodegrace",
+        "--subresource=status",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"DisruptionTarget","status":"True","reason":"TerminationByKubelet"}]}}"#,
+        token,
+    ])?;
+    let stderr = String::from_utf8_lossy(&marked.stderr);
+    ensure!(
+        !marked.status.success() && stderr.contains(&refusal),
+        "{stderr}"
+    );
+    let deleted = sim.kubectl(&[
+        "delete",
+        "pod",
+        &theirs,
+        "-n",
+        "nodegrace",
+        "--wait=false",
+        token,
+    ])?;
+    let stderr = String::from_utf8_lossy(&deleted.stderr);
+    ensure!(
+        !deleted.status.success() && stderr.contains(&refusal),
+        "{stderr}"
+    );
+    // Another pod of its own node (not the one its token is bound to) goes.
+    let neighbour = sim.jsonpath(
+        &[
+            "pods",
+            "-n",
+            "nodegrace",
+            "-l",
+            "app.kubernetes.io/name=shutdown-inhibitor-agent",
+            "--field-selector",
+            "spec.nodeName=node-0",
+        ],
+        "{.items[0].metadata.name}",
+    )?;
+    sim.ok(&[
+        "delete",
+        "pod",
+        &neighbour,
+        "-n",
+        "nodegrace",
+        "--wait=false",
+        token,
+    ])?;
+    Ok(())
+}
+
 /// Each node agent's chart as rendered (RBAC and its own-node ValidatingAdmissionPolicy): the
 /// agent's pod-bound token writes its own Node's status, is refused another Node's by the
 /// policy, and anything its ClusterRole does not grant by RBAC.
@@ -1480,13 +1561,20 @@ fn node_agent_charts_let_an_agent_write_only_its_own_node() -> Result<()> {
             &token,
         ])?;
         let stderr = String::from_utf8_lossy(&refused.stderr);
+        let refusal = if chart == "graceful-shutdown-agent" {
+            format!(
+                "{chart} may write only the Node its pod runs on and that node's pods, not node node-1"
+            )
+        } else {
+            format!("{chart} may write only the Node its pod runs on, not node-1")
+        };
         ensure!(
-            !refused.status.success()
-                && stderr.contains(&format!(
-                    "{chart} may write only the Node its pod runs on, not node-1"
-                )),
+            !refused.status.success() && stderr.contains(&refusal),
             "{chart}: {stderr}"
         );
+        if chart == "graceful-shutdown-agent" {
+            pods_of_other_nodes_are_refused(&sim, &selector, &token)?;
+        }
         let secrets = sim.kubectl(&["get", "secrets", "-A", &token])?;
         let stderr = String::from_utf8_lossy(&secrets.stderr);
         ensure!(

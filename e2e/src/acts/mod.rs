@@ -22,24 +22,27 @@ pub struct Act {
     pub play: for<'a> fn(&'a mut Stage) -> LocalBoxFuture<'a, Result<()>>,
 }
 
-/// In playing order: later acts may build on what earlier ones left (node-1 is off after the
-/// shutdown act).
+/// The story, in playing order: later acts may build on what earlier ones left (node-1 is off
+/// after the shutdown act).
 pub const ALL: &[Act] = &[
     lease_blocks_shutdown::ACT,
     priority_shutdown::ACT,
     out_of_service::ACT,
     node_termination::ACT,
     leader_failover::ACT,
-    uninstall::ACT,
 ];
 
+/// Played only when asked for (`--act`): they end what the story leaves to explore.
+pub const EXTRA: &[Act] = &[uninstall::ACT];
+
 pub fn find(slug: &str) -> Option<&'static Act> {
-    ALL.iter().find(|act| act.slug == slug)
+    ALL.iter().chain(EXTRA).find(|act| act.slug == slug)
 }
 
-/// The act's number in the story (1-based), also when only some acts are played.
+/// The act's number (1-based; the extra acts after the story), also when only some are played.
 pub fn number(act: &Act) -> usize {
     ALL.iter()
+        .chain(EXTRA)
         .position(|a| a.slug == act.slug)
         .map_or(0, |i| i + 1)
 }
