@@ -44,6 +44,61 @@ struct Run {
     rss_shutdown_kib: u64,
 }
 
+type Removals = Arc<Mutex<HashMap<String, SystemTime>>>;
+
+/// When each pod of `node` left the API (a pod watch's deletions).
+fn watch_removals(client: &Client, node: &str) -> (tokio::task::JoinHandle<()>, Removals) {
+    let removed: Removals = Arc::default();
+    let sink = Arc::clone(&removed);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let watch_client = client.clone();
+    let watch = tokio::spawn(async move {
+        let mut events = watcher(Api::<Pod>::all(watch_client), config).boxed();
+        while let Ok(Some(event)) = events.try_next().await {
+            if let watcher::Event::Delete(pod) = event {
+                sink.lock()
+                    .unwrap()
+                    .insert(pod.metadata.name.unwrap_or_default(), SystemTime::now());
+            }
+        }
+    });
+    (watch, removed)
+}
+
+/// A fresh elogind (30 s of inhibit delay) and the release agent for `node` on it, with
+/// `flags` after the common ones. The state directory lives as long as the returned value.
+async fn start_agent(
+    sim: &KubeSim,
+    binary: &str,
+    node: &str,
+    flags: &[String],
+) -> Result<(LogindHarness, Child, tempfile::TempDir)> {
+    let logind = LogindHarness::start(ScenarioOptions {
+        inhibit_delay_max: Duration::from_secs(30),
+        ..ScenarioOptions::default()
+    })
+    .await?;
+    let state = tempfile::tempdir()?;
+    std::fs::write(state.path().join("boot_id"), "bench\n")?;
+    let agent = Command::new(binary)
+        .args([
+            format!("--node-name={node}"),
+            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+            format!("--dbus-address={}", logind.bus_address()),
+            format!("--state-dir={}", state.path().display()),
+            format!("--boot-id-file={}", state.path().join("boot_id").display()),
+            format!("--logind-drop-in-dir={}", logind.drop_in_dir().display()),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+            "--log-level=warn".to_owned(),
+        ])
+        .args(flags)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start the agent binary")?;
+    Ok((logind, agent, state))
+}
+
 async fn one_run(sim: &KubeSim, client: &Client, run: usize, binary: &str) -> Result<Run> {
     let node = format!("bench-{run}");
     Api::<Node>::all(client.clone())
@@ -63,43 +118,9 @@ async fn one_run(sim: &KubeSim, client: &Client, run: usize, binary: &str) -> Re
                 .await?;
         }
     }
-    let removed: Arc<Mutex<HashMap<String, SystemTime>>> = Arc::default();
-    let sink = Arc::clone(&removed);
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let watch_client = client.clone();
-    let watch = tokio::spawn(async move {
-        let mut events = watcher(Api::<Pod>::all(watch_client), config).boxed();
-        while let Ok(Some(event)) = events.try_next().await {
-            if let watcher::Event::Delete(pod) = event {
-                sink.lock()
-                    .unwrap()
-                    .insert(pod.metadata.name.unwrap_or_default(), SystemTime::now());
-            }
-        }
-    });
-    let logind = LogindHarness::start(ScenarioOptions {
-        inhibit_delay_max: Duration::from_secs(30),
-        ..ScenarioOptions::default()
-    })
-    .await?;
-    let state = tempfile::tempdir()?;
-    std::fs::write(state.path().join("boot_id"), "bench\n")?;
-    let mut agent = Command::new(binary)
-        .args([
-            format!("--node-name={node}"),
-            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
-            format!("--dbus-address={}", logind.bus_address()),
-            format!("--state-dir={}", state.path().display()),
-            format!("--boot-id-file={}", state.path().join("boot_id").display()),
-            format!("--logind-drop-in-dir={}", logind.drop_in_dir().display()),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-            "--shutdown-grace-period-by-pod-priority=0=5,1000=5,100000=5".to_owned(),
-            "--log-level=warn".to_owned(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start the agent binary")?;
+    let (watch, removed) = watch_removals(client, &node);
+    let flags = ["--shutdown-grace-period-by-pod-priority=0=5,1000=5,100000=5".to_owned()];
+    let (logind, mut agent, _state) = start_agent(sim, binary, &node, &flags).await?;
     let outcome = measure(&logind, &mut agent, &removed).await;
     watch.abort();
     let _ = agent.kill();
@@ -107,11 +128,7 @@ async fn one_run(sim: &KubeSim, client: &Client, run: usize, binary: &str) -> Re
     outcome
 }
 
-async fn measure(
-    logind: &LogindHarness,
-    agent: &mut Child,
-    removed: &Arc<Mutex<HashMap<String, SystemTime>>>,
-) -> Result<Run> {
+async fn measure(logind: &LogindHarness, agent: &mut Child, removed: &Removals) -> Result<Run> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !logind
         .list_inhibitors()
@@ -197,49 +214,17 @@ async fn full_node(
         pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
             .await?;
     }
-    let removed: Arc<Mutex<HashMap<String, SystemTime>>> = Arc::default();
-    let sink = Arc::clone(&removed);
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let watch_client = client.clone();
-    let watch = tokio::spawn(async move {
-        let mut events = watcher(Api::<Pod>::all(watch_client), config).boxed();
-        while let Ok(Some(event)) = events.try_next().await {
-            if let watcher::Event::Delete(pod) = event {
-                sink.lock()
-                    .unwrap()
-                    .insert(pod.metadata.name.unwrap_or_default(), SystemTime::now());
-            }
-        }
-    });
-    let logind = LogindHarness::start(ScenarioOptions {
-        inhibit_delay_max: Duration::from_secs(30),
-        ..ScenarioOptions::default()
-    })
-    .await?;
-    let state = tempfile::tempdir()?;
-    std::fs::write(state.path().join("boot_id"), "bench\n")?;
-    let mut agent = Command::new(binary)
-        .args([
-            format!("--node-name={node}"),
-            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
-            format!("--dbus-address={}", logind.bus_address()),
-            format!("--state-dir={}", state.path().display()),
-            format!("--boot-id-file={}", state.path().join("boot_id").display()),
-            format!("--logind-drop-in-dir={}", logind.drop_in_dir().display()),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-            format!(
-                "--shutdown-grace-period-by-pod-priority=0={}",
-                PERIOD.as_secs()
-            ),
-            "--api-qps=5".to_owned(),
-            "--api-burst=10".to_owned(),
-            format!("--shutdown-api-burst={shutdown_api_burst}"),
-            "--log-level=warn".to_owned(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start the agent binary")?;
+    let (watch, removed) = watch_removals(client, &node);
+    let flags = [
+        format!(
+            "--shutdown-grace-period-by-pod-priority=0={}",
+            PERIOD.as_secs()
+        ),
+        "--api-qps=5".to_owned(),
+        "--api-burst=10".to_owned(),
+        format!("--shutdown-api-burst={shutdown_api_burst}"),
+    ];
+    let (logind, mut agent, _state) = start_agent(sim, binary, &node, &flags).await?;
     let outcome = async {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !logind
