@@ -1,12 +1,22 @@
 //! A program's Helm chart, installed and rendered by the real helm.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use crate::manifests::parse_documents;
+
+/// The helm `cargo xtask` installs under `<repo>/target/tools`, else the one on PATH.
+pub fn helm_binary(repo: &Path) -> PathBuf {
+    let cached = repo.join("target/tools/helm");
+    if cached.is_file() {
+        cached
+    } else {
+        PathBuf::from("helm")
+    }
+}
 
 /// The objects `helm install` of `chart` with the values file `values` creates: what `helm
 /// template` renders, less the hooks (run by helm at other moments, e.g. on uninstall).

@@ -11,9 +11,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Api, Client};
-use nodegrace_core::k8s::taints::change_taints;
 use serde_json::{Value, json};
 
+use crate::acts::{node_termination, out_of_service};
 use crate::chart;
 use crate::manifests;
 use crate::stage::{AGENTS_NAMESPACE, Inputs, Stage};
@@ -22,8 +22,6 @@ use crate::wait::{poll_for, poll_until};
 
 /// How long a scenario may take to reach the removed rule's 403.
 const PROOF_TIMEOUT: Duration = Duration::from_secs(45);
-const LEDGER: &str = include_str!("../demo/ledger.yaml");
-const FLEET: &str = include_str!("../demo/fleet.yaml");
 
 /// One rule of one Role or ClusterRole of a chart, by position.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -346,41 +344,15 @@ async fn play(stage: &mut Stage, chart: &str) -> Result<()> {
         }
         "out-of-service-gc" => {
             keeper_on_node_2(&client).await?;
-            for object in manifests::parse_documents(LEDGER)? {
+            for object in manifests::parse_documents(out_of_service::LEDGER)? {
                 manifests::create(&client, &object, "default").await?;
             }
-            let pods: Api<Pod> = Api::namespaced(client.clone(), "payments");
-            poll_until(Duration::from_secs(15), || async {
-                pods.list(&ListParams::default()).await.is_ok_and(|listed| {
-                    listed.items.iter().any(|pod| {
-                        pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref())
-                            == Some("node-2")
-                            && pod.status.as_ref().and_then(|s| s.phase.as_deref())
-                                == Some("Running")
-                    })
-                })
-            })
-            .await;
+            // Each step's outcome is the proof's to judge: a wait that times out goes on.
+            let _ = out_of_service::running_ledger(&client, |node| node == "node-2").await;
             stage.power_off("node-2").await?;
-            let nodes: Api<Node> = Api::all(client.clone());
-            poll_until(Duration::from_secs(15), || async {
-                nodes.get("node-2").await.is_ok_and(|node| {
-                    node.status
-                        .and_then(|status| status.conditions)
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status != "True"))
-                })
-            })
-            .await;
-            change_taints(&nodes, "node-2", |_, taints| {
-                taints.push(k8s_openapi::api::core::v1::Taint {
-                    key: "node.kubernetes.io/out-of-service".to_owned(),
-                    value: Some("nodeshutdown".to_owned()),
-                    effect: "NoExecute".to_owned(),
-                    time_added: None,
-                });
-                true
-            })
-            .await?;
+            let _ = out_of_service::wait_not_ready(&client).await;
+            out_of_service::taint_out_of_service(&client).await?;
+            let pods: Api<Pod> = Api::namespaced(client.clone(), "payments");
             poll_until(Duration::from_secs(10), || async {
                 pods.list(&ListParams::default()).await.is_ok_and(|listed| {
                     !listed.items.iter().any(|pod| {
@@ -394,24 +366,10 @@ async fn play(stage: &mut Stage, chart: &str) -> Result<()> {
         }
         _ => {
             keeper_on_node_2(&client).await?;
-            for object in manifests::parse_documents(FLEET)? {
+            for object in manifests::parse_documents(node_termination::FLEET)? {
                 manifests::create(&client, &object, "default").await?;
             }
-            let pods: Api<Pod> = Api::namespaced(client.clone(), "fleet");
-            poll_until(Duration::from_secs(15), || async {
-                pods.list(&ListParams::default()).await.is_ok_and(|listed| {
-                    listed
-                        .items
-                        .iter()
-                        .filter(|pod| {
-                            pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref())
-                                == Some("node-2")
-                        })
-                        .count()
-                        >= 3
-                })
-            })
-            .await;
+            let _ = node_termination::wait_pods_on_node(&client).await;
             // Deleted before the controller put its finalizer on it, the node would just go.
             let nodes: Api<Node> = Api::all(client);
             poll_until(Duration::from_secs(15), || async {

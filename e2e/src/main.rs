@@ -86,14 +86,9 @@ fn run() -> Result<Ending> {
             .context("this binary has a directory")?
             .to_path_buf(),
     };
-    let helm = args.helm.unwrap_or_else(|| {
-        let cached = repo.join("target/tools/helm");
-        if cached.is_file() {
-            cached
-        } else {
-            PathBuf::from("helm")
-        }
-    });
+    let helm = args
+        .helm
+        .unwrap_or_else(|| nodegrace_e2e::chart::helm_binary(&repo));
     for chart in &args.charts {
         if !CHARTS.contains(&chart.as_str()) {
             bail!(

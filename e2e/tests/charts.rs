@@ -19,12 +19,7 @@ fn repo() -> &'static Path {
 }
 
 fn helm() -> PathBuf {
-    let cached = repo().join("target/tools/helm");
-    if cached.is_file() {
-        cached
-    } else {
-        PathBuf::from("helm")
-    }
+    nodegrace_e2e::chart::helm_binary(repo())
 }
 
 /// `helm template` of `chart` (a path) with `--set` values; its objects, or helm's error.

@@ -128,8 +128,8 @@ async fn one_run(sim: &KubeSim, client: &Client, run: usize, binary: &str) -> Re
     outcome
 }
 
-async fn measure(logind: &LogindHarness, agent: &mut Child, removed: &Removals) -> Result<Run> {
-    let deadline = Instant::now() + Duration::from_secs(20);
+/// Waits until the agent holds its delay lock, as it does before any shutdown can be measured.
+async fn delay_lock_taken(logind: &LogindHarness, deadline: Instant) -> Result<()> {
     while !logind
         .list_inhibitors()
         .await?
@@ -141,6 +141,12 @@ async fn measure(logind: &LogindHarness, agent: &mut Child, removed: &Removals) 
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    Ok(())
+}
+
+async fn measure(logind: &LogindHarness, agent: &mut Child, removed: &Removals) -> Result<Run> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    delay_lock_taken(logind, deadline).await?;
     let rss_idle_kib = rss_kib(agent.id()).unwrap_or(0);
     let powered_off = SystemTime::now();
     logind.power_off().await?;
@@ -227,17 +233,7 @@ async fn full_node(
     let (logind, mut agent, _state) = start_agent(sim, binary, &node, &flags).await?;
     let outcome = async {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !logind
-            .list_inhibitors()
-            .await?
-            .iter()
-            .any(|row| row.3 == "delay")
-        {
-            if Instant::now() > deadline {
-                bail!("the agent never took its inhibitor");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        delay_lock_taken(&logind, deadline).await?;
         let powered_off = SystemTime::now();
         logind.power_off().await?;
         while logind.shutdown_hook_runs().is_empty() {

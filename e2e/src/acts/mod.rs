@@ -4,8 +4,8 @@
 
 mod leader_failover;
 mod lease_blocks_shutdown;
-mod node_termination;
-mod out_of_service;
+pub(crate) mod node_termination;
+pub(crate) mod out_of_service;
 mod priority_shutdown;
 mod uninstall;
 

@@ -30,7 +30,7 @@ pub const ACT: Act = Act {
 const NODE: &str = "node-2";
 const DOWN: &str = "node-1";
 const NAMESPACE: &str = "fleet";
-const FLEET: &str = include_str!("../../demo/fleet.yaml");
+pub(crate) const FLEET: &str = include_str!("../../demo/fleet.yaml");
 /// Bounds each wait of a broken run; a working one takes seconds.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -143,7 +143,7 @@ async fn sim_get(client: &Client, path: &str) -> Result<serde_json::Value> {
 }
 
 /// The fleet's pods on the node once all are Ready there: name → app.
-async fn wait_pods_on_node(client: &Client) -> Result<BTreeMap<String, String>> {
+pub(crate) async fn wait_pods_on_node(client: &Client) -> Result<BTreeMap<String, String>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let found = poll_for(TIMEOUT, || async {
         let listed = pods

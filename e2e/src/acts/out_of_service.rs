@@ -29,7 +29,7 @@ const NODE: &str = "node-2";
 const NAMESPACE: &str = "payments";
 const POD: &str = "ledger-0";
 const CLAIM: &str = "data-ledger-0";
-const LEDGER: &str = include_str!("../../demo/ledger.yaml");
+pub(crate) const LEDGER: &str = include_str!("../../demo/ledger.yaml");
 const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 const CONDITION: &str = "OutOfServiceCleanup";
 /// Bounds each wait of a broken run; a working one takes seconds.
@@ -154,7 +154,7 @@ fn ready(conditions: Option<&Vec<k8s_openapi::api::core::v1::PodCondition>>) -> 
 }
 
 /// Waits for `ledger-0` Running and Ready on a node `placed` accepts.
-async fn running_ledger(client: &Client, placed: impl Fn(&str) -> bool) -> Result<Pod> {
+pub(crate) async fn running_ledger(client: &Client, placed: impl Fn(&str) -> bool) -> Result<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let running = poll_for(TIMEOUT, || async {
         let pod = pods.get_opt(POD).await.ok()??;
@@ -216,7 +216,7 @@ async fn attached(client: &Client, volume: &str, node: &str) -> Result<String> {
     found.with_context(|| format!("volume {volume} is not attached to {node} after {TIMEOUT:?}"))
 }
 
-async fn wait_not_ready(client: &Client) -> Result<()> {
+pub(crate) async fn wait_not_ready(client: &Client) -> Result<()> {
     let not_ready = poll_for(TIMEOUT, || async {
         let ready = node_condition(client, NODE, "Ready").await.ok()??;
         (ready.status != "True").then_some(())
@@ -239,7 +239,7 @@ async fn wait_terminating(client: &Client, uid: &str) -> Result<()> {
 
 /// What `kubectl taint nodes node-2 node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`
 /// writes.
-async fn taint_out_of_service(client: &Client) -> Result<()> {
+pub(crate) async fn taint_out_of_service(client: &Client) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     change_taints(&nodes, NODE, |_, taints| {
         taints.push(Taint {
