@@ -37,6 +37,9 @@ pub const DO_NOT_EVICT: &str = "nodegrace.io/do-not-evict";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("has(self.minAvailable) != has(self.maxUnavailable)").message("set exactly one of spec.minAvailable and spec.maxUnavailable"))]
+#[x_kube(validation = Rule::new("!has(self.maxPerWindow) || (has(self.windows) && size(self.windows) > 0)").message("spec.maxPerWindow needs spec.windows"))]
+#[x_kube(validation = Rule::new("!has(self.windows) || self.windows.all(w, w.schedule.matches('^ *[^ ]+( +[^ ]+){4} *$'))").message("spec.windows[*].schedule must be a cron expression of five fields, such as \"0 2 * * 1-5\""))]
+#[x_kube(validation = Rule::new("!has(self.windows) || self.windows.all(w, w.duration.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$'))").message("spec.windows[*].duration must be a duration such as \"3h\" or \"90m\""))]
 #[serde(rename_all = "camelCase")]
 pub struct NodeDisruptionBudgetSpec {
     /// The nodes this budget covers. Unlike a PodDisruptionBudget's, a null or an empty
@@ -51,6 +54,43 @@ pub struct NodeDisruptionBudgetSpec {
     /// unavailable after a disruption. Exactly one of minAvailable and maxUnavailable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_unavailable: Option<IntOrString>,
+    /// When set, a Ready node of this budget starts its disruption only inside one of these
+    /// windows (a disruption started inside one finishes after it closes). NotReady nodes are
+    /// not held: they take nothing from availability.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<MaintenanceWindow>,
+    /// At most this many disruptions of Ready nodes start in one window. Needs windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_window: Option<i32>,
+}
+
+/// A recurring maintenance window.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceWindow {
+    /// When each window opens: a cron expression of five fields (minute hour day-of-month
+    /// month day-of-week), such as "0 2 * * 1-5" for 02:00 on weekdays. A start in the hour
+    /// skipped by a daylight-saving change opens right after it; one in a repeated hour opens
+    /// once.
+    pub schedule: String,
+    /// How long each window stays open, such as "3h" or "90m".
+    pub duration: String,
+    /// The IANA time zone the schedule is read in, such as "Europe/Berlin". UTC when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+}
+
+/// The maintenance window open now, and what it has started.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActiveWindow {
+    /// When this window opened.
+    pub start: Time,
+    /// When it closes.
+    pub end: Time,
+    /// Disruptions of Ready nodes granted in it (counted against maxPerWindow).
+    #[serde(default)]
+    pub disruptions_started: i32,
 }
 
 /// Observed like a PodDisruptionBudget's status. Grants are recorded in `disruptedNodes`
@@ -78,8 +118,15 @@ pub struct NodeDisruptionBudgetStatus {
     /// given); it never passes to a namesake.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub disrupted_nodes: BTreeMap<String, Grant>,
+    /// The maintenance window open now (with windows set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_window: Option<ActiveWindow>,
+    /// When the next maintenance window opens (with windows set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_window: Option<Time>,
     /// `DisruptionAllowed`: True when a disruption may be granted now; False with reason
-    /// `InsufficientNodes` or `InvalidSpec`.
+    /// `InsufficientNodes`, `OutsideMaintenanceWindow`, `MaintenanceWindowSpent` or
+    /// `InvalidSpec`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

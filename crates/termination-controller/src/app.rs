@@ -12,6 +12,7 @@ use kube::Api;
 use kube::runtime::watcher;
 use nodegrace_core::admin::{Readiness, ReadinessGate};
 use nodegrace_core::cli::CommonArgs;
+use nodegrace_core::clock::{Clock, SystemClock};
 use nodegrace_core::controller::Backoff;
 use nodegrace_core::controller::Dirty;
 use nodegrace_core::k8s::client;
@@ -167,6 +168,16 @@ fn trim_ndb(budget: &mut NodeDisruptionBudget) {
 
 /// Starts the admin server, then the controller in a task of its own.
 pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow::Error>> {
+    start_with_clock(args, Arc::new(SystemClock), stop).await
+}
+
+/// [`start`] with the wall clock that grants and maintenance windows are read off (a test's
+/// clock stands at the instant it tests).
+pub async fn start_with_clock(
+    args: Args,
+    clock: Arc<dyn Clock>,
+    stop: CancellationToken,
+) -> Result<Started<anyhow::Error>> {
     // Every option is used here: a new flag that nothing reads does not compile.
     let Args {
         command: _,
@@ -318,6 +329,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
             cache: ndbs,
             nodes,
             node_api: Api::all(client.clone()),
+            clock,
         };
         let webhook = webhook.map(|(listener, mode, source, loaded)| {
             let admission = Arc::new(Admission {

@@ -43,6 +43,8 @@ pub enum SpecError {
     Value { field: &'static str, value: String },
     #[error("spec.selector: {0}")]
     Selector(#[from] SelectorError),
+    #[error(transparent)]
+    Window(#[from] crate::windows::WindowError),
 }
 
 /// The budget's limit, validated.
@@ -199,9 +201,9 @@ mod tests {
 
     fn spec(min: Option<IntOrString>, max: Option<IntOrString>) -> NodeDisruptionBudgetSpec {
         NodeDisruptionBudgetSpec {
-            selector: None,
             min_available: min,
             max_unavailable: max,
+            ..NodeDisruptionBudgetSpec::default()
         }
     }
 

@@ -378,7 +378,10 @@ async fn keep_statuses(
             () = stop.cancelled() => return,
             () = tokio::time::sleep(STATUS_REFRESH_PAUSE) => {}
         }
-        let expiry = next_grant_expiry(&shared);
+        let expiry = [next_grant_expiry(&shared), next_window_change(&shared)]
+            .into_iter()
+            .flatten()
+            .min();
         tokio::select! {
             () = stop.cancelled() => return,
             changed = budgets.changed() => if changed.is_err() { return },
@@ -425,9 +428,28 @@ impl NodeShape {
     }
 }
 
+/// How long until some budget's maintenance window opens or closes (its status and the
+/// nodes waiting for it change then, with nothing watched changing).
+fn next_window_change(shared: &Shared) -> Option<Duration> {
+    let now = shared.budgets.clock.now();
+    shared
+        .budgets
+        .cache
+        .state()
+        .iter()
+        .filter_map(|budget| {
+            crate::windows::Windows::of(&budget.spec, now)
+                .ok()
+                .flatten()?
+                .next_change(now)
+        })
+        .min()
+        .map(|at| Duration::try_from(at.duration_since(now)).unwrap_or_default())
+}
+
 /// How long until the first grant of a node that is not being deleted expires.
 fn next_grant_expiry(shared: &Shared) -> Option<Duration> {
-    let now = Timestamp::now();
+    let now = shared.budgets.clock.now();
     shared
         .budgets
         .cache

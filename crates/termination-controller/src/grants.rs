@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube::core::Selector;
+use nodegrace_core::clock::Clock;
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::nodes::{Readiness, readiness, taints};
 use nodegrace_core::k8s::watched::Watched;
@@ -21,6 +22,7 @@ use crate::api::{
     DISRUPTED_TAINT, FINALIZER, Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus,
 };
 use crate::budget::{Limit, NodeFacts, Numbers, SpecError, may_grant, numbers, selects};
+use crate::windows::{Gate, Windows};
 
 /// How long a grant for a node that was never deleted is kept (the disruption controller's
 /// `DeletionTimeout` for `disruptedPods`): a grant taken by an admission that did not go
@@ -63,14 +65,130 @@ pub fn covers(budget: &NodeDisruptionBudget, node: &NodeFacts<'_>) -> bool {
 pub enum Refusal {
     Exhausted(Numbers),
     Invalid(SpecError),
+    /// Outside every maintenance window; `next` is when the next opens (in its time zone).
+    OutsideWindows {
+        next: Option<String>,
+    },
+    /// The window open now has started the `max` disruptions it allows.
+    WindowSpent {
+        max: i32,
+        next: Option<String>,
+    },
+}
+
+impl Refusal {
+    /// Whether the node waits for a maintenance window (rather than for nodes to recover).
+    pub fn is_window(&self) -> bool {
+        matches!(self, Self::OutsideWindows { .. } | Self::WindowSpent { .. })
+    }
 }
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let next = |next: &Option<String>| {
+            next.as_ref().map_or_else(
+                || "no window opens again".to_owned(),
+                |next| format!("the next opens at {next}"),
+            )
+        };
         match self {
             Self::Exhausted(numbers) => write!(f, "{numbers}"),
             Self::Invalid(error) => write!(f, "the budget is invalid and holds its nodes: {error}"),
+            Self::OutsideWindows { next: at } => {
+                write!(f, "outside its maintenance windows; {}", next(at))
+            }
+            Self::WindowSpent { max, next: at } => write!(
+                f,
+                "the {max} disruption(s) its maintenance window allows have started; {}",
+                next(at)
+            ),
         }
+    }
+}
+
+/// What a budget's spec says, read: its limit and its windows.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    pub limit: Limit,
+    pub windows: Option<Windows>,
+}
+
+impl Rules {
+    pub fn of(budget: &NodeDisruptionBudget, now: Timestamp) -> Result<Self, SpecError> {
+        Ok(Self {
+            limit: Limit::of(&budget.spec)?,
+            windows: Windows::of(&budget.spec, now)?,
+        })
+    }
+
+    /// The windows' gate now, with the count the budget's status keeps; `None` without
+    /// windows.
+    fn gate(&self, budget: &NodeDisruptionBudget, now: Timestamp) -> Option<Gate> {
+        let record = budget
+            .status
+            .as_ref()
+            .and_then(|status| status.active_window.as_ref());
+        self.windows
+            .as_ref()
+            .map(|windows| windows.gate(record, now))
+    }
+}
+
+/// What one budget can still give in a pass: units by its numbers and by its window.
+#[derive(Debug, Clone)]
+struct Units {
+    numbers: Numbers,
+    by_numbers: i32,
+    gate: Option<Gate>,
+    /// Starts left in the open window (`None`: no cap, or no windows).
+    by_window: Option<i32>,
+    max_per_window: Option<i32>,
+}
+
+impl Units {
+    fn of(numbers: Numbers, rules: &Rules, gate: Option<Gate>) -> Self {
+        let by_window = match &gate {
+            Some(Gate::Open { left, .. }) => *left,
+            Some(Gate::Closed { .. }) => Some(0),
+            None => None,
+        };
+        Self {
+            numbers,
+            by_numbers: numbers.allowed,
+            gate,
+            by_window,
+            max_per_window: rules.windows.as_ref().and_then(Windows::max_per_window),
+        }
+    }
+
+    /// Why a Ready node gets no unit now; `None` when it would get one.
+    fn refusal(&self) -> Option<Refusal> {
+        match &self.gate {
+            Some(Gate::Closed { next }) => Some(Refusal::OutsideWindows {
+                next: next.as_ref().map(ToString::to_string),
+            }),
+            Some(Gate::Open { next, .. }) if self.by_window.is_some_and(|left| left <= 0) => {
+                Some(Refusal::WindowSpent {
+                    max: self.max_per_window.unwrap_or_default(),
+                    next: next.as_ref().map(ToString::to_string),
+                })
+            }
+            _ => (self.by_numbers <= 0).then_some(Refusal::Exhausted(self.numbers)),
+        }
+    }
+
+    fn take(&mut self) {
+        self.by_numbers -= 1;
+        if let Some(left) = self.by_window.as_mut() {
+            *left -= 1;
+        }
+    }
+
+    /// The disruptions allowed now, as the status reports them.
+    fn allowed(&self) -> i32 {
+        self.by_window
+            .map_or(self.by_numbers, |left| left.min(self.by_numbers))
+            .max(0)
     }
 }
 
@@ -89,6 +207,8 @@ pub struct Budgets {
     pub nodes: Watched<Node>,
     /// For the fresh reads every grant (and every grant dropped) is decided on.
     pub node_api: Api<Node>,
+    /// Grant times, expiries and maintenance windows are read off this clock.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Budgets {
@@ -186,7 +306,12 @@ impl Budgets {
 
     /// The verdict [`Budgets::acquire`] would reach now, taking nothing (dry runs, plans).
     pub fn verdict(&self, node: &Node) -> Verdict {
-        verdict(&self.cache.state(), &self.nodes.state(), node)
+        verdict(
+            &self.cache.state(),
+            &self.nodes.state(),
+            node,
+            self.clock.now(),
+        )
     }
 
     /// Gives back `node`'s grants from `budgets` (an admission that took some but was then
@@ -226,7 +351,8 @@ impl Budgets {
         let mut budget = cached.clone();
         for _ in 0..CONFLICT_RETRIES {
             let nodes = self.fresh_nodes().await?;
-            if let Some(refusal) = refusal(&budget, node, facts, &nodes) {
+            let now = self.clock.now();
+            if let Some(refusal) = refusal(&budget, node, facts, &nodes, now) {
                 return Ok(Some(refusal));
             }
             if budget.has_granted(node) {
@@ -238,11 +364,14 @@ impl Budgets {
                 facts.name.to_owned(),
                 Grant {
                     uid: node.metadata.uid.clone(),
-                    granted_at: Time(Timestamp::now()),
+                    granted_at: Time(now),
                 },
             );
+            if facts.ready {
+                count_started(&budget, &mut status, 1, now);
+            }
             budget.status = Some(status);
-            budget.status = Some(status_for(&budget, &nodes, Timestamp::now()));
+            budget.status = Some(status_for(&budget, &nodes, now));
             match self
                 .api
                 .replace_status(budget.name(), &PostParams::default(), &budget)
@@ -269,11 +398,16 @@ impl Budgets {
 }
 
 /// The verdict of `budgets` for `node`, over `nodes`, taking nothing.
-pub fn verdict(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<Node>], node: &Node) -> Verdict {
+pub fn verdict(
+    budgets: &[Arc<NodeDisruptionBudget>],
+    nodes: &[Arc<Node>],
+    node: &Node,
+    now: Timestamp,
+) -> Verdict {
     let facts = facts(node);
     let mut granted = Vec::new();
     for budget in covering(budgets, &facts) {
-        if let Some(refusal) = refusal(&budget, node, &facts, nodes) {
+        if let Some(refusal) = refusal(&budget, node, &facts, nodes, now) {
             return Verdict::Waiting {
                 budget: budget.name().to_owned(),
                 refusal,
@@ -304,16 +438,35 @@ fn refusal(
     node: &Node,
     facts: &NodeFacts<'_>,
     nodes: &[Arc<Node>],
+    now: Timestamp,
 ) -> Option<Refusal> {
     if budget.has_granted(node) {
         return None;
     }
-    let limit = match Limit::of(&budget.spec) {
-        Ok(limit) => limit,
+    let rules = match Rules::of(budget, now) {
+        Ok(rules) => rules,
         Err(error) => return Some(Refusal::Invalid(error)),
     };
-    let numbers = budget_numbers(budget, limit, nodes);
-    (!may_grant(numbers, facts)).then_some(Refusal::Exhausted(numbers))
+    let numbers = budget_numbers(budget, rules.limit, nodes);
+    if !facts.ready {
+        // A NotReady node takes nothing from availability: neither numbers nor windows hold
+        // it.
+        return (!may_grant(numbers, facts)).then_some(Refusal::Exhausted(numbers));
+    }
+    Units::of(numbers, &rules, rules.gate(budget, now)).refusal()
+}
+
+/// Counts `more` disruptions started in the window open now into `status` (nothing without
+/// windows, or outside them).
+fn count_started(
+    budget: &NodeDisruptionBudget,
+    status: &mut NodeDisruptionBudgetStatus,
+    more: i32,
+    now: Timestamp,
+) {
+    if let Ok(Some(windows)) = Windows::of(&budget.spec, now) {
+        status.active_window = windows.record(status.active_window.as_ref(), more, now);
+    }
 }
 
 fn budget_numbers(budget: &NodeDisruptionBudget, limit: Limit, nodes: &[Arc<Node>]) -> Numbers {
@@ -363,17 +516,27 @@ pub fn status_for(
         status: Some(status.clone()),
         ..budget.clone()
     };
-    let (state, reason, message) = match Limit::of(&budget.spec) {
-        Ok(limit) => {
-            let numbers = budget_numbers(&pruned, limit, nodes);
+    let (state, reason, message) = match Rules::of(budget, now) {
+        Ok(rules) => {
+            let numbers = budget_numbers(&pruned, rules.limit, nodes);
+            if let Some(windows) = &rules.windows {
+                status.active_window = windows.record(old.active_window.as_ref(), 0, now);
+                status.next_window = windows.next_start(now).map(|next| Time(next.timestamp()));
+            }
+            let units = Units::of(numbers, &rules, rules.gate(budget, now));
             status.expected_nodes = numbers.expected;
             status.current_available = numbers.available;
             status.desired_available = numbers.desired;
-            status.disruptions_allowed = numbers.allowed;
-            if numbers.allowed > 0 {
-                ("True", "SufficientNodes", numbers.to_string())
-            } else {
-                ("False", "InsufficientNodes", numbers.to_string())
+            status.disruptions_allowed = units.allowed();
+            match units.refusal() {
+                None => ("True", "SufficientNodes", numbers.to_string()),
+                Some(refusal @ Refusal::OutsideWindows { .. }) => {
+                    ("False", "OutsideMaintenanceWindow", refusal.to_string())
+                }
+                Some(refusal @ Refusal::WindowSpent { .. }) => {
+                    ("False", "MaintenanceWindowSpent", refusal.to_string())
+                }
+                Some(_) => ("False", "InsufficientNodes", numbers.to_string()),
             }
         }
         Err(error) => (
@@ -407,6 +570,8 @@ pub fn status_for(
 pub struct Allocation {
     /// Per budget: the nodes it grants in this pass.
     pub grants: BTreeMap<String, Vec<(String, Grant)>>,
+    /// Per budget: how many of those are Ready (disruptions started in its window).
+    pub started: BTreeMap<String, i32>,
     /// Per waiting node (by UID): the budget it waits on, and why.
     pub waiting: HashMap<String, Verdict>,
 }
@@ -421,12 +586,12 @@ pub fn allocate(
     now: Timestamp,
 ) -> Allocation {
     let mut allocation = Allocation::default();
-    let mut left: HashMap<&str, Result<(Numbers, i32), SpecError>> = budgets
+    let mut left: HashMap<&str, Result<Units, SpecError>> = budgets
         .iter()
         .map(|budget| {
-            let state = Limit::of(&budget.spec).map(|limit| {
-                let numbers = budget_numbers(budget, limit, nodes);
-                (numbers, numbers.allowed)
+            let state = Rules::of(budget, now).map(|rules| {
+                let numbers = budget_numbers(budget, rules.limit, nodes);
+                Units::of(numbers, &rules, rules.gate(budget, now))
             });
             (budget.name(), state)
         })
@@ -457,7 +622,7 @@ pub fn allocate(
         let refusal = missing.iter().find_map(|budget| {
             let refusal = match left.get(budget.name())? {
                 Err(error) => Refusal::Invalid(error.clone()),
-                Ok((numbers, units)) if facts.ready && *units <= 0 => Refusal::Exhausted(*numbers),
+                Ok(units) if facts.ready => units.refusal()?,
                 Ok(_) => return None,
             };
             Some((budget.name().to_owned(), refusal))
@@ -471,9 +636,13 @@ pub fn allocate(
         }
         for budget in missing {
             if facts.ready
-                && let Some(Ok((_, units))) = left.get_mut(budget.name())
+                && let Some(Ok(units)) = left.get_mut(budget.name())
             {
-                *units -= 1;
+                units.take();
+                *allocation
+                    .started
+                    .entry(budget.name().to_owned())
+                    .or_default() += 1;
             }
             allocation
                 .grants
@@ -511,7 +680,7 @@ pub struct Refreshed {
 /// one that only updates numbers goes by the cache.
 pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Error> {
     let cached = budgets.cache.state();
-    let now = Timestamp::now();
+    let now = budgets.clock.now();
     let mut nodes = budgets.nodes.state();
     let mut allocation = allocate(&cached, &nodes, now);
     let drops_a_grant = cached.iter().any(|budget| {
@@ -527,6 +696,7 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
     }
     let Allocation {
         mut grants,
+        mut started,
         waiting,
     } = allocation;
     let mut refreshed = Refreshed {
@@ -536,11 +706,10 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
     for budget in cached {
         let mut updated = (*budget).clone();
         if let Some(new) = grants.remove(budget.name()) {
-            updated
-                .status
-                .get_or_insert_with(Default::default)
-                .disrupted_nodes
-                .extend(new);
+            let status = updated.status.get_or_insert_with(Default::default);
+            status.disrupted_nodes.extend(new);
+            let more = started.remove(budget.name()).unwrap_or_default();
+            count_started(&budget, status, more, now);
         }
         let status = status_for(&updated, &nodes, now);
         refreshed

@@ -22,3 +22,4 @@ pub mod termination;
 pub mod tiers;
 pub mod uninstall;
 pub mod webhook;
+pub mod windows;

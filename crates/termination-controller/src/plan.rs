@@ -218,7 +218,7 @@ pub fn plan(cluster: &Cluster, now: Timestamp) -> Plan {
         .iter()
         .flatten()
         .any(|finalizer| finalizer == FINALIZER);
-    let node_disruption_budgets = match verdict(&cluster.ndbs, &cluster.nodes, &cluster.node) {
+    let node_disruption_budgets = match verdict(&cluster.ndbs, &cluster.nodes, &cluster.node, now) {
         Verdict::Granted { budgets } if budgets.is_empty() => NdbVerdict {
             granted: true,
             budgets,

@@ -644,6 +644,7 @@ async fn a_grant_is_decided_on_a_fresh_read_never_on_a_cache_left_behind() -> Re
             WatchCounters::default(),
         ),
         node_api: Api::all(real.client()),
+        clock: std::sync::Arc::new(nodegrace_core::clock::SystemClock),
     };
     budgets.cache.synced().await?;
     budgets.nodes.synced().await?;

@@ -79,6 +79,20 @@ pub async fn controller(sim: &KubeSim, flags: &[&str]) -> Result<Controller> {
 /// The controller reaching the API server through `kubeconfig`; without election unless
 /// `flags` set `--leader-elect`.
 pub async fn controller_via(kubeconfig: &std::path::Path, flags: &[&str]) -> Result<Controller> {
+    controller_with_clock(
+        kubeconfig,
+        flags,
+        std::sync::Arc::new(nodegrace_core::clock::SystemClock),
+    )
+    .await
+}
+
+/// [`controller_via`] with the wall clock grants and maintenance windows are read off.
+pub async fn controller_with_clock(
+    kubeconfig: &std::path::Path,
+    flags: &[&str],
+    clock: std::sync::Arc<dyn nodegrace_core::clock::Clock>,
+) -> Result<Controller> {
     let elect = flags.iter().any(|flag| flag.starts_with("--leader-elect="));
     let args = Args::try_parse_from(
         [
@@ -93,7 +107,7 @@ pub async fn controller_via(kubeconfig: &std::path::Path, flags: &[&str]) -> Res
         .chain(flags.iter().map(|flag| (*flag).to_owned())),
     )?;
     let stop = CancellationToken::new();
-    let started = app::start(args, stop.clone()).await?;
+    let started = app::start_with_clock(args, clock, stop.clone()).await?;
     let admin = Admin {
         address: started.admin_address,
         prefix: "nodegrace_termination_controller",

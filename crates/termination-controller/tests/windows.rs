@@ -1,0 +1,213 @@
+//! Maintenance windows through the controller: its clock stands where the test puts it (the
+//! cluster's time need not move), and a change to the budget wakes a pass after each move.
+
+mod common;
+
+use common::*;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use nodegrace_core::clock::ManualClock;
+use serde_json::json;
+use termination_controller::api::NodeDisruptionBudget;
+
+const NIGHTLY: &str = "nightly";
+
+/// Moves the controller's clock and touches the budget, so a pass reads the new time.
+async fn advance(
+    clock: &ManualClock,
+    budgets: &Api<NodeDisruptionBudget>,
+    by: Duration,
+) -> Result<()> {
+    clock.advance(by);
+    let touch = json!({"metadata": {"annotations": {"test/clock": clock_text(clock)}}});
+    budgets
+        .patch(NIGHTLY, &PatchParams::default(), &Patch::Merge(&touch))
+        .await?;
+    Ok(())
+}
+
+fn clock_text(clock: &ManualClock) -> String {
+    use nodegrace_core::clock::Clock;
+    clock.now().to_string()
+}
+
+async fn waits_with(client: &kube::Client, node: &str, expected: &str) -> Result<()> {
+    wait_for(&format!("{node} to wait: {expected}"), || async {
+        Ok(condition(client, node, "Terminating")
+            .await?
+            .is_some_and(|(reason, message)| {
+                reason == "AwaitingBudget" && message.contains(expected)
+            }))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_crd_refuses_what_its_rules_can_see_and_the_controller_the_rest() -> Result<()> {
+    let sim = sim(2).await?;
+    let client = sim.client();
+    let all = json!({"matchLabels": {"kubernetes.io/os": "linux"}});
+    let refused = [
+        (
+            json!({"selector": all, "maxUnavailable": 1, "windows": [{"schedule": "0 2 * *", "duration": "1h"}]}),
+            "schedule must be a cron expression of five fields",
+        ),
+        (
+            json!({"selector": all, "maxUnavailable": 1, "windows": [{"schedule": "0 2 * * *", "duration": "1 hour"}]}),
+            "duration must be a duration such as",
+        ),
+        (
+            json!({"selector": all, "maxUnavailable": 1, "maxPerWindow": 1}),
+            "spec.maxPerWindow needs spec.windows",
+        ),
+    ];
+    for (spec, expected) in refused {
+        let message = format!(
+            "{:#}",
+            ndb(&client, "refused", spec.clone())
+                .await
+                .err()
+                .with_context(|| format!("the CRD refuses {spec}"))?
+        );
+        ensure!(message.contains(expected), "{message}");
+    }
+    ndb(
+        &client,
+        "typo",
+        json!({"selector": all, "maxUnavailable": 1, "windows": [{"schedule": "0 2 * * *", "duration": "1h", "timeZone": "Europe/Berln"}]}),
+    )
+    .await?;
+    let _controller = controller(&sim, &[]).await?;
+    let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
+    wait_for("the zone typo reported", || async {
+        Ok(budgets.get("typo").await?.status.is_some_and(|status| {
+            status.conditions.iter().any(|condition| {
+                condition.reason == "InvalidSpec"
+                    && condition.message.contains(
+                        "spec.windows[0].timeZone: \"Europe/Berln\" is not an IANA time zone",
+                    )
+            })
+        }))
+    })
+    .await
+}
+
+/// Monday 2026-11-30 in Berlin, one window a weekday night from 02:00 to 03:00 local time
+/// (01:00–02:00 UTC), one disruption per window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disruptions_start_only_inside_a_window_up_to_its_cap_and_a_granted_drain_outlives_it()
+-> Result<()> {
+    let sim = sim(3).await?;
+    let client = sim.client();
+    ndb(
+        &client,
+        NIGHTLY,
+        json!({
+            "selector": {"matchLabels": {"kubernetes.io/os": "linux"}},
+            "maxUnavailable": 2,
+            "windows": [{"schedule": "0 2 * * 1-5", "duration": "1h", "timeZone": "Europe/Berlin"}],
+            "maxPerWindow": 1,
+        }),
+    )
+    .await?;
+    // Holds node-1's drain open until the test lets it go.
+    create(&client, json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "batch", "namespace": "default", "labels": {"nodegrace.io/do-not-evict": "true"}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "app"}]}})).await?;
+    let start: Timestamp = "2026-11-30T00:30:00Z".parse()?;
+    let clock = ManualClock::at(start);
+    let _controller =
+        controller_with_clock(sim.kubeconfig_path(), &[], Arc::new(clock.clone())).await?;
+    finalizer_on_every_node(&client, 3).await?;
+    let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
+    wait_for("the budget to say when the window opens", || async {
+        Ok(budgets.get(NIGHTLY).await?.status.is_some_and(|status| {
+            status.next_window.as_ref().map(|next| next.0)
+                == Some("2026-11-30T01:00:00Z".parse().unwrap())
+                && status.disruptions_allowed == 0
+                && status
+                    .conditions
+                    .iter()
+                    .any(|c| c.reason == "OutsideMaintenanceWindow")
+        }))
+    })
+    .await?;
+
+    // Outside the window: node-1 waits, and says until when.
+    delete_node(&client, "node-1").await?;
+    waits_with(
+        &client,
+        "node-1",
+        "outside its maintenance windows; the next opens at 2026-11-30T02:00:00+01:00[Europe/Berlin]",
+    )
+    .await?;
+    ensure!(!is_cordoned(&client, "node-1").await?, "nothing started");
+
+    // 02:00 in Berlin: the window opens and node-1 starts (its drain then waits for `batch`).
+    advance(&clock, &budgets, Duration::from_secs(30 * 60)).await?;
+    wait_for("node-1 cordoned in the window", || {
+        is_cordoned(&client, "node-1")
+    })
+    .await?;
+    wait_for("the window's count", || async {
+        Ok(budgets.get(NIGHTLY).await?.status.is_some_and(|status| {
+            status
+                .active_window
+                .is_some_and(|window| window.disruptions_started == 1)
+        }))
+    })
+    .await?;
+
+    // The window's one disruption is spent: node-2 waits although the numbers allow it.
+    delete_node(&client, "node-2").await?;
+    waits_with(
+        &client,
+        "node-2",
+        "the 1 disruption(s) its maintenance window allows have started; the next opens at 2026-12-01T02:00:00+01:00[Europe/Berlin]",
+    )
+    .await?;
+
+    // 03:00: the window closes mid-drain. node-1's drain goes on; node-2 gets nothing.
+    advance(&clock, &budgets, Duration::from_secs(60 * 60)).await?;
+    waits_with(
+        &client,
+        "node-2",
+        "outside its maintenance windows; the next opens at 2026-12-01T02:00:00+01:00[Europe/Berlin]",
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.delete("batch", &DeleteParams::default()).await?;
+    wait_for("node-1's granted drain to finish after the window", || {
+        node_gone(&client, "node-1")
+    })
+    .await?;
+    ensure!(
+        !is_cordoned(&client, "node-2").await?,
+        "no new grant outside the window"
+    );
+
+    // Tuesday's window starts its count afresh: node-2 goes.
+    advance(&clock, &budgets, Duration::from_secs(23 * 60 * 60)).await?;
+    wait_for("node-2 to go in the next window", || {
+        node_gone(&client, "node-2")
+    })
+    .await?;
+    ensure!(sim.world().audit().violations().is_empty());
+    Ok(())
+}
+
+async fn is_cordoned(client: &kube::Client, node: &str) -> Result<bool> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    Ok(nodes
+        .get_opt(node)
+        .await?
+        .and_then(|node| node.spec?.unschedulable)
+        == Some(true))
+}
