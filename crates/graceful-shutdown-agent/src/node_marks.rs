@@ -1,4 +1,5 @@
-//! What the agent tells the cluster about the node: the `GracefulShutdown` condition, the
+//! What the agent tells the cluster about the node: the `GracefulNodeShutdownInProgress`
+//! condition (KEP-5683's name; `GracefulShutdown` too, for one release), the
 //! taint that keeps new pods away, and Events. Everything goes through core's `Reporter`, so
 //! no write ever holds up the pods' termination or the inhibitor's release, and failed writes
 //! are retried (a cancelled shutdown's taint removal, the stale markings after a reboot).
@@ -13,7 +14,13 @@ use nodegrace_core::logind::{KubeletShutdownSign, LogindError, describe_conflict
 use crate::plan::PriorityGroup;
 use crate::summary::{GroupEnd, GroupResult, ShutdownSummary};
 
-pub const CONDITION_TYPE: &str = "GracefulShutdown";
+/// KEP-5683's well-known condition: True while a graceful node shutdown is in progress.
+pub const CONDITION_TYPE: &str = "GracefulNodeShutdownInProgress";
+/// The name before KEP-5683, still written (with the same status) for dashboards and alerts
+/// built on it; dropped in the release after next.
+pub const DEPRECATED_CONDITION_TYPE: &str = "GracefulShutdown";
+/// KEP-5683's reason for a condition set because a node shutdown was detected.
+const KEP_SHUTDOWN_REASON: &str = "NodeShutdown";
 /// True while the kubelet's own graceful node shutdown is on as well.
 pub const CONFLICT_CONDITION_TYPE: &str = "GracefulShutdownConflict";
 pub const TAINT_KEY: &str = "nodegrace.io/shutting-down";
@@ -40,8 +47,15 @@ impl NodeMarks {
     }
 
     fn condition(&self, status: &str, reason: &str, message: &str, guard: ConditionGuard) {
-        let condition = ConditionSpec::new(CONDITION_TYPE, status, reason, message);
+        let kep_reason = if status == "True" {
+            KEP_SHUTDOWN_REASON
+        } else {
+            reason
+        };
+        let condition = ConditionSpec::new(CONDITION_TYPE, status, kep_reason, message);
         self.reporter.condition(&self.node, condition, guard);
+        let deprecated = ConditionSpec::new(DEPRECATED_CONDITION_TYPE, status, reason, message);
+        self.reporter.condition(&self.node, deprecated, guard);
     }
 
     fn event(&self, warning: bool, reason: &str, note: String) {

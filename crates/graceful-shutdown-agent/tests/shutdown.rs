@@ -395,8 +395,14 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
 
     let node = node(&cluster).await?;
     ensure!(
+        condition(&node, "GracefulNodeShutdownInProgress")
+            == Some(("True".into(), "NodeShutdown".into())),
+        "KEP-5683's condition: {:?}",
+        node.status
+    );
+    ensure!(
         condition(&node, "GracefulShutdown") == Some(("True".into(), "NodeShuttingDown".into())),
-        "{:?}",
+        "the old name, kept one release: {:?}",
         node.status
     );
     ensure!(tainted(&node));
@@ -596,6 +602,8 @@ async fn a_cancelled_shutdown_unmarks_the_node_and_retakes_the_inhibitor() -> Re
             let node = node(&cluster).await?;
             Ok(!tainted(&node)
                 && condition(&node, "GracefulShutdown")
+                    == Some(("False".into(), "ShutdownCancelled".into()))
+                && condition(&node, "GracefulNodeShutdownInProgress")
                     == Some(("False".into(), "ShutdownCancelled".into())))
         },
     )

@@ -33,6 +33,11 @@ use crate::tiers::disrupted_taint;
 pub const TERMINATING: &str = "Terminating";
 pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
 pub const DRAINED: &str = "Drained";
+/// KEP-5683's condition for a node expected to undergo maintenance: True while the node waits
+/// for its NodeDisruptionBudgets or their maintenance windows.
+pub const MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
+/// KEP-5683's reason for a drain that met its criteria.
+const DRAIN_COMPLETED: &str = "DrainCompleted";
 /// When the terminate request was accepted: a restarted controller waits for that request to
 /// finish instead of sending a second one.
 pub const TERMINATE_REQUESTED: &str = "nodegrace.io/terminate-requested-at";
@@ -68,6 +73,7 @@ pub struct NodeTermination {
     /// The Node deleted: every step acts on this object, never on a namesake.
     node: NodeIdentity,
     last_condition: Option<(String, String)>,
+    last_planned: Option<(String, String)>,
     announced: HashSet<String>,
 }
 
@@ -77,6 +83,7 @@ impl NodeTermination {
             shared,
             node,
             last_condition: None,
+            last_planned: None,
             announced: HashSet::new(),
         }
     }
@@ -96,6 +103,36 @@ impl NodeTermination {
             self.node.name(),
             ConditionSpec::new(TERMINATING, "True", reason, message),
             ConditionGuard::Always,
+        );
+    }
+
+    /// `MaintenancePlanned=True` while the node waits for a budget: reason `MaintenanceWindow`
+    /// when it waits for a window, `AwaitingBudget` otherwise.
+    fn maintenance_planned(&mut self, reason: &str, message: String) {
+        let key = (reason.to_owned(), message.clone());
+        if self.last_planned.as_ref() == Some(&key) {
+            return;
+        }
+        self.last_planned = Some(key);
+        self.shared.reporter.condition(
+            self.node.name(),
+            ConditionSpec::new(MAINTENANCE_PLANNED, "True", reason, message),
+            ConditionGuard::Always,
+        );
+    }
+
+    /// The wait is over: `MaintenancePlanned` turns False where it was True (a node granted at
+    /// once never gets it).
+    fn maintenance_started(&self) {
+        self.shared.reporter.condition(
+            self.node.name(),
+            ConditionSpec::new(
+                MAINTENANCE_PLANNED,
+                "False",
+                "DisruptionGranted",
+                "Its NodeDisruptionBudgets granted the disruption; the node is being terminated",
+            ),
+            ConditionGuard::OnlyReplacing("True"),
         );
     }
 
@@ -190,16 +227,23 @@ impl NodeTermination {
                     "AwaitingBudget",
                     format!("Waiting for NodeDisruptionBudget {budget}: {refusal}"),
                 );
-                self.condition(
-                    "AwaitingBudget",
-                    format!("NodeDisruptionBudget {budget}: {refusal}"),
+                let message = format!("NodeDisruptionBudget {budget}: {refusal}");
+                self.maintenance_planned(
+                    if refusal.is_window() {
+                        "MaintenanceWindow"
+                    } else {
+                        "AwaitingBudget"
+                    },
+                    message.clone(),
                 );
+                self.condition("AwaitingBudget", message);
             }
             tokio::select! {
                 () = stop.cancelled() => return Ok(Finished::Stopped),
                 changed = wake.changed() => if changed.is_err() { return Ok(Finished::Stopped) },
             }
         };
+        self.maintenance_started();
         // 2. Cordon.
         if !cordoned(&node) {
             if self.cordon().await? == Updated::Gone {
@@ -302,8 +346,8 @@ impl NodeTermination {
             ConditionSpec::new(
                 DRAIN_IN_PROGRESS,
                 "True",
-                "Draining",
-                "Evicting the node's pods tier by tier",
+                "NodeDeleted",
+                "The node is deleted; its pods are evicted tier by tier",
             ),
             ConditionGuard::Always,
         );
@@ -331,7 +375,12 @@ impl NodeTermination {
         }
         self.shared.reporter.condition(
             self.node.name(),
-            ConditionSpec::new(DRAIN_IN_PROGRESS, "False", "Drained", "The drain completed"),
+            ConditionSpec::new(
+                DRAIN_IN_PROGRESS,
+                "False",
+                DRAIN_COMPLETED,
+                "The drain completed",
+            ),
             ConditionGuard::Always,
         );
         self.shared.reporter.condition(
@@ -339,7 +388,7 @@ impl NodeTermination {
             ConditionSpec::new(
                 DRAINED,
                 "True",
-                "Drained",
+                DRAIN_COMPLETED,
                 "Every pod that had to go is gone",
             ),
             ConditionGuard::Always,

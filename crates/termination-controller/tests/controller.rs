@@ -358,6 +358,17 @@ async fn an_invalid_budget_fails_closed_and_says_why() -> Result<()> {
     })
     .await?;
     ensure!(!node_gone(&client, "node-1").await?);
+    wait_for(
+        "KEP-5683's MaintenancePlanned on the waiting node",
+        || async {
+            Ok(condition(&client, "node-1", "MaintenancePlanned")
+                .await?
+                .is_some_and(|(reason, message)| {
+                    reason == "AwaitingBudget" && message.contains("broken: the budget is invalid")
+                }))
+        },
+    )
+    .await?;
     ensure!(
         terminate_calls(&sim, "node-1") == 0,
         "fails closed: nothing terminated"

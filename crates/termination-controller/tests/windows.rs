@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use nodegrace_core::clock::ManualClock;
@@ -126,6 +126,12 @@ async fn disruptions_start_only_inside_a_window_up_to_its_cap_and_a_granted_drai
     let _controller =
         controller_with_clock(sim.kubeconfig_path(), &[], Arc::new(clock.clone())).await?;
     finalizer_on_every_node(&client, 3).await?;
+    // A finalizer of the test's keeps node-1 visible after the controller releases it.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let hold = json!({"metadata": {"finalizers": ["test.nodegrace.io/hold"]}});
+    nodes
+        .patch("node-1", &PatchParams::default(), &Patch::Strategic(&hold))
+        .await?;
     let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
     wait_for("the budget to say when the window opens", || async {
         Ok(budgets.get(NIGHTLY).await?.status.is_some_and(|status| {
@@ -149,6 +155,12 @@ async fn disruptions_start_only_inside_a_window_up_to_its_cap_and_a_granted_drai
     )
     .await?;
     ensure!(!is_cordoned(&client, "node-1").await?, "nothing started");
+    has_condition(
+        &client,
+        "node-1",
+        ("MaintenancePlanned", "True", "MaintenanceWindow"),
+    )
+    .await?;
 
     // 02:00 in Berlin: the window opens and node-1 starts (its drain then waits for `batch`).
     advance(&clock, &budgets, Duration::from_secs(30 * 60)).await?;
@@ -156,6 +168,12 @@ async fn disruptions_start_only_inside_a_window_up_to_its_cap_and_a_granted_drai
         is_cordoned(&client, "node-1")
     })
     .await?;
+    for lifecycle in [
+        ("MaintenancePlanned", "False", "DisruptionGranted"),
+        ("DrainInProgress", "True", "NodeDeleted"),
+    ] {
+        has_condition(&client, "node-1", lifecycle).await?;
+    }
     wait_for("the window's count", || async {
         Ok(budgets.get(NIGHTLY).await?.status.is_some_and(|status| {
             status
@@ -184,10 +202,22 @@ async fn disruptions_start_only_inside_a_window_up_to_its_cap_and_a_granted_drai
     .await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     pods.delete("batch", &DeleteParams::default()).await?;
-    wait_for("node-1's granted drain to finish after the window", || {
-        node_gone(&client, "node-1")
-    })
+    wait_for(
+        "node-1's granted drain to finish after the window",
+        || async { Ok(!has_finalizer(&client, "node-1").await?) },
+    )
     .await?;
+    for lifecycle in [
+        ("DrainInProgress", "False", "DrainCompleted"),
+        ("Drained", "True", "DrainCompleted"),
+    ] {
+        has_condition(&client, "node-1", lifecycle).await?;
+    }
+    let release = json!({"metadata": {"finalizers": null}});
+    nodes
+        .patch("node-1", &PatchParams::default(), &Patch::Merge(&release))
+        .await?;
+    wait_for("node-1 gone", || node_gone(&client, "node-1")).await?;
     ensure!(
         !is_cordoned(&client, "node-2").await?,
         "no new grant outside the window"
@@ -203,8 +233,32 @@ async fn disruptions_start_only_inside_a_window_up_to_its_cap_and_a_granted_drai
     Ok(())
 }
 
+/// Waits for the node's condition `type_` to have `status` and `reason`.
+async fn has_condition(
+    client: &kube::Client,
+    node: &str,
+    (type_, status, reason): (&str, &str, &str),
+) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for(&format!("{node}: {type_}={status} {reason}"), || async {
+        Ok(nodes
+            .get(node)
+            .await?
+            .status
+            .and_then(|status| status.conditions)
+            .is_some_and(|conditions| {
+                conditions.iter().any(|condition| {
+                    condition.type_ == type_
+                        && condition.status == status
+                        && condition.reason.as_deref() == Some(reason)
+                })
+            }))
+    })
+    .await
+}
+
 async fn is_cordoned(client: &kube::Client, node: &str) -> Result<bool> {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
     Ok(nodes
         .get_opt(node)
         .await?

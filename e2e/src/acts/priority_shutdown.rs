@@ -410,17 +410,17 @@ async fn check_marks(stage: &Stage) -> Result<()> {
     if !tainted {
         bail!("{NODE} lacks the taint {SHUTTING_DOWN_TAINT}:NoSchedule during its shutdown");
     }
-    let condition = node_condition(stage.client(), NODE, "GracefulShutdown").await?;
+    let condition = node_condition(stage.client(), NODE, "GracefulNodeShutdownInProgress").await?;
     let Some(condition) = condition.filter(|c| c.status == "True") else {
-        bail!("{NODE} lacks the condition GracefulShutdown=True during its shutdown");
+        bail!("{NODE} lacks the condition GracefulNodeShutdownInProgress=True during its shutdown");
     };
     stage.timeline.event(&format!(
-        "{NODE} is marked: taint {SHUTTING_DOWN_TAINT}:NoSchedule, condition GracefulShutdown=True ({})",
+        "{NODE} is marked: taint {SHUTTING_DOWN_TAINT}:NoSchedule, condition GracefulNodeShutdownInProgress=True ({})",
         condition.reason.unwrap_or_default()
     ));
     stage
         .timeline
-        .show(&condition_command(NODE, "GracefulShutdown"));
+        .show(&condition_command(NODE, "GracefulNodeShutdownInProgress"));
     stage.timeline.show(&format!(
         "kubectl get events --field-selector involvedObject.name={NODE} --sort-by=.metadata.creationTimestamp"
     ));
