@@ -16,6 +16,12 @@ pub const DISRUPTED_TAINT: &str = "nodegrace.io/disrupted";
 /// Takes the node out of external load balancers' backends (service controller).
 pub const EXCLUDE_FROM_LOAD_BALANCERS: &str =
     "node.kubernetes.io/exclude-from-external-load-balancers";
+/// Node annotations `pre-drain.nodegrace.io/<name>`: the node waits before its cordon until
+/// every one is removed (by the controller `<name>` stands for).
+pub const PRE_DRAIN_HOOK_PREFIX: &str = "pre-drain.nodegrace.io/";
+/// Node annotations `pre-terminate.nodegrace.io/<name>`: the machine is not terminated until
+/// every one is removed.
+pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.nodegrace.io/";
 /// On a pod, as a label or an annotation: `"true"` never evicts it, a duration (`"30m"`) not
 /// before that long after it started. The node waits for such pods to be gone.
 pub const DO_NOT_EVICT: &str = "nodegrace.io/do-not-evict";

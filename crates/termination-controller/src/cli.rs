@@ -54,6 +54,11 @@ pub struct Args {
     /// (Karpenter's terminationGracePeriod). Off when unset.
     #[arg(long, env = "NODEGRACE_DRAIN_TIMEOUT", value_parser = duration_flag)]
     pub drain_timeout: Option<Duration>,
+    /// How long a node waits for its hooks (the annotations `pre-drain.nodegrace.io/<name>`
+    /// before the cordon, `pre-terminate.nodegrace.io/<name>` before the machine goes) before
+    /// it goes on without them, with a Warning. Unset: it waits until their owners remove them.
+    #[arg(long, env = "NODEGRACE_HOOK_TIMEOUT", value_parser = duration_flag)]
+    pub hook_timeout: Option<Duration>,
     /// How long to wait for the node's VolumeAttachments to go after the drain before the
     /// machine is terminated anyway.
     #[arg(long, env = "NODEGRACE_VOLUME_DETACH_TIMEOUT", default_value = "5m", value_parser = duration_flag)]

@@ -407,6 +407,8 @@ struct NodeShape {
     taints: Vec<(String, String)>,
     unschedulable: Option<bool>,
     provider_id: Option<String>,
+    /// Hook annotations (`pre-drain.nodegrace.io/…`, `pre-terminate.nodegrace.io/…`).
+    hooks: Vec<String>,
 }
 
 impl NodeShape {
@@ -424,6 +426,15 @@ impl NodeShape {
                 .collect(),
             unschedulable: spec.and_then(|spec| spec.unschedulable),
             provider_id: spec.and_then(|spec| spec.provider_id.clone()),
+            hooks: node
+                .metadata
+                .annotations
+                .iter()
+                .flatten()
+                .map(|(key, _)| key)
+                .filter(|key| crate::hooks::is_hook(key))
+                .cloned()
+                .collect(),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod controller;
 pub mod drain;
 pub mod explain;
 pub mod grants;
+pub mod hooks;
 pub mod metrics;
 pub mod partition;
 pub mod plan;

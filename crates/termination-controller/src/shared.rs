@@ -24,6 +24,7 @@ pub struct Settings {
     pub eviction_concurrency: usize,
     pub eviction_backoff: Backoff,
     pub drain_timeout: Option<Duration>,
+    pub hook_timeout: Option<Duration>,
     pub volume_detach_timeout: Duration,
     pub not_ready_timeout: Option<Duration>,
     pub stuck_terminating_after: Duration,

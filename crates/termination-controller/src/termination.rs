@@ -1,5 +1,5 @@
 //! One node's termination, from its deletion to the removal of our finalizer: budgets →
-//! cordon → drain → volumes → machine → finalizer. Every step starts by looking at what is
+//! pre-drain hooks → cordon → drain → volumes → pre-terminate hooks → machine → finalizer. Every step starts by looking at what is
 //! already done, so a restarted controller (or a new leader) picks a node up where it was:
 //! grants are in the budgets' status, the cordon on the node, a terminate request in an
 //! annotation, and the machine's state at the provider.
@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{DISRUPTED_TAINT, EXCLUDE_FROM_LOAD_BALANCERS, FINALIZER};
 use crate::drain::{self, Drain, Waiting};
 use crate::grants::{Refusal, Verdict};
+use crate::hooks::{self, Stage};
 use crate::shared::Shared;
 use crate::tiers::disrupted_taint;
 
@@ -244,7 +245,15 @@ impl NodeTermination {
             }
         };
         self.maintenance_started();
-        // 2. Cordon.
+        // 2. Pre-drain hooks, unless the drain has begun already (a restart mid-drain).
+        if !cordoned(&node) {
+            match self.await_hooks(Stage::PreDrain, wake, stop).await? {
+                HookEnd::Done => {}
+                HookEnd::Stopped => return Ok(Finished::Stopped),
+                HookEnd::NodeGone => return Ok(Finished::Released),
+            }
+        }
+        // 3. Cordon.
         if !cordoned(&node) {
             if self.cordon().await? == Updated::Gone {
                 return Ok(Finished::Released);
@@ -256,7 +265,7 @@ impl NodeTermination {
                 format!("Cordoned: taint {DISRUPTED_TAINT}:NoSchedule, unschedulable, excluded from external load balancers"),
             );
         }
-        // 3. Drain, unless nothing can run there any more.
+        // 4. Drain, unless nothing can run there any more.
         let deleted = node.metadata.deletion_timestamp.as_ref().map(|time| time.0);
         let stopped_machine = self.stopped_machine(&node).await;
         let staying = if let Some(why) = stopped_machine {
@@ -278,19 +287,24 @@ impl NodeTermination {
                 DrainEnd::NodeGone => return Ok(Finished::Released),
             }
         };
-        // 4. Volumes.
+        // 5. Volumes.
         if let Some(staying) = staying
             && !self.volumes_detached(wake, stop, &staying).await?
         {
             return Ok(Finished::Stopped);
         }
-        // 5. The machine.
+        // 6. Pre-terminate hooks, then the machine.
+        match self.await_hooks(Stage::PreTerminate, wake, stop).await? {
+            HookEnd::Done => {}
+            HookEnd::Stopped => return Ok(Finished::Stopped),
+            HookEnd::NodeGone => return Ok(Finished::Released),
+        }
         match self.terminate_instance(stop).await? {
             MachineEnd::Terminated => {}
             MachineEnd::Stopped => return Ok(Finished::Stopped),
             MachineEnd::NodeGone => return Ok(Finished::Released),
         }
-        // 6. Release the node.
+        // 7. Release the node.
         remove_finalizer(&self.shared.client, &self.node).await?;
         if let Some(deleted) = deleted {
             let seconds = Timestamp::now()
@@ -306,6 +320,73 @@ impl NodeTermination {
             format!("Removed {FINALIZER}: the node is drained and its machine terminated"),
         ));
         Ok(Finished::Released)
+    }
+
+    /// Waits while hooks of `stage` hold the node, for at most --hook-timeout. The wait ends on
+    /// a fresh read that finds none (a cache behind a hook added since must not let it pass).
+    /// The timeout counts from this task's start of the wait: a restarted controller waits
+    /// its full length again, erring on the side of the hook.
+    async fn await_hooks(
+        &mut self,
+        stage: Stage,
+        wake: &mut watch::Receiver<()>,
+        stop: &CancellationToken,
+    ) -> Result<HookEnd, StepError> {
+        let timeout = self.shared.settings.hook_timeout;
+        let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+        loop {
+            let Some(node) = self.current() else {
+                return Ok(HookEnd::NodeGone);
+            };
+            let mut waiting = hooks::pending(&node, stage);
+            if waiting.is_empty() {
+                let Some(fresh) = self.node.read(&self.shared.client).await? else {
+                    return Ok(HookEnd::NodeGone);
+                };
+                waiting = hooks::pending(&fresh, stage);
+                if waiting.is_empty() {
+                    return Ok(HookEnd::Done);
+                }
+            }
+            let names = waiting.join(", ");
+            if let (Some(deadline), Some(timeout)) = (deadline, timeout)
+                && tokio::time::Instant::now() >= deadline
+            {
+                self.announce(
+                    &format!("hook-timeout:{}", stage.label()),
+                    true,
+                    "HookTimeout",
+                    format!(
+                        "The {} hook(s) {names} still hold the node after --hook-timeout ({}s); going on without them",
+                        stage.label(),
+                        timeout.as_secs()
+                    ),
+                );
+                return Ok(HookEnd::Done);
+            }
+            let message = format!(
+                "Waiting for {} hook(s) {names}: each is released by removing its annotation {}<name>",
+                stage.label(),
+                stage.prefix()
+            );
+            self.announce(
+                &format!("hooks:{}:{names}", stage.label()),
+                false,
+                stage.reason(),
+                message.clone(),
+            );
+            self.condition(stage.reason(), message);
+            tokio::select! {
+                () = stop.cancelled() => return Ok(HookEnd::Stopped),
+                changed = wake.changed() => if changed.is_err() { return Ok(HookEnd::Stopped) },
+                () = async {
+                    match deadline {
+                        Some(deadline) => tokio::time::sleep_until(deadline).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
+        }
     }
 
     /// Why the drain can be skipped: the node is NotReady and its machine already stopped or
@@ -592,6 +673,13 @@ impl NodeTermination {
 enum DrainEnd {
     /// With the volumes of the pods that stay.
     Drained(Staying),
+    Stopped,
+    NodeGone,
+}
+
+/// How a wait for hooks ended.
+enum HookEnd {
+    Done,
     Stopped,
     NodeGone,
 }

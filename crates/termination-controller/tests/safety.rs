@@ -9,11 +9,11 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, ensure};
 use common::{
-    condition, controller, controller_via, create, delete_node, has_finalizer, ndb, node_gone,
-    wait_for,
+    condition, controller, controller_via, create, delete_node, event_seen, has_event,
+    has_finalizer, ndb, node_gone, wait_for,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::KubeSim;
@@ -64,35 +64,6 @@ fn instance(sim: &KubeSim, id: &str) -> Option<kube_sim::world::Instance> {
 
 fn terminate_calls(sim: &KubeSim, id: &str) -> u32 {
     instance(sim, id).map_or(0, |instance| instance.terminate_calls)
-}
-
-/// Reasons of the Events about `node`.
-async fn event_reasons(client: &Client, node: &str) -> Result<Vec<String>> {
-    let events: Api<Event> = Api::all(client.clone());
-    let list = events
-        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
-        .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter_map(|event| event.reason)
-        .collect())
-}
-
-/// Waits for an Event with `reason` about `node`: Events are written after the acts they
-/// report, so one may land after the node itself is gone.
-async fn event_seen(client: &Client, node: &str, reason: &str) -> Result<()> {
-    wait_for(&format!("a {reason} Event about {node}"), || {
-        has_event(client, node, reason)
-    })
-    .await
-}
-
-async fn has_event(client: &Client, node: &str, reason: &str) -> Result<bool> {
-    Ok(event_reasons(client, node)
-        .await?
-        .iter()
-        .any(|seen| seen == reason))
 }
 
 async fn gauge(controller: &common::Controller, name: &str) -> Result<i64> {

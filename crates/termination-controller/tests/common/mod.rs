@@ -528,3 +528,32 @@ pub async fn workers_budget(client: &Client) -> Result<()> {
     )
     .await
 }
+
+/// Reasons of the Events about `node`.
+pub async fn event_reasons(client: &Client, node: &str) -> Result<Vec<String>> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|event| event.reason)
+        .collect())
+}
+
+/// Waits for an Event with `reason` about `node`: Events are written after the acts they
+/// report, so one may land after the node itself is gone.
+pub async fn event_seen(client: &Client, node: &str, reason: &str) -> Result<()> {
+    wait_for(&format!("a {reason} Event about {node}"), || {
+        has_event(client, node, reason)
+    })
+    .await
+}
+
+pub async fn has_event(client: &Client, node: &str, reason: &str) -> Result<bool> {
+    Ok(event_reasons(client, node)
+        .await?
+        .iter()
+        .any(|seen| seen == reason))
+}
