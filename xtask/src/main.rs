@@ -102,11 +102,12 @@ fn write_docs() -> Result<()> {
     Ok(())
 }
 
-/// Where the chart keeps the generated CRD.
-const CRD_PATH: &str = "charts/termination-controller/crds/nodedisruptionbudgets.nodegrace.io.yaml";
+/// Where the chart keeps the generated CRDs.
+const CRD_DIR: &str = "charts/termination-controller/crds";
 
 fn write_crd() -> Result<()> {
-    let output = cargo()
+    let directory = project_root().join(CRD_DIR);
+    let status = cargo()
         .args([
             "run",
             "--quiet",
@@ -114,20 +115,15 @@ fn write_crd() -> Result<()> {
             "termination-controller",
             "--example",
             "crd",
+            "--",
         ])
+        .arg(&directory)
         .current_dir(project_root())
-        .output()
+        .status()
         .context("could not run the CRD generator")?;
-    if !output.status.success() {
-        bail!(
-            "the CRD generator failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+    if !status.success() {
+        bail!("the CRD generator failed ({status})");
     }
-    let path = project_root().join(CRD_PATH);
-    std::fs::write(&path, &output.stdout)
-        .with_context(|| format!("could not write {}", path.display()))?;
-    println!("wrote {CRD_PATH}");
     Ok(())
 }
 

@@ -1,5 +1,17 @@
-//! Prints the NodeDisruptionBudget CRD; `cargo xtask crd` writes it into the chart.
+//! Writes the CRDs (NodeDisruptionBudget, NodeDrainRule) into the directory given;
+//! `cargo xtask crd` points it at the chart's `crds/`.
 
-fn main() {
-    print!("{}", termination_controller::api::crd_yaml());
+use std::path::PathBuf;
+
+fn main() -> std::io::Result<()> {
+    let directory = std::env::args_os()
+        .nth(1)
+        .map(PathBuf::from)
+        .ok_or_else(|| std::io::Error::other("usage: crd <directory>"))?;
+    for (file, yaml) in termination_controller::api::crds_yaml() {
+        let path = directory.join(file);
+        std::fs::write(&path, yaml)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }

@@ -206,12 +206,110 @@ impl NodeDisruptionBudget {
     }
 }
 
-/// The CRD as the chart installs it (`cargo xtask crd` writes it there).
-pub fn crd_yaml() -> String {
+/// What the drain does with the pods a NodeDrainRule selects, on the nodes it selects.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "nodegrace.io",
+    version = "v1alpha1",
+    kind = "NodeDrainRule",
+    shortname = "ndr",
+    derive = "PartialEq",
+    printcolumn = r#"{"name":"Behavior","type":"string","jsonPath":".spec.drain.behavior"}"#,
+    printcolumn = r#"{"name":"Order","type":"integer","jsonPath":".spec.drain.order"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("self.drain.behavior == 'Drain' || !has(self.drain.order)").message("spec.drain.order applies only to behavior Drain"))]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDrainRuleSpec {
+    /// What happens to the selected pods.
+    pub drain: DrainSettings,
+    /// The nodes the rule applies to: a node matches when any term does. Empty: every node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeSelectorTerm>,
+    /// The pods the rule applies to: a pod matches when any term does. Empty: every pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<PodSelectorTerm>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSettings {
+    /// Drain: evicted, in `order`. Skip: never evicted and not waited for (it goes with the
+    /// machine). WaitCompleted: never evicted; the drain waits for it to finish.
+    pub behavior: DrainBehavior,
+    /// With Drain: within its tier, pods of a lower order are gone before those of a higher
+    /// order are evicted. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<i32>,
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum DrainBehavior {
+    #[default]
+    Drain,
+    Skip,
+    WaitCompleted,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSelectorTerm {
+    /// The nodes' labels. Null or empty: every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSelectorTerm {
+    /// The pods' labels. Null or empty: every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// The labels of the pods' namespaces. Null or empty: every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+}
+
+/// On a pod, as a label or an annotation (the label wins): `skip` or `wait-completed` overrides
+/// every NodeDrainRule for it; another value reads as `wait-completed` (the safe reading of a
+/// typo: the pod is never evicted).
+pub const DRAIN_OVERRIDE: &str = "nodegrace.io/drain";
+
+impl NodeDrainRule {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+/// The CRDs as the chart installs them (`cargo xtask crd` writes them there).
+pub fn crds_yaml() -> Vec<(&'static str, String)> {
+    vec![
+        ("nodedisruptionbudgets.nodegrace.io.yaml", crd_yaml()),
+        ("nodedrainrules.nodegrace.io.yaml", drain_rule_crd_yaml()),
+    ]
+}
+
+/// The NodeDrainRule CRD as the chart installs it.
+pub fn drain_rule_crd_yaml() -> String {
     use kube::CustomResourceExt;
-    let mut crd = NodeDisruptionBudget::crd();
-    // The derive describes the object as "Auto-generated derived type …" and gives the spec the
-    // type's words; `kubectl explain` shows these to users.
+    described(
+        NodeDrainRule::crd(),
+        "What the drain of a deleted node does with the pods it selects: evict them in an order \
+         within their tier, skip them, or wait for them to finish.",
+        "The nodes and pods the rule applies to, and what the drain does with those pods.",
+    )
+}
+
+/// `crd` with its own words for the object and its spec: the derive describes the object as
+/// "Auto-generated derived type …" and gives the spec the type's words, and `kubectl explain`
+/// shows these to users.
+fn described(
+    mut crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    object: &str,
+    spec: &str,
+) -> String {
     for version in &mut crd.spec.versions {
         let Some(schema) = version
             .schema
@@ -220,26 +318,30 @@ pub fn crd_yaml() -> String {
         else {
             continue;
         };
-        schema.description = Some(
-            "A PodDisruptionBudget for nodes: how many of the nodes it selects must stay available \
-             while nodes are deleted. A node being deleted waits until every budget selecting it \
-             grants its disruption."
-                .to_owned(),
-        );
-        if let Some(spec) = schema
+        schema.description = Some(object.to_owned());
+        if let Some(properties) = schema
             .properties
             .as_mut()
             .and_then(|properties| properties.get_mut("spec"))
         {
-            spec.description = Some(
-                "Which nodes the budget covers, and how many of them must stay available (or may \
-                 be unavailable) at once."
-                    .to_owned(),
-            );
+            properties.description = Some(spec.to_owned());
         }
     }
     let body = serde_yaml_ng::to_string(&crd).unwrap_or_default();
     format!(
         "# Generated from crates/termination-controller/src/api.rs by `cargo xtask crd`; do not edit.\n{body}"
+    )
+}
+
+/// The CRD as the chart installs it (`cargo xtask crd` writes it there).
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    described(
+        NodeDisruptionBudget::crd(),
+        "A PodDisruptionBudget for nodes: how many of the nodes it selects must stay available \
+         while nodes are deleted. A node being deleted waits until every budget selecting it \
+         grants its disruption.",
+        "Which nodes the budget covers, and how many of them must stay available (or may be \
+         unavailable) at once.",
     )
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use governor::{Quota, RateLimiter};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
@@ -23,7 +23,7 @@ use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::ProgramRegistry;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::NodeDisruptionBudget;
+use crate::api::{NodeDisruptionBudget, NodeDrainRule};
 use crate::cli::{Args, Command, PlanArgs, PlanFormat, ReleaseNodesArgs, WebhookArgs};
 use crate::controller::Controller;
 use crate::grants::Budgets;
@@ -164,6 +164,28 @@ fn trim_attachment(attachment: &mut VolumeAttachment) {
 
 fn trim_ndb(budget: &mut NodeDisruptionBudget) {
     budget.metadata.managed_fields = None;
+}
+
+/// The NodeDrainRules, watched; none when the cluster does not serve the kind (`helm upgrade`
+/// does not add a chart's new CRD), with a warning saying how to add it.
+async fn drain_rules(client: &kube::Client) -> Watched<NodeDrainRule> {
+    let api = Api::<NodeDrainRule>::all(client.clone());
+    match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Err(error) if nodegrace_core::k8s::api_errors::status_code(&error) == Some(404) => {
+            tracing::warn!(
+                "the NodeDrainRule CRD is not installed (helm installs a chart's CRDs only on its \
+                 first install): draining without drain rules; add it with `kubectl apply -f \
+                 charts/termination-controller/crds/` and restart the controller"
+            );
+            Watched::empty()
+        }
+        _ => Watched::start_trimmed(
+            api,
+            watcher::Config::default(),
+            WatchCounters::default(),
+            |rule: &mut NodeDrainRule| rule.metadata.managed_fields = None,
+        ),
+    }
 }
 
 /// Starts the admin server, then the controller in a task of its own.
@@ -308,6 +330,19 @@ pub async fn start_with_clock(
             WatchCounters::default(),
             trim_budget,
         );
+        let drain_rules = drain_rules(&client).await;
+        // Only the labels matter (the rules' namespace selectors).
+        let namespaces = Watched::start_trimmed(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+            WatchCounters::default(),
+            |namespace: &mut Namespace| {
+                namespace.metadata.managed_fields = None;
+                namespace.metadata.annotations = None;
+                namespace.spec = None;
+                namespace.status = None;
+            },
+        );
         let attachments = Watched::start_trimmed(
             Api::<VolumeAttachment>::all(client.clone()),
             watcher::Config::default(),
@@ -320,9 +355,11 @@ pub async fn start_with_clock(
                 nodes.synced().await?;
                 ndbs.synced().await?;
                 pdbs.synced().await?;
+                drain_rules.synced().await?;
+                namespaces.synced().await?;
                 attachments.synced().await
             } => {
-                synced.context("watch nodes, NodeDisruptionBudgets, PodDisruptionBudgets and VolumeAttachments")?;
+                synced.context("watch nodes, NodeDisruptionBudgets, PodDisruptionBudgets, NodeDrainRules, namespaces and VolumeAttachments")?;
             }
         }
         synced.set(true);
@@ -359,6 +396,8 @@ pub async fn start_with_clock(
                 settings,
                 budgets,
                 pdbs,
+                drain_rules,
+                namespaces,
                 attachments,
                 provider,
                 waiting: std::sync::RwLock::default(),

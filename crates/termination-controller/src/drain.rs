@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::drain_rules::{NO_LABELS, NodeRules, Source};
 use crate::explain::{budget_blocks, grouped};
 use crate::metrics::{CodeLabel, ReasonLabel};
 use crate::queues::{BudgetView, Outcome, Queue, QueueKey};
@@ -38,7 +39,19 @@ const MIN_GRACE: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Waiting {
     DoNotEvict(String),
-    Pods { tier: Tier, message: String },
+    Pods {
+        tier: Tier,
+        message: String,
+    },
+    /// Pods a NodeDrainRule (or their own label) says to wait for: never evicted.
+    Completion(String),
+}
+
+/// Where in its tier a pod goes: by its drain rule's order, and pods waited for at the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Group {
+    Order(i32),
+    Completion,
 }
 
 fn trim_pod(pod: &mut Pod) {
@@ -113,7 +126,8 @@ pub struct Drain {
     requests: JoinSet<Answer>,
     /// Deadline deletions: owned here, so a drain that stops (leadership lost) stops them too.
     deletions: JoinSet<()>,
-    started_tiers: HashSet<Tier>,
+    /// Tiers (and orders within them) whose evictions began, each announced once.
+    started_tiers: HashSet<(Tier, i32)>,
 }
 
 impl Drop for Drain {
@@ -173,11 +187,13 @@ impl Drain {
     pub fn left_alone(&self) -> Vec<Arc<Pod>> {
         let now = Timestamp::now();
         let stuck_after = self.shared.settings.stuck_terminating_after;
+        let rules = self.rules();
         self.pods
             .state()
             .into_iter()
             .filter(|pod| {
-                matches!(disposition(pod, now), Disposition::Skip(_))
+                let rule = self.shared.drain_rule(&rules, pod);
+                matches!(disposition(pod, now, &rule), Disposition::Skip(_))
                     || stuck_terminating(pod, stuck_after, now) == Stuck::Since
             })
             .collect()
@@ -247,10 +263,22 @@ impl Drain {
         }
     }
 
+    /// The NodeDrainRules that apply on this node, by its labels as cached.
+    fn rules(&self) -> NodeRules {
+        let node = self.node.cached(self.shared.nodes());
+        let labels = node
+            .as_ref()
+            .and_then(|node| node.metadata.labels.as_ref())
+            .unwrap_or(&NO_LABELS);
+        NodeRules::for_node(&self.shared.drain_rules.state(), labels)
+    }
+
     fn step(&mut self, pods: Vec<Arc<Pod>>) -> Step {
         let now = Instant::now();
         let wall = Timestamp::now();
-        let mut tiers: BTreeMap<Tier, Vec<Arc<Pod>>> = BTreeMap::new();
+        let rules = self.rules();
+        let mut tiers: BTreeMap<(Tier, Group), Vec<Arc<Pod>>> = BTreeMap::new();
+        let mut sources: HashMap<String, Source> = HashMap::new();
         let mut protected: Vec<(Arc<Pod>, Option<Timestamp>)> = Vec::new();
         let mut timers: Vec<Instant> = Vec::new();
         let stuck_after = self.shared.settings.stuck_terminating_after;
@@ -279,13 +307,27 @@ impl Drain {
                 }
                 Stuck::No => {}
             }
-            match disposition(&pod, wall) {
+            let rule = self.shared.drain_rule(&rules, &pod);
+            match disposition(&pod, wall, &rule) {
                 Disposition::Skip(Skip::Terminal) if pod.metadata.deletion_timestamp.is_some() => {
                     self.announce_left(&pod, "it has finished");
                 }
                 Disposition::Skip(_) => {}
                 Disposition::DoNotEvict { until } => protected.push((pod, until)),
-                Disposition::Evict(tier) => tiers.entry(tier).or_default().push(pod),
+                Disposition::WaitCompleted(tier) => {
+                    sources.insert(uid(&pod), rule.source);
+                    tiers
+                        .entry((tier, Group::Completion))
+                        .or_default()
+                        .push(pod);
+                }
+                Disposition::Evict { tier, order } => {
+                    sources.insert(uid(&pod), rule.source);
+                    tiers
+                        .entry((tier, Group::Order(order)))
+                        .or_default()
+                        .push(pod);
+                }
             }
         }
         if let Some(deadline) = self.deadline {
@@ -319,15 +361,47 @@ impl Drain {
                 timer: timers.into_iter().min(),
             };
         }
-        let Some((&tier, pods)) = tiers.iter().next() else {
+        let Some((&(tier, group), pods)) = tiers.iter().next() else {
             return Step::Done;
         };
-        if self.started_tiers.insert(tier) {
+        let rules_of = |pods: &[Arc<Pod>]| {
+            let mut names: Vec<String> = pods
+                .iter()
+                .filter_map(|pod| sources.get(&uid(pod)))
+                .filter(|source| **source != Source::Default)
+                .map(ToString::to_string)
+                .collect();
+            names.sort();
+            names.dedup();
+            names
+        };
+        let Group::Order(order) = group else {
+            let message = grouped(pods.iter().map(|pod| {
+                let source = sources
+                    .get(&uid(pod))
+                    .map_or_else(String::new, ToString::to_string);
+                (
+                    pod_name(pod),
+                    format!("{source}: WaitCompleted; the drain waits for them to finish"),
+                )
+            }));
+            return Step::Wait {
+                waiting: Waiting::Completion(message),
+                timer: timers.into_iter().min(),
+            };
+        };
+        if self.started_tiers.insert((tier, order)) {
+            let rules = rules_of(pods);
+            let by = if rules.is_empty() {
+                String::new()
+            } else {
+                format!(" (order {order}: {})", rules.join(", "))
+            };
             self.shared.reporter.event(EventReport::normal(
                 node_reference(self.node.name()),
                 "DrainingTier",
                 "Drain",
-                format!("Evicting {} {}", pods.len(), tier.label()),
+                format!("Evicting {} {}{by}", pods.len(), tier.label()),
             ));
         }
         let budgets = self.shared.pdbs.state();

@@ -11,6 +11,7 @@ pub mod budget;
 pub mod cli;
 pub mod controller;
 pub mod drain;
+pub mod drain_rules;
 pub mod explain;
 pub mod grants;
 pub mod hooks;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -17,7 +17,8 @@ use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::selectors::pdbs_for_pod;
 use serde::Serialize;
 
-use crate::api::{FINALIZER, NodeDisruptionBudget};
+use crate::api::{FINALIZER, NodeDisruptionBudget, NodeDrainRule};
+use crate::drain_rules::{NO_LABELS, NodeRules, Source};
 use crate::explain::never_allows;
 use crate::grants::{Verdict, verdict};
 use crate::queues::QueueKey;
@@ -34,6 +35,9 @@ pub struct Cluster {
     pub pdbs: Vec<PodDisruptionBudget>,
     pub ndbs: Vec<Arc<NodeDisruptionBudget>>,
     pub nodes: Vec<Arc<Node>>,
+    pub drain_rules: Vec<Arc<NodeDrainRule>>,
+    /// The labels of the namespaces the node's pods are in.
+    pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// Reads what a plan for `node` needs.
@@ -56,7 +60,18 @@ pub async fn gather(client: &Client, node: &str) -> anyhow::Result<Cluster> {
         .filter_map(|pod| pod.metadata.namespace.clone())
         .collect();
     let mut namespace_pods = Vec::new();
+    let mut namespace_labels = BTreeMap::new();
     for namespace in namespaces {
+        let found = Api::<Namespace>::all(client.clone())
+            .get_opt(&namespace)
+            .await
+            .with_context(|| format!("read namespace {namespace}"))?;
+        namespace_labels.insert(
+            namespace.clone(),
+            found
+                .and_then(|found| found.metadata.labels)
+                .unwrap_or_default(),
+        );
         namespace_pods.extend(
             Api::<Pod>::namespaced(client.clone(), &namespace)
                 .list(&ListParams::default())
@@ -79,6 +94,15 @@ pub async fn gather(client: &Client, node: &str) -> anyhow::Result<Cluster> {
         Err(error) if status_code(&error) == Some(404) => Vec::new(),
         Err(error) => return Err(error).context("list NodeDisruptionBudgets"),
     };
+    let drain_rules = match Api::<NodeDrainRule>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => list.items.into_iter().map(Arc::new).collect(),
+        // The CRD is not installed: no NodeDrainRules.
+        Err(error) if status_code(&error) == Some(404) => Vec::new(),
+        Err(error) => return Err(error).context("list NodeDrainRules"),
+    };
     let nodes = nodes_api
         .list(&ListParams::default())
         .await
@@ -94,6 +118,8 @@ pub async fn gather(client: &Client, node: &str) -> anyhow::Result<Cluster> {
         pdbs,
         ndbs,
         nodes,
+        drain_rules,
+        namespace_labels,
     })
 }
 
@@ -107,12 +133,17 @@ pub struct Plan {
     pub node_disruption_budgets: NdbVerdict,
     /// Pods with `nodegrace.io/do-not-evict`: no eviction starts while one is there.
     pub blockers: Vec<Blocker>,
+    /// Pods the drain waits for without evicting them (NodeDrainRule WaitCompleted, or their
+    /// own `nodegrace.io/drain: wait-completed`), each at the end of its tier.
+    pub wait_completed: Vec<Stuck>,
     pub tiers: Vec<PlannedTier>,
     /// Pods no budget will ever let go, and why: the drain waits on them forever (or until
     /// `--drain-timeout`).
     pub never_evictable: Vec<Stuck>,
     /// Pods the drain leaves alone, and why.
     pub left_alone: Vec<Stuck>,
+    /// NodeDrainRules that cannot be read (they apply to no pod).
+    pub invalid_drain_rules: Vec<Stuck>,
     pub estimate: Estimate,
 }
 
@@ -137,6 +168,9 @@ pub struct Blocker {
 #[serde(rename_all = "camelCase")]
 pub struct PlannedTier {
     pub tier: &'static str,
+    /// The drain rules' order within the tier: a lower order is gone before a higher one
+    /// starts.
+    pub order: i32,
     pub pods: Vec<PlannedPod>,
     /// Minimum seconds this tier takes, from its slowest budget chain; `None`: never ends.
     pub min_seconds: Option<f64>,
@@ -149,6 +183,8 @@ pub struct PlannedPod {
     /// The eviction queue: `namespace/pdb`, or `none` (evicted in parallel).
     pub queue: String,
     pub budget: Option<BudgetNumbers>,
+    /// The NodeDrainRule (or the pod's own `nodegrace.io/drain`) it follows; `None`: none.
+    pub rule: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -238,37 +274,71 @@ pub fn plan(cluster: &Cluster, now: Timestamp) -> Plan {
     let mut blockers = Vec::new();
     let mut left_alone = Vec::new();
     let mut never_evictable = Vec::new();
-    let mut by_tier: BTreeMap<Tier, Vec<&Pod>> = BTreeMap::new();
+    let mut wait_completed = Vec::new();
+    let mut by_tier: BTreeMap<(Tier, i32), Vec<(&Pod, Source)>> = BTreeMap::new();
     let mut pods: Vec<&Pod> = cluster.pods_on_node.iter().collect();
     pods.sort_by_key(|pod| pod_name(pod));
+    let rules = NodeRules::for_node(
+        &cluster.drain_rules,
+        cluster.node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+    );
+    let invalid_drain_rules = rules
+        .invalid
+        .iter()
+        .map(|(name, error)| Stuck {
+            pod: name.clone(),
+            why: format!("a selector cannot be read ({error}); the rule applies to no pod"),
+        })
+        .collect();
     for pod in pods {
-        match disposition(pod, now) {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let rule = rules.applied(
+            pod,
+            cluster
+                .namespace_labels
+                .get(namespace)
+                .unwrap_or(&NO_LABELS),
+        );
+        match disposition(pod, now, &rule) {
             Disposition::Skip(skip) => left_alone.push(Stuck {
                 pod: pod_name(pod),
                 why: match skip {
-                    Skip::Mirror => "a static pod's mirror: it goes with the machine",
-                    Skip::Terminal => "already finished",
+                    Skip::Mirror => "a static pod's mirror: it goes with the machine".to_owned(),
+                    Skip::Terminal => "already finished".to_owned(),
                     Skip::ToleratesDisruption => {
-                        "tolerates nodegrace.io/disrupted: it goes with the machine"
+                        "tolerates nodegrace.io/disrupted: it goes with the machine".to_owned()
                     }
+                    Skip::Rule => format!("{}: Skip; it goes with the machine", rule.source),
                 }
-                .to_owned(),
+                .clone(),
+            }),
+            Disposition::WaitCompleted(tier) => wait_completed.push(Stuck {
+                pod: pod_name(pod),
+                why: format!(
+                    "{}: WaitCompleted; never evicted, the drain waits for it to finish before \
+                     the tier after {}",
+                    rule.source,
+                    tier.label()
+                ),
             }),
             Disposition::DoNotEvict { until } => blockers.push(Blocker {
                 pod: pod_name(pod),
                 until: until.map(|until| until.to_string()),
             }),
-            Disposition::Evict(tier) => by_tier.entry(tier).or_default().push(pod),
+            Disposition::Evict { tier, order } => by_tier
+                .entry((tier, order))
+                .or_default()
+                .push((pod, rule.source)),
         }
     }
     let mut tiers = Vec::new();
     let mut total = Some(0.0);
     let mut unmeasured = BTreeSet::new();
-    for (tier, pods) in by_tier {
+    for ((tier, order), pods) in by_tier {
         // Per queue: the pods of this node in it, and its budget.
         let mut queues: BTreeMap<QueueKey, (usize, Option<&PodDisruptionBudget>)> = BTreeMap::new();
         let mut planned = Vec::new();
-        for pod in pods {
+        for (pod, source) in pods {
             let covering = pdbs_for_pod(pod, &cluster.pdbs);
             let key = QueueKey::of(pod, &covering);
             let pdb = (covering.len() == 1).then(|| covering[0]);
@@ -304,6 +374,7 @@ pub fn plan(cluster: &Cluster, now: Timestamp) -> Plan {
                         expected_pods: status.expected_pods,
                         disruptions_allowed: status.disruptions_allowed,
                     }),
+                rule: (source != Source::Default).then(|| source.to_string()),
             });
             queues.entry(key).or_insert((0, pdb)).0 += 1;
         }
@@ -332,6 +403,7 @@ pub fn plan(cluster: &Cluster, now: Timestamp) -> Plan {
         total = total.zip(min_seconds).map(|(sum, tier)| sum + tier);
         tiers.push(PlannedTier {
             tier: tier.label(),
+            order,
             pods: planned,
             min_seconds,
         });
@@ -353,14 +425,19 @@ pub fn plan(cluster: &Cluster, now: Timestamp) -> Plan {
     if !node_disruption_budgets.granted {
         basis.push_str("; not before the NodeDisruptionBudgets grant the node");
     }
+    if !wait_completed.is_empty() {
+        basis.push_str("; not before the pods waited for have finished");
+    }
     Plan {
         node: node_name,
         held_by_finalizer,
         node_disruption_budgets,
         blockers,
+        wait_completed,
         tiers,
         never_evictable,
         left_alone,
+        invalid_drain_rules,
         estimate: Estimate {
             min_drain_seconds: total,
             basis,
@@ -393,7 +470,7 @@ impl Plan {
             }
         }
         let _ = writeln!(out);
-        let rows: Vec<[String; 5]> = self
+        let rows: Vec<[String; 6]> = self
             .tiers
             .iter()
             .enumerate()
@@ -412,12 +489,18 @@ impl Plan {
                         .budget
                         .as_ref()
                         .map_or_else(|| "-".to_owned(), |b| b.disruptions_allowed.to_string());
+                    let order = if tier.order == 0 {
+                        String::new()
+                    } else {
+                        format!(" (order {})", tier.order)
+                    };
                     [
-                        format!("{} {}", index + 1, tier.tier),
+                        format!("{} {}{order}", index + 1, tier.tier),
                         pod.pod.clone(),
                         pod.queue.clone(),
                         numbers,
                         allowed,
+                        pod.rule.clone().unwrap_or_else(|| "-".to_owned()),
                     ]
                 })
             })
@@ -428,6 +511,7 @@ impl Plan {
             "QUEUE (PDB)".to_owned(),
             "HEALTHY/DESIRED/EXPECTED".to_owned(),
             "ALLOWED".to_owned(),
+            "RULE".to_owned(),
         ];
         let mut widths = header.clone().map(|cell| cell.chars().count());
         for row in &rows {
@@ -448,8 +532,13 @@ impl Plan {
             }
         }
         for (title, list) in [
+            ("Waited for, never evicted", &self.wait_completed),
             ("Never evictable", &self.never_evictable),
             ("Left alone", &self.left_alone),
+            (
+                "NodeDrainRules that cannot be read",
+                &self.invalid_drain_rules,
+            ),
         ] {
             if !list.is_empty() {
                 let _ = writeln!(out, "\n{title}:");

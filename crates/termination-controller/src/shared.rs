@@ -5,7 +5,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use governor::DefaultDirectRateLimiter;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -15,6 +15,8 @@ use nodegrace_core::k8s::reporter::Reporter;
 use nodegrace_core::k8s::selectors::selector_matches;
 use nodegrace_core::k8s::watched::Watched;
 
+use crate::api::NodeDrainRule;
+use crate::drain_rules::{Applied, NodeRules};
 use crate::grants::{Budgets, Verdict};
 use crate::metrics::Metrics;
 
@@ -50,6 +52,9 @@ pub struct Shared {
     pub settings: Settings,
     pub budgets: Budgets,
     pub pdbs: Watched<PodDisruptionBudget>,
+    pub drain_rules: Watched<NodeDrainRule>,
+    /// Namespaces' labels, for the drain rules' namespace selectors.
+    pub namespaces: Watched<Namespace>,
     pub attachments: Watched<VolumeAttachment>,
     pub provider: Option<Arc<dyn InstanceProvider>>,
     /// Why each node waiting for its budgets waits (by UID), from the leader's last
@@ -60,6 +65,18 @@ pub struct Shared {
 impl Shared {
     pub fn nodes(&self) -> &Watched<Node> {
         &self.budgets.nodes
+    }
+
+    /// The drain rule `pod` follows among the node's `rules`.
+    pub fn drain_rule(&self, rules: &NodeRules, pod: &Pod) -> Applied {
+        let namespace = self
+            .namespaces
+            .get(None, pod.metadata.namespace.as_deref().unwrap_or_default());
+        let labels = namespace
+            .as_ref()
+            .and_then(|namespace| namespace.metadata.labels.as_ref())
+            .unwrap_or(&crate::drain_rules::NO_LABELS);
+        rules.applied(pod, labels)
     }
 
     pub fn set_waiting(&self, waiting: HashMap<String, Verdict>) {

@@ -438,6 +438,9 @@ impl NodeTermination {
                     self.condition("BlockedByDoNotEvict", message.clone());
                 }
                 Waiting::Pods { message, .. } => self.condition("Draining", message.clone()),
+                Waiting::Completion(message) => {
+                    self.condition("AwaitingPodCompletion", message.clone());
+                }
             })
             .await?;
         match ended {

@@ -14,7 +14,8 @@ use nodegrace_core::duration::parse_go_duration;
 use nodegrace_core::k8s::pods::{is_critical, is_daemonset_pod, is_mirror_pod, is_terminal};
 use nodegrace_core::k8s::tolerations::tolerated;
 
-use crate::api::{DISRUPTED_TAINT, DO_NOT_EVICT};
+use crate::api::{DISRUPTED_TAINT, DO_NOT_EVICT, DrainBehavior};
+use crate::drain_rules::Applied;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Tier {
@@ -51,6 +52,8 @@ pub enum Skip {
     Terminal,
     /// It tolerates the disrupted taint, so it would be scheduled right back.
     ToleratesDisruption,
+    /// A NodeDrainRule (or the pod's own `nodegrace.io/drain: skip`) says so.
+    Rule,
 }
 
 /// What the drain does with one pod.
@@ -62,7 +65,13 @@ pub enum Disposition {
     DoNotEvict {
         until: Option<Timestamp>,
     },
-    Evict(Tier),
+    /// Never evicted; its tier is not done until it finishes (NodeDrainRule WaitCompleted).
+    WaitCompleted(Tier),
+    /// Evicted in its tier, after the pods of a lower `order` are gone.
+    Evict {
+        tier: Tier,
+        order: i32,
+    },
 }
 
 pub fn disrupted_taint() -> Taint {
@@ -74,7 +83,8 @@ pub fn disrupted_taint() -> Taint {
     }
 }
 
-pub fn disposition(pod: &Pod, now: Timestamp) -> Disposition {
+/// What the drain does with `pod` at `now`, under the drain rule it follows.
+pub fn disposition(pod: &Pod, now: Timestamp, rule: &Applied) -> Disposition {
     if is_mirror_pod(pod) {
         return Disposition::Skip(Skip::Mirror);
     }
@@ -110,14 +120,20 @@ pub fn disposition(pod: &Pod, now: Timestamp) -> Disposition {
             return Disposition::DoNotEvict { until };
         }
     }
-    let critical = is_critical(pod);
-    let daemon = is_daemonset_pod(pod);
-    Disposition::Evict(match (critical, daemon) {
+    let tier = match (is_critical(pod), is_daemonset_pod(pod)) {
         (false, false) => Tier::Workload,
         (false, true) => Tier::DaemonSet,
         (true, false) => Tier::CriticalWorkload,
         (true, true) => Tier::CriticalDaemonSet,
-    })
+    };
+    match rule.behavior {
+        DrainBehavior::Skip => Disposition::Skip(Skip::Rule),
+        DrainBehavior::WaitCompleted => Disposition::WaitCompleted(tier),
+        DrainBehavior::Drain => Disposition::Evict {
+            tier,
+            order: rule.order,
+        },
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,8 +200,8 @@ mod tests {
         ];
         for (patch, tier) in cases {
             assert_eq!(
-                disposition(&pod(patch.clone()), now()),
-                Disposition::Evict(tier),
+                disposition(&pod(patch.clone()), now(), &Applied::DEFAULT),
+                Disposition::Evict { tier, order: 0 },
                 "{patch}"
             );
         }
@@ -212,7 +228,7 @@ mod tests {
         ];
         for (patch, skip) in cases {
             assert_eq!(
-                disposition(&pod(patch.clone()), now()),
+                disposition(&pod(patch.clone()), now(), &Applied::DEFAULT),
                 Disposition::Skip(skip),
                 "{patch}"
             );
@@ -220,8 +236,11 @@ mod tests {
         let other_taint =
             json!({"spec": {"tolerations": [{"key": "other", "operator": "Exists"}]}});
         assert_eq!(
-            disposition(&pod(other_taint), now()),
-            Disposition::Evict(Tier::Workload)
+            disposition(&pod(other_taint), now(), &Applied::DEFAULT),
+            Disposition::Evict {
+                tier: Tier::Workload,
+                order: 0
+            }
         );
     }
 
@@ -231,30 +250,36 @@ mod tests {
         let annotation =
             |value: &str| pod(json!({"metadata": {"annotations": {DO_NOT_EVICT: value}}}));
         assert_eq!(
-            disposition(&label("true"), now()),
+            disposition(&label("true"), now(), &Applied::DEFAULT),
             Disposition::DoNotEvict { until: None }
         );
         assert_eq!(
-            disposition(&annotation("true"), now()),
+            disposition(&annotation("true"), now(), &Applied::DEFAULT),
             Disposition::DoNotEvict { until: None }
         );
         assert_eq!(
-            disposition(&label("yes please"), now()),
+            disposition(&label("yes please"), now(), &Applied::DEFAULT),
             Disposition::DoNotEvict { until: None }
         );
         assert_eq!(
-            disposition(&label("false"), now()),
-            Disposition::Evict(Tier::Workload)
+            disposition(&label("false"), now(), &Applied::DEFAULT),
+            Disposition::Evict {
+                tier: Tier::Workload,
+                order: 0
+            }
         );
         assert_eq!(
-            disposition(&annotation("30m"), now()),
+            disposition(&annotation("30m"), now(), &Applied::DEFAULT),
             Disposition::DoNotEvict {
                 until: Some("2026-11-23T10:30:00Z".parse().unwrap())
             }
         );
         assert_eq!(
-            disposition(&annotation("5m"), now()),
-            Disposition::Evict(Tier::Workload),
+            disposition(&annotation("5m"), now(), &Applied::DEFAULT),
+            Disposition::Evict {
+                tier: Tier::Workload,
+                order: 0
+            },
             "expired"
         );
     }

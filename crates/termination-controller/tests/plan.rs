@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 use common::*;
@@ -12,28 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube_sim::KubeSim;
 use serde_json::{Value, json};
-
-fn plan(sim: &KubeSim, node: &str, json_output: bool) -> Result<String> {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_termination-controller"));
-    command
-        .arg("plan")
-        .arg(format!("--node={node}"))
-        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()));
-    if json_output {
-        command.arg("-o").arg("json");
-    }
-    let output = command
-        .output()
-        .context("run termination-controller plan")?;
-    ensure!(
-        output.status.success(),
-        "plan failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8(output.stdout)?)
-}
 
 /// The pods of each tier, in order, as the plan lists them.
 fn tiers(plan: &Value) -> Vec<(String, Vec<String>)> {

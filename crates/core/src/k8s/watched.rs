@@ -140,6 +140,18 @@ where
         Self { store, changes }
     }
 
+    /// A cache that stays empty and synced: for a kind the cluster does not serve (its CRD
+    /// not installed), read as "none of them".
+    pub fn empty() -> Self {
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let (notify, changes) = watch::channel(0u64);
+        // Alive while any clone is, so `changed` waits rather than reporting the watch ended.
+        tokio::spawn(async move { notify.closed().await });
+        Self { store, changes }
+    }
+
     /// Waits for the first complete listing.
     pub async fn synced(&self) -> Result<(), WatchEnded> {
         self.store.wait_until_ready().await.map_err(|_| WatchEnded)

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -19,7 +19,7 @@ use kube_sim::{KubeSim, SimOptions, WorldOptions};
 use nodegrace_core::program::Started;
 use nodegrace_core::testing::{self, Admin};
 use serde_json::json;
-use termination_controller::api::{FINALIZER, NodeDisruptionBudget};
+use termination_controller::api::{FINALIZER, NodeDisruptionBudget, NodeDrainRule};
 use termination_controller::app;
 use termination_controller::cli::Args;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +43,8 @@ pub async fn sim(nodes: usize) -> Result<KubeSim> {
     .await?;
     let crds: Api<CustomResourceDefinition> = Api::all(sim.client());
     crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
+        .await?;
+    crds.create(&PostParams::default(), &NodeDrainRule::crd())
         .await?;
     Ok(sim)
 }
@@ -148,7 +150,11 @@ pub async fn create(client: &Client, body: serde_json::Value) -> Result<()> {
     let gvk = kube::core::GroupVersionKind::gvk(&group, &version, &kind);
     let resource = kube::core::ApiResource::from_gvk(&gvk);
     let object: kube::core::DynamicObject = serde_json::from_value(body)?;
-    let api: Api<kube::core::DynamicObject> = if kind == "NodeDisruptionBudget" {
+    let cluster_scoped = matches!(
+        kind.as_str(),
+        "NodeDisruptionBudget" | "NodeDrainRule" | "Namespace"
+    );
+    let api: Api<kube::core::DynamicObject> = if cluster_scoped {
         Api::all_with(client.clone(), &resource)
     } else {
         Api::namespaced_with(client.clone(), &namespace, &resource)
@@ -556,4 +562,26 @@ pub async fn has_event(client: &Client, node: &str, reason: &str) -> Result<bool
         .await?
         .iter()
         .any(|seen| seen == reason))
+}
+
+/// `termination-controller plan --node <node>` run as an operator runs it: the binary and a
+/// kubeconfig; JSON with `json_output`.
+pub fn plan(sim: &KubeSim, node: &str, json_output: bool) -> Result<String> {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_termination-controller"));
+    command
+        .arg("plan")
+        .arg(format!("--node={node}"))
+        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()));
+    if json_output {
+        command.arg("-o").arg("json");
+    }
+    let output = command
+        .output()
+        .context("run termination-controller plan")?;
+    ensure!(
+        output.status.success(),
+        "plan failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
 }

@@ -1,0 +1,218 @@
+//! NodeDrainRules through the controller and `plan`: an order within the tier, a pod waited
+//! for until it finishes, a pod skipped by its own label.
+
+mod common;
+
+use common::*;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+async fn rule(client: &kube::Client, name: &str, spec: Value) -> Result<()> {
+    create(
+        client,
+        json!({"apiVersion": "nodegrace.io/v1alpha1", "kind": "NodeDrainRule",
+            "metadata": {"name": name}, "spec": spec}),
+    )
+    .await
+}
+
+/// `replicas` pods of `app`, all on node-1.
+async fn on_node_1(client: &kube::Client, app: &str, replicas: i32) -> Result<()> {
+    deployment(
+        client,
+        app,
+        replicas,
+        None,
+        &json!({"spec": {"nodeSelector": {"kubernetes.io/hostname": "node-1"}}}),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_order_the_tier_wait_for_a_job_and_a_pods_own_label_skips_it() -> Result<()> {
+    let sim = sim(2).await?;
+    let client = sim.client();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "reports", "labels": {"team": "data"}}}),
+            )?,
+        )
+        .await?;
+    on_node_1(&client, "web", 2).await?;
+    on_node_1(&client, "proxy", 2).await?;
+    create(&client, json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "report", "namespace": "reports"},
+        "spec": {"nodeName": "node-1", "restartPolicy": "Never", "containers": [{"name": "c", "image": "app"}]}})).await?;
+    create(&client, json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "cache", "namespace": "default", "labels": {"nodegrace.io/drain": "skip"}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "app"}]}})).await?;
+    rule(
+        &client,
+        "proxies-last",
+        json!({"drain": {"behavior": "Drain", "order": 10},
+            "pods": [{"selector": {"matchLabels": {"app": "proxy"}}}]}),
+    )
+    .await?;
+    rule(
+        &client,
+        "data-jobs",
+        json!({"drain": {"behavior": "WaitCompleted"},
+            "nodes": [{"selector": {"matchLabels": {"kubernetes.io/os": "linux"}}}],
+            "pods": [{"namespaceSelector": {"matchLabels": {"team": "data"}}}]}),
+    )
+    .await?;
+    // The CRD's rule refuses an order on a rule that evicts nothing.
+    let refused = rule(
+        &client,
+        "refused",
+        json!({"drain": {"behavior": "Skip", "order": 1}}),
+    )
+    .await
+    .err()
+    .context("the CRD refuses an order with Skip")?;
+    ensure!(
+        format!("{refused:#}").contains("spec.drain.order applies only to behavior Drain"),
+        "{refused:#}"
+    );
+    for app in ["web", "proxy"] {
+        wait_ready(&client, app, 2).await?;
+    }
+
+    // What plan says first.
+    let planned: Value = serde_json::from_str(&plan(&sim, "node-1", true)?)?;
+    let tiers: Vec<(i64, Vec<(String, Value)>)> = planned["tiers"]
+        .as_array()
+        .context("tiers")?
+        .iter()
+        .map(|tier| {
+            (
+                tier["order"].as_i64().unwrap_or_default(),
+                tier["pods"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|pod| {
+                        (
+                            pod["pod"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .split('-')
+                                .next()
+                                .unwrap_or_default()
+                                .to_owned(),
+                            pod["rule"].clone(),
+                        )
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    ensure!(
+        tiers
+            == vec![
+                (0, vec![("default/web".to_owned(), Value::Null); 2]),
+                (
+                    10,
+                    vec![
+                        (
+                            "default/proxy".to_owned(),
+                            json!("NodeDrainRule proxies-last")
+                        );
+                        2
+                    ]
+                ),
+            ],
+        "{planned:#}"
+    );
+    let text = planned.to_string();
+    ensure!(
+        text.contains("reports/report") && text.contains("NodeDrainRule data-jobs: WaitCompleted"),
+        "{planned:#}"
+    );
+    ensure!(
+        text.contains("nodegrace.io/drain=skip: Skip; it goes with the machine"),
+        "{planned:#}"
+    );
+    let table = plan(&sim, "node-1", false)?;
+    ensure!(
+        table.contains("workloads (order 10)") && table.contains("RULE"),
+        "{table}"
+    );
+
+    // Then what the drain does.
+    let _controller = controller(&sim, &[]).await?;
+    finalizer_on_every_node(&client, 2).await?;
+    let seen = record(&client);
+    delete_node(&client, "node-1").await?;
+    wait_for("node-1 to wait for its report to finish", || async {
+        Ok(condition(&client, "node-1", "Terminating")
+            .await?
+            .is_some_and(|(reason, message)| {
+                reason == "AwaitingPodCompletion"
+                    && message.contains("Pod report: NodeDrainRule data-jobs: WaitCompleted")
+            }))
+    })
+    .await?;
+    let log = seen.log.lock().expect("log").clone();
+    let index_of = |wanted: &dyn Fn(&Seen) -> bool| log.iter().position(|(_, seen)| wanted(seen));
+    let last_web_gone = log
+        .iter()
+        .rposition(|(_, seen)| matches!(seen, Seen::Gone(pod) if pod.starts_with("web-")))
+        .context("web pods gone")?;
+    let first_proxy_leaving =
+        index_of(&|seen| matches!(seen, Seen::Leaving(pod) if pod.starts_with("proxy-")))
+            .context("proxy pods evicted")?;
+    ensure!(
+        last_web_gone < first_proxy_leaving,
+        "order 10 began before order 0 was gone: {log:?}"
+    );
+    ensure!(
+        index_of(&|seen| matches!(seen, Seen::Leaving(pod) if pod == "report" || pod == "cache"))
+            .is_none(),
+        "neither the waited-for nor the skipped pod is evicted: {log:?}"
+    );
+
+    // The report finishes (as its kubelet would record it): the node goes.
+    let reports: Api<Pod> = Api::namespaced(client.clone(), "reports");
+    reports
+        .patch_status(
+            "report",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await?;
+    wait_for("node-1 to go once the report finished", || {
+        node_gone(&client, "node-1")
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_drain_rule_crd_the_controller_drains_without_rules() -> Result<()> {
+    let sim = sim(2).await?;
+    let client = sim.client();
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    crds.delete(
+        "nodedrainrules.nodegrace.io",
+        &kube::api::DeleteParams::default(),
+    )
+    .await?;
+    wait_for("the NodeDrainRule API gone", || async {
+        let rules: Api<termination_controller::api::NodeDrainRule> = Api::all(client.clone());
+        Ok(rules.list(&kube::api::ListParams::default()).await.is_err())
+    })
+    .await?;
+    let _controller = controller(&sim, &[]).await?;
+    finalizer_on_every_node(&client, 2).await?;
+    delete_node(&client, "node-1").await?;
+    wait_for("node-1 to go", || node_gone(&client, "node-1")).await
+}
