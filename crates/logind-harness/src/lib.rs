@@ -222,6 +222,35 @@ impl LogindHarness {
         Ok(())
     }
 
+    /// Calls `method` of logind's Manager with `body`, as any client on the bus would (the
+    /// test process is root): the reply, or logind's error.
+    pub async fn call_manager<B>(
+        &self,
+        method: &str,
+        body: &B,
+    ) -> Result<zbus::Message, zbus::Error>
+    where
+        B: serde::Serialize + zbus::zvariant::DynamicType,
+    {
+        self.connection
+            .call_method(Some(LOGIND), LOGIND_PATH, Some(MANAGER), method, body)
+            .await
+    }
+
+    /// The directory of elogind's own tools (`loginctl`, `elogind-inhibit`) and the library
+    /// path they need.
+    pub fn elogind_tools(&self) -> (PathBuf, String) {
+        let bin = self
+            .elogind_binary
+            .daemon()
+            .parent()
+            .and_then(Path::parent)
+            .and_then(Path::parent)
+            .map(|root| root.join("bin"))
+            .unwrap_or_default();
+        (bin, self.elogind_binary.library_path())
+    }
+
     /// `InhibitDelayMaxUSec` as logind applies it now (drop-ins included).
     pub async fn inhibit_delay_max(&self) -> Result<Duration, HarnessError> {
         let reply = self

@@ -20,7 +20,7 @@ use nodegrace_core::logind::{InhibitMode, InhibitorLock, SharedLogind, ShutdownE
 use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{Alerts, oldest_age};
-use crate::decide::{LockAction, condition, lock_action, transition};
+use crate::decide::{LockAction, condition, lock_action, root_passes_note, transition};
 use crate::leases::{Activity, Holder, Scope, active_holders, activity, field_selector};
 use crate::metrics::Metrics;
 
@@ -61,6 +61,8 @@ struct State {
     shutting_down: bool,
     logind_up: bool,
     warned_incomplete: HashSet<(String, String)>,
+    /// Root's shutdown requests go through a block lock on this node's logind.
+    root_passes: bool,
 }
 
 fn lease_reference(lease: &Lease) -> ObjectReference {
@@ -100,6 +102,7 @@ impl Agent {
             shutting_down: self.logind.preparing_for_shutdown().await.unwrap_or(false),
             logind_up: true,
             warned_incomplete: HashSet::new(),
+            root_passes: self.root_passes_block().await,
         };
         if state.shutting_down {
             self.metrics.shutdown_in_progress.set(1);
@@ -149,6 +152,29 @@ impl Agent {
                 },
             }
         }
+    }
+
+    /// Whether root's shutdown requests pass a block lock here, said once at start (metric and
+    /// Warning Event). A logind that cannot be asked counts as one root passes: the warning is
+    /// the safe side.
+    async fn root_passes_block(&self) -> bool {
+        let passes = match self.logind.block_binds_root().await {
+            Ok(binds) => !binds,
+            Err(error) => {
+                tracing::warn!(error = %Chain(&error), "cannot tell whether root passes a block inhibitor here; assuming it does");
+                true
+            }
+        };
+        self.metrics.root_passes_block.set(i64::from(passes));
+        if passes {
+            self.reporter.event(EventReport::warning(
+                node_reference(&self.node),
+                "BlockBypassableByRoot",
+                ACTION,
+                root_passes_note(),
+            ));
+        }
+        passes
     }
 
     fn holders(&self, leases: &Leases) -> Vec<Holder> {
@@ -204,8 +230,11 @@ impl Agent {
                 note,
             ));
         }
-        self.reporter
-            .condition(&self.node, condition(&holders), ConditionGuard::Always);
+        self.reporter.condition(
+            &self.node,
+            condition(&holders, state.root_passes),
+            ConditionGuard::Always,
+        );
     }
 
     fn warn_incomplete(&self, leases: &Leases, state: &mut State) {

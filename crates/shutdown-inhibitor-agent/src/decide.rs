@@ -40,8 +40,24 @@ pub fn lock_action(holders: &[Holder], held_why: Option<&str>, shutting_down: bo
     }
 }
 
-/// The node condition for the active holders.
-pub fn condition(holders: &[Holder]) -> ConditionSpec {
+/// What the condition adds where root's shutdown requests pass a block lock.
+pub const ROOT_PASSES: &str = " (root can still shut down through this block: this node's \
+    logind is older than systemd 257; see the BlockBypassableByRoot Event)";
+
+/// The Event that says root's shutdown requests pass a block lock on this node.
+pub fn root_passes_note() -> String {
+    "This node's logind is older than systemd 257: a shutdown or reboot requested by root \
+     (directly over D-Bus, with loginctl, or with systemctl without --check-inhibitors=yes) goes \
+     through the block this agent holds. Make reboot tools check inhibitors: `systemctl \
+     --check-inhibitors=yes reboot` (kured: --reboot-command=\"/usr/bin/systemctl \
+     --check-inhibitors=yes reboot\"); with elogind no flag helps, and only non-root callers \
+     are stopped."
+        .to_owned()
+}
+
+/// The node condition for the active holders; `root_passes` when root's shutdown requests
+/// go through the block on this node.
+pub fn condition(holders: &[Holder], root_passes: bool) -> ConditionSpec {
     if holders.is_empty() {
         ConditionSpec::new(
             CONDITION_TYPE,
@@ -50,7 +66,11 @@ pub fn condition(holders: &[Holder]) -> ConditionSpec {
             "No active Leases block shutdown.",
         )
     } else {
-        ConditionSpec::new(CONDITION_TYPE, "True", "ActiveLeases", describe(holders))
+        let mut message = describe(holders);
+        if root_passes {
+            message.push_str(ROOT_PASSES);
+        }
+        ConditionSpec::new(CONDITION_TYPE, "True", "ActiveLeases", message)
     }
 }
 
@@ -115,7 +135,10 @@ mod tests {
 
     #[test]
     fn the_condition_names_the_holders() {
-        let blocked = condition(&[holder("team-b", "etl"), holder("team-a", "backup")]);
+        let blocked = condition(
+            &[holder("team-b", "etl"), holder("team-a", "backup")],
+            false,
+        );
         assert_eq!(
             (
                 blocked.status.as_str(),
@@ -124,10 +147,16 @@ mod tests {
             ),
             ("True", "ActiveLeases", "team-a/backup, team-b/etl")
         );
-        let free = condition(&[]);
+        let free = condition(&[], true);
         assert_eq!(
             (free.status.as_str(), free.reason.as_str()),
             ("False", "NoActiveLeases")
+        );
+        let passable = condition(&[holder("team-a", "backup")], true);
+        assert_eq!(
+            passable.message,
+            format!("team-a/backup{ROOT_PASSES}"),
+            "where root passes, the condition says so"
         );
     }
 

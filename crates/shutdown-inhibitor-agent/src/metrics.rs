@@ -19,6 +19,8 @@ pub struct Metrics {
     pub alerts: Counter,
     /// 1 once logind announced the shutdown: Lease changes are ignored from then on.
     pub shutdown_in_progress: Gauge,
+    /// 1 when root's shutdown requests pass a block lock on this node (logind before 257).
+    pub root_passes_block: Gauge,
 }
 
 impl Metrics {
@@ -53,6 +55,11 @@ impl Metrics {
             "lease_watch_events",
             "Lease watch events received",
             metrics.lease_watch_events.clone(),
+        );
+        registry.register(
+            "root_passes_block",
+            "1 when this node's logind lets root shut down through a block inhibitor (older than systemd 257)",
+            metrics.root_passes_block.clone(),
         );
         registry.register(
             "alerts",

@@ -16,6 +16,7 @@ use serde_json::json;
 use shutdown_inhibitor_agent::agent::INHIBITOR_WHO;
 use shutdown_inhibitor_agent::app;
 use shutdown_inhibitor_agent::cli::Args;
+use shutdown_inhibitor_agent::decide::ROOT_PASSES;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "node-0";
@@ -178,9 +179,9 @@ async fn leases_stack_into_one_block_and_the_condition_follows() -> Result<()> {
     })
     .await?;
     wait_for("the condition True", || async {
-        Ok(condition(&setup)
-            .await?
-            .is_some_and(|c| c.0 == "True" && c.1 == "ActiveLeases" && c.2 == "team-a/backup"))
+        Ok(condition(&setup).await?.is_some_and(|c| {
+            c.0 == "True" && c.1 == "ActiveLeases" && c.2 == format!("team-a/backup{ROOT_PASSES}")
+        }))
     })
     .await?;
     let since = condition(&setup).await?.unwrap().3;
@@ -189,7 +190,7 @@ async fn leases_stack_into_one_block_and_the_condition_follows() -> Result<()> {
     wait_for("both holders listed", || async {
         Ok(condition(&setup)
             .await?
-            .is_some_and(|c| c.2 == "team-a/backup, team-b/upgrade"))
+            .is_some_and(|c| c.2 == format!("team-a/backup, team-b/upgrade{ROOT_PASSES}")))
     })
     .await?;
     wait_for("still exactly one block", || async {
@@ -211,7 +212,7 @@ async fn leases_stack_into_one_block_and_the_condition_follows() -> Result<()> {
     wait_for("only team-b listed", || async {
         Ok(condition(&setup)
             .await?
-            .is_some_and(|c| c.2 == "team-b/upgrade"))
+            .is_some_and(|c| c.2 == format!("team-b/upgrade{ROOT_PASSES}")))
     })
     .await?;
     ensure!(
@@ -584,7 +585,7 @@ async fn only_leases_in_the_allowed_namespaces_with_the_selected_labels_block() 
     wait_for("the condition naming it alone", || async {
         Ok(condition(&setup)
             .await?
-            .is_some_and(|c| c.0 == "True" && c.2 == "team-a/backup"))
+            .is_some_and(|c| c.0 == "True" && c.2 == format!("team-a/backup{ROOT_PASSES}")))
     })
     .await?;
     Ok(())
@@ -616,4 +617,33 @@ fn a_bad_lease_selector_names_the_flag() {
         .map(|error| format!("{error:#}"))
         .unwrap_or_default();
     assert!(error.starts_with("--lease-selector: "), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_root_passes_a_block_the_agent_says_so_once_and_in_the_condition() -> Result<()> {
+    let Some(setup) = setup().await? else {
+        return Ok(());
+    };
+    // The test command's elogind is 246: root's PowerOff goes through a block lock
+    // (tests/block_semantics.rs shows it).
+    ensure!(metric(&setup, "root_passes_block").await? == 1);
+    wait_for("the BlockBypassableByRoot Warning", || async {
+        Ok(events(&setup, "BlockBypassableByRoot")
+            .await?
+            .iter()
+            .any(|(kind, note)| kind == "Node" && note.contains("--check-inhibitors=yes")))
+    })
+    .await?;
+    take_lease(&setup, "team-a", NODE, "backup").await?;
+    wait_for("the condition to say root passes", || async {
+        Ok(condition(&setup)
+            .await?
+            .is_some_and(|c| c.0 == "True" && c.2.contains("root can still shut down")))
+    })
+    .await?;
+    ensure!(
+        events(&setup, "BlockBypassableByRoot").await?.len() == 1,
+        "said once"
+    );
+    Ok(())
 }

@@ -42,6 +42,10 @@ pub trait LogindApi: Send + Sync + std::fmt::Debug {
     /// Every inhibitor lock held on the machine (`ListInhibitors`).
     fn list_inhibitors(&self) -> BoxFuture<'_, Result<Vec<Inhibitor>, LogindError>>;
 
+    /// Whether a `block` inhibitor stops root's shutdown requests too (see
+    /// [`Logind::block_binds_root`]).
+    fn block_binds_root(&self) -> BoxFuture<'_, Result<bool, LogindError>>;
+
     /// Raises `InhibitDelayMaxSec` to `wanted` if needed (see [`ensure_inhibit_delay`]).
     fn ensure_inhibit_delay<'a>(
         &'a self,
@@ -77,6 +81,10 @@ impl LogindApi for Logind {
 
     fn list_inhibitors(&self) -> BoxFuture<'_, Result<Vec<Inhibitor>, LogindError>> {
         Logind::list_inhibitors(self).boxed()
+    }
+
+    fn block_binds_root(&self) -> BoxFuture<'_, Result<bool, LogindError>> {
+        Logind::block_binds_root(self).boxed()
     }
 
     fn ensure_inhibit_delay<'a>(

@@ -51,6 +51,17 @@ fn call_error(call: &'static str) -> impl FnOnce(zbus::Error) -> LogindError {
     move |source| LogindError::Call { call, source }
 }
 
+/// Whether logind answered `InvalidArgs` (zbus gives the standard errors as `FDO`).
+fn is_invalid_args(error: &zbus::Error) -> bool {
+    match error {
+        zbus::Error::MethodError(name, _, _) => {
+            name.as_str() == "org.freedesktop.DBus.Error.InvalidArgs"
+        }
+        zbus::Error::FDO(error) => matches!(**error, zbus::fdo::Error::InvalidArgs(_)),
+        _ => false,
+    }
+}
+
 /// A connection to logind. Cheap to clone; clones share the bus connection.
 #[derive(Debug, Clone)]
 pub struct Logind {
@@ -110,6 +121,30 @@ impl Logind {
             .await
             .map_err(call_error("Inhibit"))?;
         Ok(InhibitorLock::new(fd.into(), what, mode))
+    }
+
+    /// Whether a `block` inhibitor stops root's shutdown requests too: systemd 257 made it so
+    /// and added the mode `block-weak` for the old behaviour. Probed by asking for a
+    /// `block-weak` lock on `idle` (which no shutdown looks at), let go at once: a logind that
+    /// refuses the mode as invalid is older, and there root passes a block.
+    pub async fn block_binds_root(&self) -> Result<bool, LogindError> {
+        let probe = self
+            .manager
+            .inhibit(
+                "idle",
+                "nodegrace probe",
+                "whether block inhibitors bind root",
+                "block-weak",
+            )
+            .await;
+        match probe {
+            Ok(lock) => {
+                drop(lock);
+                Ok(true)
+            }
+            Err(error) if is_invalid_args(&error) => Ok(false),
+            Err(error) => Err(call_error("Inhibit")(error)),
+        }
     }
 
     pub async fn list_inhibitors(&self) -> Result<Vec<Inhibitor>, LogindError> {

@@ -159,6 +159,11 @@ impl LogindApi for FakeLogind {
         async move { Ok(max) }.boxed()
     }
 
+    /// Answers as the elogind of the tests does (and every logind before systemd 257).
+    fn block_binds_root(&self) -> BoxFuture<'_, Result<bool, LogindError>> {
+        async { Ok(false) }.boxed()
+    }
+
     fn list_inhibitors(&self) -> BoxFuture<'_, Result<Vec<Inhibitor>, LogindError>> {
         let mut state = self.lock();
         state.locks.retain_mut(|held| still_open(&mut held.ours));
@@ -262,6 +267,10 @@ impl LogindApi for WithExtraEvents {
 
     fn list_inhibitors(&self) -> BoxFuture<'_, Result<Vec<Inhibitor>, LogindError>> {
         self.inner.list_inhibitors()
+    }
+
+    fn block_binds_root(&self) -> BoxFuture<'_, Result<bool, LogindError>> {
+        self.inner.block_binds_root()
     }
 
     fn ensure_inhibit_delay<'a>(
