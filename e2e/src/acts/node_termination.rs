@@ -1,8 +1,8 @@
 //! Act: the operator deletes node-2 with `kubectl delete node`. termination-controller holds
 //! it with its finalizer until the NodeDisruptionBudget grants it (node-1, down since act 2,
 //! must boot first), cordons it, drains it tier by tier with one eviction queue per
-//! PodDisruptionBudget, has kube-sim's cloud terminate the machine, and only then lets the
-//! Node go — with no budget broken.
+//! PodDisruptionBudget, waits for a backup's pre-terminate hook, has kube-sim's cloud terminate
+//! the machine, and only then lets the Node go — with no budget broken.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use serde_json::json;
 
 use super::Act;
 use crate::manifests::{self, describe_all};
@@ -30,6 +31,8 @@ pub const ACT: Act = Act {
 const NODE: &str = "node-2";
 const DOWN: &str = "node-1";
 const NAMESPACE: &str = "fleet";
+/// The pre-terminate hook a backup controller would set.
+const BACKUP_HOOK: &str = "pre-terminate.nodegrace.io/backup";
 pub(crate) const FLEET: &str = include_str!("../../demo/fleet.yaml");
 /// Bounds each wait of a broken run; a working one takes seconds.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -55,8 +58,18 @@ async fn play(stage: &mut Stage) -> Result<()> {
         .show(&format!("kubectl -n {NAMESPACE} get pods,pdb -o wide"));
     stage.timeline.show("kubectl get nodedisruptionbudgets");
 
+    let nodes: Api<Node> = Api::all(client.clone());
+    let hook = json!({"metadata": {"annotations": {BACKUP_HOOK: "copying the node's local disk"}}});
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(&hook))
+        .await
+        .with_context(|| format!("annotate {NODE} with {BACKUP_HOOK}"))?;
+    stage.timeline.event(&format!(
+        "a backup controller marks {NODE} with {BACKUP_HOOK}: the machine must not go before \
+         it has copied the node's disk"
+    ));
     let departures = record_departures(&client);
-    Api::<Node>::all(client.clone())
+    nodes
         .delete(NODE, &DeleteParams::default())
         .await
         .with_context(|| format!("delete {NODE}"))?;
@@ -86,6 +99,28 @@ async fn play(stage: &mut Stage) -> Result<()> {
         "NodeDisruptionBudget workers granted {NODE} {} after {DOWN} was Ready again; {NODE} \
          is cordoned and drains",
         seconds(booted.elapsed())
+    ));
+    let held = wait_reason(&client, "AwaitingPreTerminateHooks").await?;
+    stage
+        .timeline
+        .event(&format!("{NODE} is drained; its machine waits: {held}"));
+    stage.timeline.show(&format!(
+        "kubectl get node {NODE} -o jsonpath='{{.status.conditions[?(@.type==\"Terminating\")].message}}'"
+    ));
+    let terminate_calls =
+        sim_get(&client, &format!("/sim/v1/instances/{NODE}")).await?["terminateCalls"]
+            .as_u64()
+            .unwrap_or_default();
+    if terminate_calls != 0 {
+        bail!("{NODE}'s machine was terminated while the pre-terminate hook held it");
+    }
+    let release = json!({"metadata": {"annotations": {BACKUP_HOOK: null}}});
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .with_context(|| format!("remove {BACKUP_HOOK} from {NODE}"))?;
+    stage.timeline.event(&format!(
+        "the backup is done and its controller removes {BACKUP_HOOK}"
     ));
     wait_gone(&client).await?;
     stage.machine_terminated(NODE);
