@@ -21,6 +21,7 @@ use crate::api::{FINALIZER, NodeDisruptionBudget, NodeDrainRule};
 use crate::drain_rules::{NO_LABELS, NodeRules, Source};
 use crate::explain::never_allows;
 use crate::grants::{Verdict, verdict};
+use crate::hooks::{self, Stage};
 use crate::queues::QueueKey;
 use crate::tiers::{Disposition, Skip, Tier, disposition};
 
@@ -131,6 +132,10 @@ pub struct Plan {
     /// held and nothing below happens).
     pub held_by_finalizer: bool,
     pub node_disruption_budgets: NdbVerdict,
+    /// Hooks on the node that hold it before its cordon (`pre-drain.nodegrace.io/<name>`) and
+    /// before its machine goes (`pre-terminate.nodegrace.io/<name>`), by name.
+    pub pre_drain_hooks: Vec<String>,
+    pub pre_terminate_hooks: Vec<String>,
     /// Pods with `nodegrace.io/do-not-evict`: no eviction starts while one is there.
     pub blockers: Vec<Blocker>,
     /// Pods the drain waits for without evicting them (NodeDrainRule WaitCompleted, or their
@@ -432,6 +437,8 @@ pub fn plan(cluster: &Cluster, now: Timestamp) -> Plan {
         node: node_name,
         held_by_finalizer,
         node_disruption_budgets,
+        pre_drain_hooks: hooks::pending(&cluster.node, Stage::PreDrain),
+        pre_terminate_hooks: hooks::pending(&cluster.node, Stage::PreTerminate),
         blockers,
         wait_completed,
         tiers,
@@ -457,6 +464,20 @@ impl Plan {
             "NodeDisruptionBudgets:   {}",
             self.node_disruption_budgets.message
         );
+        for (stage, hooks) in [
+            ("Pre-drain hooks:        ", &self.pre_drain_hooks),
+            ("Pre-terminate hooks:    ", &self.pre_terminate_hooks),
+        ] {
+            let listed = if hooks.is_empty() {
+                "none".to_owned()
+            } else {
+                format!(
+                    "{} (each holds the node until its annotation goes)",
+                    hooks.join(", ")
+                )
+            };
+            let _ = writeln!(out, "{stage} {listed}");
+        }
         if self.blockers.is_empty() {
             let _ = writeln!(out, "Do-not-evict blockers:   none");
         } else {

@@ -64,6 +64,12 @@ async fn hooks_hold_the_node_before_its_cordon_and_before_its_machine_until_remo
         }),
     )
     .await?;
+    let planned = plan(&sim, "node-1", false)?;
+    ensure!(
+        planned.contains("Pre-drain hooks:         backup, storage")
+            && planned.contains("Pre-terminate hooks:     load-balancer"),
+        "{planned}"
+    );
     delete_node(&client, "node-1").await?;
     waits_for(
         &client,

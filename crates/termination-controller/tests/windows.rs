@@ -265,3 +265,50 @@ async fn is_cordoned(client: &kube::Client, node: &str) -> Result<bool> {
         .and_then(|node| node.spec?.unschedulable)
         == Some(true))
 }
+
+/// The last Sunday of March 2026 in Berlin: 02:00 CET jumps to 03:00 CEST, so a window
+/// scheduled for 02:30 opens right after the gap, at 03:00 CEST (01:00 UTC).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_in_the_skipped_spring_hour_opens_after_the_gap() -> Result<()> {
+    let sim = sim(2).await?;
+    let client = sim.client();
+    ndb(
+        &client,
+        NIGHTLY,
+        json!({
+            "selector": {"matchLabels": {"kubernetes.io/os": "linux"}},
+            "maxUnavailable": 1,
+            "windows": [{"schedule": "30 2 * * *", "duration": "1h", "timeZone": "Europe/Berlin"}],
+        }),
+    )
+    .await?;
+    let clock = ManualClock::at("2026-03-29T00:59:00Z".parse()?);
+    let _controller =
+        controller_with_clock(sim.kubeconfig_path(), &[], Arc::new(clock.clone())).await?;
+    finalizer_on_every_node(&client, 2).await?;
+    delete_node(&client, "node-1").await?;
+    waits_with(
+        &client,
+        "node-1",
+        "the next opens at 2026-03-29T03:00:00+02:00[Europe/Berlin]",
+    )
+    .await?;
+    let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
+    advance(&clock, &budgets, Duration::from_secs(60)).await?;
+    wait_for("node-1 to go in the window after the gap", || {
+        node_gone(&client, "node-1")
+    })
+    .await?;
+    let status = budgets
+        .get(NIGHTLY)
+        .await?
+        .status
+        .context("the budget's status")?;
+    let window = status.active_window.context("the open window")?;
+    ensure!(
+        window.start.0 == "2026-03-29T01:00:00Z".parse::<Timestamp>()?
+            && window.end.0 == "2026-03-29T02:00:00Z".parse::<Timestamp>()?,
+        "{window:?}"
+    );
+    Ok(())
+}

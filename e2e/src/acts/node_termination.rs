@@ -104,9 +104,7 @@ async fn play(stage: &mut Stage) -> Result<()> {
     stage
         .timeline
         .event(&format!("{NODE} is drained; its machine waits: {held}"));
-    stage.timeline.show(&format!(
-        "kubectl get node {NODE} -o jsonpath='{{.status.conditions[?(@.type==\"Terminating\")].message}}'"
-    ));
+    // The node is gone by the end: its condition is told, not offered as a command.
     let terminate_calls =
         sim_get(&client, &format!("/sim/v1/instances/{NODE}")).await?["terminateCalls"]
             .as_u64()
