@@ -20,24 +20,6 @@ async fn annotate(client: &kube::Client, node: &str, annotations: serde_json::Va
     Ok(())
 }
 
-async fn waits_for(client: &kube::Client, node: &str, reason: &str, names: &str) -> Result<()> {
-    wait_for(&format!("{node} to wait for {names}"), || async {
-        Ok(condition(client, node, "Terminating")
-            .await?
-            .is_some_and(|(seen, message)| seen == reason && message.contains(names)))
-    })
-    .await
-}
-
-async fn cordoned(client: &kube::Client, node: &str) -> Result<bool> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    Ok(nodes
-        .get_opt(node)
-        .await?
-        .and_then(|node| node.spec?.unschedulable)
-        == Some(true))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hooks_hold_the_node_before_its_cordon_and_before_its_machine_until_removed() -> Result<()>
 {
@@ -71,7 +53,7 @@ async fn hooks_hold_the_node_before_its_cordon_and_before_its_machine_until_remo
         "{planned}"
     );
     delete_node(&client, "node-1").await?;
-    waits_for(
+    terminating_with(
         &client,
         "node-1",
         "AwaitingPreDrainHooks",
@@ -80,7 +62,7 @@ async fn hooks_hold_the_node_before_its_cordon_and_before_its_machine_until_remo
     .await?;
     event_seen(&client, "node-1", "AwaitingPreDrainHooks").await?;
     ensure!(
-        !cordoned(&client, "node-1").await?,
+        !is_cordoned(&client, "node-1").await?,
         "held before the cordon"
     );
 
@@ -90,7 +72,7 @@ async fn hooks_hold_the_node_before_its_cordon_and_before_its_machine_until_remo
         json!({"pre-drain.nodegrace.io/backup": null}),
     )
     .await?;
-    waits_for(
+    terminating_with(
         &client,
         "node-1",
         "AwaitingPreDrainHooks",
@@ -98,7 +80,7 @@ async fn hooks_hold_the_node_before_its_cordon_and_before_its_machine_until_remo
     )
     .await?;
     ensure!(
-        !cordoned(&client, "node-1").await?,
+        !is_cordoned(&client, "node-1").await?,
         "one hook still holds it"
     );
 
@@ -108,7 +90,7 @@ async fn hooks_hold_the_node_before_its_cordon_and_before_its_machine_until_remo
         json!({"pre-drain.nodegrace.io/storage": null}),
     )
     .await?;
-    waits_for(
+    terminating_with(
         &client,
         "node-1",
         "AwaitingPreTerminateHooks",
@@ -155,7 +137,7 @@ async fn with_a_hook_timeout_a_forgotten_hook_holds_the_node_only_that_long() ->
     )
     .await?;
     delete_node(&client, "node-1").await?;
-    waits_for(&client, "node-1", "AwaitingPreDrainHooks", "forgotten").await?;
+    terminating_with(&client, "node-1", "AwaitingPreDrainHooks", "forgotten").await?;
     wait_for("node-1 to go after the hook timeout", || {
         node_gone(&client, "node-1")
     })

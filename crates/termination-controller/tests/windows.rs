@@ -39,14 +39,7 @@ fn clock_text(clock: &ManualClock) -> String {
 }
 
 async fn waits_with(client: &kube::Client, node: &str, expected: &str) -> Result<()> {
-    wait_for(&format!("{node} to wait: {expected}"), || async {
-        Ok(condition(client, node, "Terminating")
-            .await?
-            .is_some_and(|(reason, message)| {
-                reason == "AwaitingBudget" && message.contains(expected)
-            }))
-    })
-    .await
+    terminating_with(client, node, "AwaitingBudget", expected).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,15 +248,6 @@ async fn has_condition(
             }))
     })
     .await
-}
-
-async fn is_cordoned(client: &kube::Client, node: &str) -> Result<bool> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    Ok(nodes
-        .get_opt(node)
-        .await?
-        .and_then(|node| node.spec?.unschedulable)
-        == Some(true))
 }
 
 /// The last Sunday of March 2026 in Berlin: 02:00 CET jumps to 03:00 CEST, so a window

@@ -585,3 +585,32 @@ pub fn plan(sim: &KubeSim, node: &str, json_output: bool) -> Result<String> {
     );
     Ok(String::from_utf8(output.stdout)?)
 }
+
+/// Waits for the node's `Terminating` condition to have `reason` and a message containing
+/// `contains`.
+pub async fn terminating_with(
+    client: &Client,
+    node: &str,
+    reason: &str,
+    contains: &str,
+) -> Result<()> {
+    wait_for(
+        &format!("{node}: Terminating {reason}: {contains}"),
+        || async {
+            Ok(condition(client, node, "Terminating")
+                .await?
+                .is_some_and(|(seen, message)| seen == reason && message.contains(contains)))
+        },
+    )
+    .await
+}
+
+/// Whether the node is marked unschedulable (its cordon began).
+pub async fn is_cordoned(client: &Client, node: &str) -> Result<bool> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes
+        .get_opt(node)
+        .await?
+        .and_then(|node| node.spec?.unschedulable)
+        == Some(true))
+}
