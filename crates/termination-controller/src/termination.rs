@@ -17,7 +17,7 @@ use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, UpdateError, Updated};
 use nodegrace_core::k8s::nodes::node_reference;
-use nodegrace_core::k8s::nodes::{Readiness, readiness};
+use nodegrace_core::k8s::nodes::{Readiness, has_condition, readiness};
 use nodegrace_core::k8s::reporter::ConditionGuard;
 use nodegrace_core::k8s::volumes::Staying;
 use nodegrace_core::k8s::watched::WatchEnded;
@@ -228,23 +228,40 @@ impl NodeTermination {
                     "AwaitingBudget",
                     format!("Waiting for NodeDisruptionBudget {budget}: {refusal}"),
                 );
-                let message = format!("NodeDisruptionBudget {budget}: {refusal}");
-                self.maintenance_planned(
-                    if refusal.is_window() {
-                        "MaintenanceWindow"
-                    } else {
-                        "AwaitingBudget"
-                    },
-                    message.clone(),
+                // Without the budget's numbers, which change with every node that comes or
+                // goes: one write per waiting node, not one per change.
+                let planned = match &refusal {
+                    Refusal::Exhausted(_) => format!(
+                        "NodeDisruptionBudget {budget}: too few of its nodes are available now"
+                    ),
+                    Refusal::Invalid(_) => {
+                        format!("NodeDisruptionBudget {budget}: the budget is invalid")
+                    }
+                    Refusal::OutsideWindows { .. } | Refusal::WindowSpent { .. } => {
+                        format!("NodeDisruptionBudget {budget}: {refusal}")
+                    }
+                };
+                let reason = if refusal.is_window() {
+                    "MaintenanceWindow"
+                } else {
+                    "AwaitingBudget"
+                };
+                self.maintenance_planned(reason, planned);
+                self.condition(
+                    "AwaitingBudget",
+                    format!("NodeDisruptionBudget {budget}: {refusal}"),
                 );
-                self.condition("AwaitingBudget", message);
             }
             tokio::select! {
                 () = stop.cancelled() => return Ok(Finished::Stopped),
                 changed = wake.changed() => if changed.is_err() { return Ok(Finished::Stopped) },
             }
         };
-        self.maintenance_started();
+        // Only where it was set: a write per node would cost every rollout a status request
+        // per node for a condition most nodes never had.
+        if self.last_planned.is_some() || has_condition(&node, MAINTENANCE_PLANNED, "True") {
+            self.maintenance_started();
+        }
         // 2. Pre-drain hooks, unless the drain has begun already (a restart mid-drain).
         if !cordoned(&node) {
             match self.await_hooks(Stage::PreDrain, wake, stop).await? {
