@@ -221,6 +221,23 @@ pub async fn run<K, T, E, F, Fut>(
         .await;
 }
 
+/// Sleeps for `wait`, or for ever without one: the timer arm of a `select!` whose timer is
+/// optional.
+pub async fn sleep_or_forever(wait: Option<Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `deadline`, or for ever without one.
+pub async fn sleep_until_or_forever(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

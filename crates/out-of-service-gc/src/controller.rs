@@ -184,12 +184,7 @@ async fn look_after(
                 }
             }
         };
-        let timer = async {
-            match wait {
-                Some(wait) => tokio::time::sleep(wait).await,
-                None => std::future::pending().await,
-            }
-        };
+        let timer = nodegrace_core::controller::sleep_or_forever(wait);
         tokio::select! {
             () = stop.cancelled() => return name,
             changed = pods.changed() => if changed.is_err() { return name },

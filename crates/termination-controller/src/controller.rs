@@ -386,12 +386,7 @@ async fn keep_statuses(
             () = stop.cancelled() => return,
             changed = budgets.changed() => if changed.is_err() { return },
             changed = node_changes.changed() => if changed.is_err() { return },
-            () = async {
-                match expiry {
-                    Some(wait) => tokio::time::sleep(wait).await,
-                    None => std::future::pending().await,
-                }
-            } => {}
+            () = nodegrace_core::controller::sleep_or_forever(expiry) => {}
         }
     }
 }

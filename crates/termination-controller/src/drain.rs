@@ -242,12 +242,7 @@ impl Drain {
                     timer
                 }
             };
-            let sleep = async {
-                match next_timer {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let sleep = nodegrace_core::controller::sleep_until_or_forever(next_timer);
             tokio::select! {
                 () = stop.cancelled() => return Ok(Ended::Stopped),
                 changed = wake.changed() => if changed.is_err() { return Ok(Ended::Stopped) },

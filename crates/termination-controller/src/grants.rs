@@ -21,7 +21,7 @@ use nodegrace_core::k8s::watched::Watched;
 use crate::api::{
     DISRUPTED_TAINT, FINALIZER, Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus,
 };
-use crate::budget::{Limit, NodeFacts, Numbers, SpecError, may_grant, numbers, selects};
+use crate::budget::{Limit, NodeFacts, Numbers, SpecError, numbers, selects};
 use crate::windows::{Gate, Windows};
 
 /// How long a grant for a node that was never deleted is kept (the disruption controller's
@@ -121,16 +121,18 @@ impl Rules {
         })
     }
 
-    /// The windows' gate now, with the count the budget's status keeps; `None` without
-    /// windows.
-    fn gate(&self, budget: &NodeDisruptionBudget, now: Timestamp) -> Option<Gate> {
+    /// What `budget` (whose status keeps the window's count) can still give now, with its
+    /// `numbers`.
+    fn units(&self, numbers: Numbers, budget: &NodeDisruptionBudget, now: Timestamp) -> Units {
         let record = budget
             .status
             .as_ref()
             .and_then(|status| status.active_window.as_ref());
-        self.windows
+        let gate = self
+            .windows
             .as_ref()
-            .map(|windows| windows.gate(record, now))
+            .map(|windows| windows.gate(record, now));
+        Units::of(numbers, self, gate)
     }
 }
 
@@ -447,13 +449,14 @@ fn refusal(
         Ok(rules) => rules,
         Err(error) => return Some(Refusal::Invalid(error)),
     };
-    let numbers = budget_numbers(budget, rules.limit, nodes);
     if !facts.ready {
         // A NotReady node takes nothing from availability: neither numbers nor windows hold
         // it.
-        return (!may_grant(numbers, facts)).then_some(Refusal::Exhausted(numbers));
+        return None;
     }
-    Units::of(numbers, &rules, rules.gate(budget, now)).refusal()
+    rules
+        .units(budget_numbers(budget, rules.limit, nodes), budget, now)
+        .refusal()
 }
 
 /// Counts `more` disruptions started in the window open now into `status` (nothing without
@@ -523,7 +526,7 @@ pub fn status_for(
                 status.active_window = windows.record(old.active_window.as_ref(), 0, now);
                 status.next_window = windows.next_start(now).map(|next| Time(next.timestamp()));
             }
-            let units = Units::of(numbers, &rules, rules.gate(budget, now));
+            let units = rules.units(numbers, budget, now);
             status.expected_nodes = numbers.expected;
             status.current_available = numbers.available;
             status.desired_available = numbers.desired;
@@ -589,10 +592,8 @@ pub fn allocate(
     let mut left: HashMap<&str, Result<Units, SpecError>> = budgets
         .iter()
         .map(|budget| {
-            let state = Rules::of(budget, now).map(|rules| {
-                let numbers = budget_numbers(budget, rules.limit, nodes);
-                Units::of(numbers, &rules, rules.gate(budget, now))
-            });
+            let state = Rules::of(budget, now)
+                .map(|rules| rules.units(budget_numbers(budget, rules.limit, nodes), budget, now));
             (budget.name(), state)
         })
         .collect();

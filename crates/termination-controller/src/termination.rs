@@ -4,7 +4,7 @@
 //! grants are in the budgets' status, the cordon on the node, a terminate request in an
 //! annotation, and the machine's state at the provider.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,8 +73,9 @@ pub struct NodeTermination {
     shared: Arc<Shared>,
     /// The Node deleted: every step acts on this object, never on a namesake.
     node: NodeIdentity,
-    last_condition: Option<(String, String)>,
-    last_planned: Option<(String, String)>,
+    /// The reason and message last written per condition type, so a wait that goes on
+    /// writes nothing more.
+    reported: HashMap<&'static str, (String, String)>,
     announced: HashSet<String>,
 }
 
@@ -83,8 +84,7 @@ impl NodeTermination {
         Self {
             shared,
             node,
-            last_condition: None,
-            last_planned: None,
+            reported: HashMap::new(),
             announced: HashSet::new(),
         }
     }
@@ -95,14 +95,20 @@ impl NodeTermination {
     }
 
     fn condition(&mut self, reason: &str, message: String) {
+        self.true_once(TERMINATING, reason, message);
+    }
+
+    /// Sets condition `type_` True with `reason` and `message`, unless that is what this task
+    /// last wrote for it.
+    fn true_once(&mut self, type_: &'static str, reason: &str, message: String) {
         let key = (reason.to_owned(), message.clone());
-        if self.last_condition.as_ref() == Some(&key) {
+        if self.reported.get(type_) == Some(&key) {
             return;
         }
-        self.last_condition = Some(key);
+        self.reported.insert(type_, key);
         self.shared.reporter.condition(
             self.node.name(),
-            ConditionSpec::new(TERMINATING, "True", reason, message),
+            ConditionSpec::new(type_, "True", reason, message),
             ConditionGuard::Always,
         );
     }
@@ -110,16 +116,7 @@ impl NodeTermination {
     /// `MaintenancePlanned=True` while the node waits for a budget: reason `MaintenanceWindow`
     /// when it waits for a window, `AwaitingBudget` otherwise.
     fn maintenance_planned(&mut self, reason: &str, message: String) {
-        let key = (reason.to_owned(), message.clone());
-        if self.last_planned.as_ref() == Some(&key) {
-            return;
-        }
-        self.last_planned = Some(key);
-        self.shared.reporter.condition(
-            self.node.name(),
-            ConditionSpec::new(MAINTENANCE_PLANNED, "True", reason, message),
-            ConditionGuard::Always,
-        );
+        self.true_once(MAINTENANCE_PLANNED, reason, message);
     }
 
     /// The wait is over: `MaintenancePlanned` turns False where it was True (a node granted at
@@ -259,16 +256,19 @@ impl NodeTermination {
         };
         // Only where it was set: a write per node would cost every rollout a status request
         // per node for a condition most nodes never had.
-        if self.last_planned.is_some() || has_condition(&node, MAINTENANCE_PLANNED, "True") {
+        if self.reported.contains_key(MAINTENANCE_PLANNED)
+            || has_condition(&node, MAINTENANCE_PLANNED, "True")
+        {
             self.maintenance_started();
         }
         // 2. Pre-drain hooks, unless the drain has begun already (a restart mid-drain).
-        if !cordoned(&node) {
-            match self.await_hooks(Stage::PreDrain, wake, stop).await? {
-                HookEnd::Done => {}
-                HookEnd::Stopped => return Ok(Finished::Stopped),
-                HookEnd::NodeGone => return Ok(Finished::Released),
-            }
+        if !cordoned(&node)
+            && let Some(finished) = self
+                .await_hooks(Stage::PreDrain, wake, stop)
+                .await?
+                .finished()
+        {
+            return Ok(finished);
         }
         // 3. Cordon.
         if !cordoned(&node) {
@@ -311,15 +311,15 @@ impl NodeTermination {
             return Ok(Finished::Stopped);
         }
         // 6. Pre-terminate hooks, then the machine.
-        match self.await_hooks(Stage::PreTerminate, wake, stop).await? {
-            HookEnd::Done => {}
-            HookEnd::Stopped => return Ok(Finished::Stopped),
-            HookEnd::NodeGone => return Ok(Finished::Released),
+        if let Some(finished) = self
+            .await_hooks(Stage::PreTerminate, wake, stop)
+            .await?
+            .finished()
+        {
+            return Ok(finished);
         }
-        match self.terminate_instance(stop).await? {
-            MachineEnd::Terminated => {}
-            MachineEnd::Stopped => return Ok(Finished::Stopped),
-            MachineEnd::NodeGone => return Ok(Finished::Released),
+        if let Some(finished) = self.terminate_instance(stop).await?.finished() {
+            return Ok(finished);
         }
         // 7. Release the node.
         remove_finalizer(&self.shared.client, &self.node).await?;
@@ -348,21 +348,21 @@ impl NodeTermination {
         stage: Stage,
         wake: &mut watch::Receiver<()>,
         stop: &CancellationToken,
-    ) -> Result<HookEnd, StepError> {
+    ) -> Result<StepEnd, StepError> {
         let timeout = self.shared.settings.hook_timeout;
         let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
         loop {
             let Some(node) = self.current() else {
-                return Ok(HookEnd::NodeGone);
+                return Ok(StepEnd::NodeGone);
             };
             let mut waiting = hooks::pending(&node, stage);
             if waiting.is_empty() {
                 let Some(fresh) = self.node.read(&self.shared.client).await? else {
-                    return Ok(HookEnd::NodeGone);
+                    return Ok(StepEnd::NodeGone);
                 };
                 waiting = hooks::pending(&fresh, stage);
                 if waiting.is_empty() {
-                    return Ok(HookEnd::Done);
+                    return Ok(StepEnd::Done);
                 }
             }
             let names = waiting.join(", ");
@@ -379,7 +379,7 @@ impl NodeTermination {
                         timeout.as_secs()
                     ),
                 );
-                return Ok(HookEnd::Done);
+                return Ok(StepEnd::Done);
             }
             let message = format!(
                 "Waiting for {} hook(s) {names}: each is released by removing its annotation {}<name>",
@@ -394,14 +394,9 @@ impl NodeTermination {
             );
             self.condition(stage.reason(), message);
             tokio::select! {
-                () = stop.cancelled() => return Ok(HookEnd::Stopped),
-                changed = wake.changed() => if changed.is_err() { return Ok(HookEnd::Stopped) },
-                () = async {
-                    match deadline {
-                        Some(deadline) => tokio::time::sleep_until(deadline).await,
-                        None => std::future::pending().await,
-                    }
-                } => {}
+                () = stop.cancelled() => return Ok(StepEnd::Stopped),
+                changed = wake.changed() => if changed.is_err() { return Ok(StepEnd::Stopped) },
+                    () = nodegrace_core::controller::sleep_until_or_forever(deadline) => {}
             }
         }
     }
@@ -581,17 +576,14 @@ impl NodeTermination {
     /// in progress, then waits for it to be gone. The machine is the one the deleted Node
     /// object names, read fresh before every request: once that object is gone (its finalizer
     /// removed by someone else) or replaced by a namesake, nothing more is sent.
-    async fn terminate_instance(
-        &mut self,
-        stop: &CancellationToken,
-    ) -> Result<MachineEnd, StepError> {
+    async fn terminate_instance(&mut self, stop: &CancellationToken) -> Result<StepEnd, StepError> {
         let Some(provider) = self.shared.provider.clone() else {
-            return Ok(MachineEnd::Terminated);
+            return Ok(StepEnd::Done);
         };
         let mut polls = 0;
         loop {
             let Some(node) = self.node.read(&self.shared.client).await? else {
-                return Ok(MachineEnd::NodeGone);
+                return Ok(StepEnd::NodeGone);
             };
             let id = match ProviderId::of(&node) {
                 Ok(id) => id,
@@ -605,7 +597,7 @@ impl NodeTermination {
                     self.condition("TerminatingInstance", error.to_string());
                     polls += 1;
                     tokio::select! {
-                        () = stop.cancelled() => return Ok(MachineEnd::Stopped),
+                        () = stop.cancelled() => return Ok(StepEnd::Stopped),
                         () = tokio::time::sleep(PROVIDER_POLL.delay(polls)) => {}
                     }
                     continue;
@@ -623,7 +615,7 @@ impl NodeTermination {
                         "InstanceTerminated",
                         format!("Machine {id} is terminated"),
                     );
-                    return Ok(MachineEnd::Terminated);
+                    return Ok(StepEnd::Done);
                 }
                 Ok(_) => {
                     let requested = requested_at(&node);
@@ -635,7 +627,7 @@ impl NodeTermination {
                         match provider.terminate(&id).await {
                             Ok(()) => {
                                 if self.mark_requested().await? == Updated::Gone {
-                                    return Ok(MachineEnd::NodeGone);
+                                    return Ok(StepEnd::NodeGone);
                                 }
                             }
                             Err(error) => self.provider_failed(&error),
@@ -651,7 +643,7 @@ impl NodeTermination {
             }
             polls += 1;
             tokio::select! {
-                () = stop.cancelled() => return Ok(MachineEnd::Stopped),
+                () = stop.cancelled() => return Ok(StepEnd::Stopped),
                 () = tokio::time::sleep(PROVIDER_POLL.delay(polls)) => {}
             }
         }
@@ -697,18 +689,22 @@ enum DrainEnd {
     NodeGone,
 }
 
-/// How a wait for hooks ended.
-enum HookEnd {
+/// How a step that may outlast the task ended (a wait for hooks, the machine's end).
+enum StepEnd {
     Done,
     Stopped,
     NodeGone,
 }
 
-/// How the machine step ended.
-enum MachineEnd {
-    Terminated,
-    Stopped,
-    NodeGone,
+impl StepEnd {
+    /// How the termination ends here, unless the step is done and it goes on.
+    fn finished(self) -> Option<Finished> {
+        match self {
+            Self::Done => None,
+            Self::Stopped => Some(Finished::Stopped),
+            Self::NodeGone => Some(Finished::Released),
+        }
+    }
 }
 
 /// Removes our finalizer from this Node object by an update carrying its UID and the
