@@ -296,3 +296,50 @@ async fn a_window_in_the_skipped_spring_hour_opens_after_the_gap() -> Result<()>
     );
     Ok(())
 }
+
+/// The window's count lives in the budget's status, not in the controller: a controller
+/// restarted inside the window does not start a second disruption the cap has spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_keeps_the_windows_count() -> Result<()> {
+    let sim = sim(3).await?;
+    let client = sim.client();
+    ndb(
+        &client,
+        NIGHTLY,
+        json!({
+            "selector": {"matchLabels": {"kubernetes.io/os": "linux"}},
+            "maxUnavailable": 2,
+            "windows": [{"schedule": "0 2 * * *", "duration": "1h"}],
+            "maxPerWindow": 1,
+        }),
+    )
+    .await?;
+    // Holds node-1's drain open, so its grant is still in use across the restart.
+    create(&client, json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "batch", "namespace": "default", "labels": {"nodegrace.io/do-not-evict": "true"}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "app"}]}})).await?;
+    let clock = ManualClock::at("2026-11-30T02:10:00Z".parse()?);
+    let first = controller_with_clock(sim.kubeconfig_path(), &[], Arc::new(clock.clone())).await?;
+    finalizer_on_every_node(&client, 3).await?;
+    delete_node(&client, "node-1").await?;
+    wait_for("node-1 cordoned in the window", || {
+        is_cordoned(&client, "node-1")
+    })
+    .await?;
+    first.stop().await?;
+
+    let _second =
+        controller_with_clock(sim.kubeconfig_path(), &[], Arc::new(clock.clone())).await?;
+    delete_node(&client, "node-2").await?;
+    waits_with(
+        &client,
+        "node-2",
+        "the 1 disruption(s) its maintenance window allows have started",
+    )
+    .await?;
+    ensure!(
+        !is_cordoned(&client, "node-2").await?,
+        "the restarted controller started no second disruption"
+    );
+    Ok(())
+}
