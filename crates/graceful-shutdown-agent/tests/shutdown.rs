@@ -608,11 +608,19 @@ async fn a_cancelled_shutdown_unmarks_the_node_and_retakes_the_inhibitor() -> Re
         },
     )
     .await?;
-    let reasons = event_reasons(&cluster).await?;
-    ensure!(
-        reasons.iter().any(|r| r == "ShutdownCancelled"),
-        "{reasons:?}"
-    );
+    // The Event is written after the conditions (the reporter keeps their order), so it may
+    // land a moment after the node looks unmarked.
+    wait_for(
+        "the ShutdownCancelled Event",
+        Duration::from_secs(10),
+        || async {
+            Ok(event_reasons(&cluster)
+                .await?
+                .iter()
+                .any(|r| r == "ShutdownCancelled"))
+        },
+    )
+    .await?;
     ensure!(
         logind
             .list_inhibitors()
