@@ -89,6 +89,18 @@ pub struct CommonArgs<const ADMIN_PORT: u16> {
     pub admin: AdminArgs<ADMIN_PORT>,
 }
 
+/// The options of a cluster-wide controller: the common ones, leader election, and who
+/// answers for the machines.
+#[derive(Debug, Clone, Args)]
+pub struct ControllerArgs<const ADMIN_PORT: u16> {
+    #[command(flatten)]
+    pub common: CommonArgs<ADMIN_PORT>,
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    #[command(flatten)]
+    pub instances: InstanceArgs,
+}
+
 /// For the node agents: where logind is.
 #[derive(Debug, Clone, Default, Args)]
 pub struct LogindArgs {

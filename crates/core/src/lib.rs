@@ -7,6 +7,7 @@
 //! docs/core.md says what each piece decides for every program.
 
 pub mod admin;
+pub mod assembly;
 pub mod cli;
 pub mod clock;
 pub mod config_file;

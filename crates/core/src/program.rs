@@ -13,9 +13,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Readiness};
-use clap::{Args as _, FromArgMatches as _};
-
-use crate::cli::{CommonArgs, LeaderArgs, LogArgs};
+use crate::cli::LogArgs;
 use crate::error_chain::{Chain, exit_code};
 use crate::{signals, telemetry};
 
@@ -85,43 +83,6 @@ impl<E: From<tokio::task::JoinError>> Started<E> {
         self.finished.await?
     }
 }
-
-/// The options of a cluster-wide controller: the common ones and leader election.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ControllerArgs<const ADMIN_PORT: u16> {
-    #[command(flatten)]
-    pub common: CommonArgs<ADMIN_PORT>,
-    #[command(flatten)]
-    pub leader: LeaderArgs,
-}
-
-/// `main` of a controller whose behaviour has not landed yet: its options are parsed and
-/// checked (so charts and scripts can be written against them), then it stops with a clear
-/// message instead of pretending to work.
-pub fn not_yet_implemented_main<const ADMIN_PORT: u16>(
-    program: &'static str,
-    about: &'static str,
-) -> ExitCode {
-    // The struct's doc comment would become the about text; the program's own goes last.
-    let command = ControllerArgs::<ADMIN_PORT>::augment_args(
-        clap::Command::new(program).version(env!("CARGO_PKG_VERSION")),
-    )
-    .about(about);
-    let args = match ControllerArgs::<ADMIN_PORT>::from_arg_matches(&command.get_matches()) {
-        Ok(args) => args,
-        Err(error) => error.exit(),
-    };
-    if let Err(error) = telemetry::init_tracing(&args.common.log) {
-        return exit_code::<Box<dyn Error>>(Err(error.into()));
-    }
-    let election = args.leader.config(program);
-    tracing::debug!(?args, ?election, "parsed options");
-    exit_code::<Box<dyn Error>>(Err(NotYetImplemented(program).into()))
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0} is not implemented in this build yet (its component issue)")]
-pub struct NotYetImplemented(&'static str);
 
 pub type TaskError = Box<dyn Error + Send + Sync + 'static>;
 
@@ -201,13 +162,6 @@ mod tests {
             Ok(())
         }
         .boxed()
-    }
-
-    #[test]
-    fn controller_options_read_their_nodegrace_variables() {
-        use clap::Args as _;
-        let command = ControllerArgs::<9999>::augment_args(clap::Command::new("c"));
-        crate::testing::check_env_follows_flags(&command).unwrap();
     }
 
     #[tokio::test]

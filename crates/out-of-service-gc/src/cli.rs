@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, InstanceArgs, LeaderArgs, duration_flag, ports};
+use nodegrace_core::cli::{ControllerArgs, duration_flag, ports};
 
 /// The API rate limit is higher than the other programs': a node of 110 pods needs about 230
 /// writes (a status patch and a delete per pod, the node read before them), and the point of
@@ -19,11 +19,7 @@ use nodegrace_core::cli::{CommonArgs, InstanceArgs, LeaderArgs, duration_flag, p
 )]
 pub struct Args {
     #[command(flatten)]
-    pub common: CommonArgs<{ ports::OUT_OF_SERVICE_GC }>,
-    #[command(flatten)]
-    pub leader: LeaderArgs,
-    #[command(flatten)]
-    pub instances: InstanceArgs,
+    pub controller: ControllerArgs<{ ports::OUT_OF_SERVICE_GC }>,
     /// Refuse to act on a node whose Lease in kube-node-lease this controller saw renewed
     /// within --liveness-guard-window (by its own clock): it is partitioned or rebooting, not
     /// shut down.

@@ -4,12 +4,14 @@
 //! Watches report *which* object changed, so the loop never rescans thousands of nodes.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
+use nodegrace_core::assembly::Lead;
 use nodegrace_core::controller::{Backoff, Dirty};
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::events::EventReport;
@@ -42,6 +44,12 @@ pub struct Controller {
 
 struct Worker {
     poke: watch::Sender<()>,
+}
+
+impl Lead for Controller {
+    fn lead(&self, acting: CancellationToken) -> impl Future<Output = ()> + Send {
+        self.run(acting)
+    }
 }
 
 impl Controller {

@@ -10,17 +10,13 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::runtime::watcher;
-use nodegrace_core::admin::{Readiness, ReadinessGate};
-use nodegrace_core::cli::CommonArgs;
+use nodegrace_core::admin::ReadinessGate;
+use nodegrace_core::assembly::Frame;
 use nodegrace_core::clock::{Clock, SystemClock};
 use nodegrace_core::controller::Backoff;
-use nodegrace_core::controller::Dirty;
 use nodegrace_core::k8s::client;
-use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
-use nodegrace_core::leader::run_elected;
-use nodegrace_core::program::{self, Started};
-use nodegrace_core::telemetry::ProgramRegistry;
+use nodegrace_core::program::Started;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{NodeDisruptionBudget, NodeDrainRule};
@@ -166,6 +162,14 @@ fn trim_ndb(budget: &mut NodeDisruptionBudget) {
     budget.metadata.managed_fields = None;
 }
 
+/// Only the labels matter (the rules' namespace selectors).
+fn trim_namespace(namespace: &mut Namespace) {
+    namespace.metadata.managed_fields = None;
+    namespace.metadata.annotations = None;
+    namespace.spec = None;
+    namespace.status = None;
+}
+
 /// The NodeDrainRules, watched; none when the cluster does not serve the kind (`helm upgrade`
 /// does not add a chart's new CRD), with a warning saying how to add it.
 async fn drain_rules(client: &kube::Client) -> Watched<NodeDrainRule> {
@@ -203,13 +207,7 @@ pub async fn start_with_clock(
     // Every option is used here: a new flag that nothing reads does not compile.
     let Args {
         command: _,
-        common: CommonArgs {
-            kube,
-            log: _,
-            admin,
-        },
-        leader,
-        instances,
+        controller,
         node_selector,
         eviction_qps,
         eviction_burst,
@@ -266,12 +264,8 @@ pub async fn start_with_clock(
         stuck_terminating_after,
         not_ready_max_fraction,
     };
-    let election = leader.config(PROGRAM);
-    let mut registry = ProgramRegistry::new(PROGRAM);
-    let metrics = Metrics::register(&mut registry);
-    let registry = registry.into_registry();
-    let readiness = Readiness::new();
-    let synced = readiness.gate("caches-synced");
+    let mut frame = Frame::new(PROGRAM, controller);
+    let metrics = Metrics::register(frame.registry());
     // Bound now, so a port in use fails the start rather than the first review.
     let webhook = match webhook {
         Some((listen, mode, source)) => {
@@ -279,90 +273,32 @@ pub async fn start_with_clock(
                 .await
                 .with_context(|| format!("listen on --webhook-listen {listen}"))?;
             tracing::info!(address = %listener.local_addr()?, mode = mode.as_str(), "webhook listening");
-            Some((
-                listener,
-                mode,
-                source,
-                readiness.gate("webhook-certificate"),
-            ))
+            Some((listener, mode, source, frame.gate("webhook-certificate")))
         }
         None => None,
     };
-    let started = program::start(admin.admin_listen, registry, readiness, async move {
-        let client = client::client(&kube, PROGRAM)
-            .await
-            .context("build the Kubernetes client")?;
-        let evictions = client::client_without_retries(&kube, PROGRAM)
-            .await
-            .context("build the Kubernetes client")?;
-        let provider = instances
-            .provider(&client)
-            .context("invalid instance provider options")?;
-        // Events and conditions go through a client of their own, so reporting never takes a
-        // place in line from an eviction.
-        let reporting = client::client(&kube, PROGRAM)
-            .await
-            .context("build the Kubernetes client")?;
-        let identity = election
-            .as_ref()
-            .map_or_else(|| PROGRAM.to_owned(), |config| config.identity.clone());
-        let (reporter, flushed) = Reporter::start(ApiSink::new(reporting, PROGRAM, &identity));
-        let dirty = Arc::new(Dirty::default());
-        let nodes = {
-            let dirty = Arc::clone(&dirty);
-            Watched::start_observed(
-                Api::<Node>::all(client.clone()),
-                watcher::Config::default(),
-                WatchCounters::default(),
-                trim_node,
-                move |node: &Node| dirty.mark(node.metadata.name.as_deref().unwrap_or_default()),
-            )
+    let started = frame.start(stop, move |cluster| async move {
+        let evictions = cluster.client_without_retries().await?;
+        let nodes = cluster.watch_nodes(trim_node);
+        let ndbs = cluster.watch_all(trim_ndb);
+        let pdbs = cluster.watch_all(trim_budget);
+        let drain_rules = drain_rules(&cluster.client).await;
+        let namespaces = cluster.watch_all(trim_namespace);
+        let attachments = cluster.watch_all(trim_attachment);
+        let caches = async {
+            nodes.synced().await?;
+            ndbs.synced().await?;
+            pdbs.synced().await?;
+            drain_rules.synced().await?;
+            namespaces.synced().await?;
+            attachments.synced().await
         };
-        let ndbs = Watched::start_trimmed(
-            Api::<NodeDisruptionBudget>::all(client.clone()),
-            watcher::Config::default(),
-            WatchCounters::default(),
-            trim_ndb,
-        );
-        let pdbs = Watched::start_trimmed(
-            Api::<PodDisruptionBudget>::all(client.clone()),
-            watcher::Config::default(),
-            WatchCounters::default(),
-            trim_budget,
-        );
-        let drain_rules = drain_rules(&client).await;
-        // Only the labels matter (the rules' namespace selectors).
-        let namespaces = Watched::start_trimmed(
-            Api::<Namespace>::all(client.clone()),
-            watcher::Config::default(),
-            WatchCounters::default(),
-            |namespace: &mut Namespace| {
-                namespace.metadata.managed_fields = None;
-                namespace.metadata.annotations = None;
-                namespace.spec = None;
-                namespace.status = None;
-            },
-        );
-        let attachments = Watched::start_trimmed(
-            Api::<VolumeAttachment>::all(client.clone()),
-            watcher::Config::default(),
-            WatchCounters::default(),
-            trim_attachment,
-        );
-        tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            synced = async {
-                nodes.synced().await?;
-                ndbs.synced().await?;
-                pdbs.synced().await?;
-                drain_rules.synced().await?;
-                namespaces.synced().await?;
-                attachments.synced().await
-            } => {
-                synced.context("watch nodes, NodeDisruptionBudgets, PodDisruptionBudgets, NodeDrainRules, namespaces and VolumeAttachments")?;
-            }
+        let what = "nodes, NodeDisruptionBudgets, PodDisruptionBudgets, NodeDrainRules, \
+                    namespaces and VolumeAttachments";
+        if !cluster.synced(what, caches).await? {
+            return Ok(());
         }
-        synced.set(true);
+        let client = cluster.client.clone();
         let budgets = Budgets {
             api: Api::all(client.clone()),
             cache: ndbs,
@@ -377,21 +313,15 @@ pub async fn start_with_clock(
                 budgets: budgets.clone(),
                 metrics: metrics.clone(),
             });
-            serve_webhook(
-                client.clone(),
-                listener,
-                admission,
-                source,
-                loaded,
-                stop.clone(),
-            )
+            let stop = cluster.stop.clone();
+            serve_webhook(client.clone(), listener, admission, source, loaded, stop)
         });
         let controller = Controller {
             shared: Arc::new(Shared {
-                client: client.clone(),
+                client,
                 evictions,
                 eviction_limiter,
-                reporter,
+                reporter: cluster.reporter.clone(),
                 metrics,
                 settings,
                 budgets,
@@ -399,31 +329,17 @@ pub async fn start_with_clock(
                 drain_rules,
                 namespaces,
                 attachments,
-                provider,
+                provider: cluster.provider.clone(),
                 waiting: std::sync::RwLock::default(),
             }),
-            dirty,
+            dirty: Arc::clone(&cluster.dirty),
         };
-        // The election on a client of its own: a busy controller's own rate limit must
-        // never delay a renewal past the renew deadline.
-        let electing = client::client(&kube, PROGRAM)
-            .await
-            .context("build the Kubernetes client")?;
-        let elected = run_elected(electing, election.as_ref(), &stop, |acting| {
-            controller.run(acting)
-        });
-        let result = match webhook {
-            None => elected.await.context("leader election"),
-            Some(webhook) => tokio::select! {
-                result = elected => result.context("leader election"),
-                result = webhook => result.context("webhook"),
-            },
-        };
-        drop(controller);
-        flushed.wait().await;
-        result
+        match webhook {
+            Some(webhook) => cluster.lead_beside(controller, webhook).await,
+            None => Ok(cluster.lead(controller).await?),
+        }
     });
-    Box::pin(started).await.context("start the admin server")
+    Ok(started.await?)
 }
 
 /// Serves the webhook once its certificate is loaded, keeping the certificate current.

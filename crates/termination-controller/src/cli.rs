@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use nodegrace_core::cli::{CommonArgs, InstanceArgs, KubeArgs, LeaderArgs, duration_flag, ports};
+use nodegrace_core::cli::{ControllerArgs, KubeArgs, duration_flag, ports};
 use nodegrace_core::k8s::selectors::parse_selector;
 
 use crate::webhook::admit::Mode;
@@ -25,11 +25,7 @@ pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
     #[command(flatten)]
-    pub common: CommonArgs<{ ports::TERMINATION_CONTROLLER }>,
-    #[command(flatten)]
-    pub leader: LeaderArgs,
-    #[command(flatten)]
-    pub instances: InstanceArgs,
+    pub controller: ControllerArgs<{ ports::TERMINATION_CONTROLLER }>,
     /// The nodes this controller manages (kubectl's -l syntax, e.g. "pool=batch,!gpu"); the
     /// empty default manages every node.
     #[arg(long, env = "NODEGRACE_NODE_SELECTOR", default_value = "", value_parser = parse_selector)]

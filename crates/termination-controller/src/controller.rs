@@ -4,6 +4,7 @@
 //! the loop never rescans the cluster for one change.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{DeleteParams, Preconditions};
+use nodegrace_core::assembly::Lead;
 use nodegrace_core::controller::Dirty;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::api_errors::status_code;
@@ -40,6 +42,12 @@ const STATUS_REFRESH_PAUSE: Duration = Duration::from_millis(200);
 pub struct Controller {
     pub shared: Arc<Shared>,
     pub dirty: Arc<Dirty>,
+}
+
+impl Lead for Controller {
+    fn lead(&self, acting: CancellationToken) -> impl Future<Output = ()> + Send {
+        self.run(acting)
+    }
 }
 
 impl Controller {
