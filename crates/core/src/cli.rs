@@ -89,6 +89,17 @@ pub struct CommonArgs<const ADMIN_PORT: u16> {
     pub admin: AdminArgs<ADMIN_PORT>,
 }
 
+/// The options of a node agent: the common ones, the node it runs on, and where logind is.
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs<const ADMIN_PORT: u16> {
+    #[command(flatten)]
+    pub common: CommonArgs<ADMIN_PORT>,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub logind: LogindArgs,
+}
+
 /// The options of a cluster-wide controller: the common ones, leader election, and who
 /// answers for the machines.
 #[derive(Debug, Clone, Args)]

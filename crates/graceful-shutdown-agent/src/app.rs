@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use nodegrace_core::admin::{Readiness, ReadinessGate};
-use nodegrace_core::cli::{CommonArgs, KubeArgs, NodeArgs};
+use nodegrace_core::cli::{AgentArgs, CommonArgs, KubeArgs, NodeArgs};
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
@@ -44,7 +44,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
     let registry = registry.into_registry();
     let readiness = Readiness::new();
     let inhibitor_gate = readiness.gate("logind-inhibitor");
-    let listen = args.common.admin.admin_listen;
+    let listen = args.agent.common.admin.admin_listen;
     let work = async move {
         if plan.is_disabled() {
             tracing::info!(
@@ -71,13 +71,17 @@ async fn run_agent(
 ) -> Result<()> {
     // Every option is used here or in `start`: a new flag that nothing reads does not compile.
     let Args {
-        common: CommonArgs {
-            kube,
-            log: _,
-            admin: _,
-        },
-        node: NodeArgs { node_name: node },
-        logind,
+        agent:
+            AgentArgs {
+                common:
+                    CommonArgs {
+                        kube,
+                        log: _,
+                        admin: _,
+                    },
+                node: NodeArgs { node_name: node },
+                logind,
+            },
         config: _,
         shutdown_grace_period: _,
         shutdown_grace_period_critical_pods: _,

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, LogindArgs, NodeArgs, duration_flag, ports};
+use nodegrace_core::cli::{AgentArgs, duration_flag, ports};
 
 use crate::config::{PriorityPeriod, ShutdownSettings, parse_priority_flag};
 
@@ -15,11 +15,7 @@ use crate::config::{PriorityPeriod, ShutdownSettings, parse_priority_flag};
 )]
 pub struct Args {
     #[command(flatten)]
-    pub common: CommonArgs<{ ports::GRACEFUL_SHUTDOWN_AGENT }>,
-    #[command(flatten)]
-    pub node: NodeArgs,
-    #[command(flatten)]
-    pub logind: LogindArgs,
+    pub agent: AgentArgs<{ ports::GRACEFUL_SHUTDOWN_AGENT }>,
 
     /// YAML file with KubeletConfiguration's shutdown fields (shutdownGracePeriod,
     /// shutdownGracePeriodCriticalPods, shutdownGracePeriodByPodPriority).

@@ -20,17 +20,13 @@ pub struct PriorityPeriod {
 }
 
 /// The settings as written, before validation. Field names match KubeletConfiguration, so the
-/// lines can be copied from a kubelet config; `apiVersion` and `kind` are accepted and ignored.
+/// lines can be copied from a kubelet config (its `apiVersion` and `kind` are ignored).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ShutdownSettings {
     pub shutdown_grace_period: Option<String>,
     pub shutdown_grace_period_critical_pods: Option<String>,
     pub shutdown_grace_period_by_pod_priority: Option<Vec<PriorityPeriod>>,
-    #[serde(default, rename = "apiVersion")]
-    api_version: Option<String>,
-    #[serde(default)]
-    kind: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,8 +66,6 @@ impl ShutdownSettings {
             shutdown_grace_period_by_pod_priority: overrides
                 .shutdown_grace_period_by_pod_priority
                 .or(self.shutdown_grace_period_by_pod_priority),
-            api_version: self.api_version,
-            kind: self.kind,
         }
     }
 
@@ -85,7 +79,6 @@ impl ShutdownSettings {
             shutdown_grace_period: total,
             shutdown_grace_period_critical_pods: critical,
             shutdown_grace_period_by_pod_priority: by_priority,
-            ..Self::default()
         }
     }
 

@@ -3,5 +3,5 @@ use std::process::ExitCode;
 use graceful_shutdown_agent::{app, cli::Args};
 
 fn main() -> ExitCode {
-    nodegrace_core::program::main(|args: &Args| &args.common.log, app::run)
+    nodegrace_core::program::main(|args: &Args| &args.agent.common.log, app::run)
 }

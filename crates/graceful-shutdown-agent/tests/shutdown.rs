@@ -216,7 +216,7 @@ async fn start_agent_with_state(
     let mut args = args;
     if let Some(extra) = extra {
         // elogind cannot be made to send some events; they are merged into the real ones.
-        args.logind.instead_of_bus = Some(WithExtraEvents::wrap(
+        args.agent.logind.instead_of_bus = Some(WithExtraEvents::wrap(
             Arc::new(Logind::connect_to(logind.bus_address()).await?),
             extra,
         ));

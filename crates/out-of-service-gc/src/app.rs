@@ -8,6 +8,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::runtime::watcher;
 use nodegrace_core::assembly::Frame;
+use nodegrace_core::k8s::nodes;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use nodegrace_core::program::Started;
 use tokio_util::sync::CancellationToken;
@@ -28,16 +29,10 @@ pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
     start(args, stop).await?.wait().await
 }
 
+/// Labels too: this controller selects no node by them.
 fn trim_node(node: &mut Node) {
-    node.metadata.managed_fields = None;
+    nodes::trim_for_cache(node);
     node.metadata.labels = None;
-    if let Some(status) = node.status.as_mut() {
-        status.images = None;
-        status.volumes_in_use = None;
-        status.volumes_attached = None;
-        status.node_info = None;
-        status.addresses = None;
-    }
 }
 
 fn trim_attachment(attachment: &mut VolumeAttachment) {

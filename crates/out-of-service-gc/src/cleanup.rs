@@ -17,7 +17,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use nodegrace_core::k8s::api_errors::{ApiErrorClass, classify_delete, status_code};
-use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::events::{EventReport, object_reference};
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::pods::is_terminal;
 use nodegrace_core::k8s::reporter::{ConditionGuard, Reporter};
@@ -534,7 +534,7 @@ impl NodeCleanup {
                 self.shared.metrics.pods_force_deleted.inc();
                 tracing::info!(node = %self.node, pod = %format!("{namespace}/{name}"), %uid, "force-deleted");
                 self.reporter().event(EventReport::warning(
-                    pod_reference(pod),
+                    object_reference(pod),
                     "ForceDeleted",
                     ACTION,
                     format!(
@@ -580,7 +580,7 @@ impl NodeCleanup {
         let finalizers = pod.finalizers().join(", ");
         tracing::info!(node = %self.node, pod = %format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()), %finalizers, "force-deleted, held by finalizers");
         self.reporter().event(EventReport::normal(
-            pod_reference(pod),
+            object_reference(pod),
             "ForceDeletedHeldByFinalizers",
             ACTION,
             format!(
@@ -778,16 +778,5 @@ fn describe(taint: &Taint) -> String {
     match taint.value.as_deref() {
         Some(value) if !value.is_empty() => format!("{}={value}:{}", taint.key, taint.effect),
         _ => format!("{}:{}", taint.key, taint.effect),
-    }
-}
-
-fn pod_reference(pod: &Pod) -> k8s_openapi::api::core::v1::ObjectReference {
-    k8s_openapi::api::core::v1::ObjectReference {
-        api_version: Some("v1".to_owned()),
-        kind: Some("Pod".to_owned()),
-        name: pod.metadata.name.clone(),
-        namespace: pod.metadata.namespace.clone(),
-        uid: pod.metadata.uid.clone(),
-        ..Default::default()
     }
 }

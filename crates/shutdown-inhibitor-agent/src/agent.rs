@@ -7,12 +7,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use nodegrace_core::admin::ReadinessGate;
 use nodegrace_core::error_chain::Chain;
-use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::events::{EventReport, object_reference};
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::reporter::{ConditionGuard, Reporter};
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
@@ -63,17 +62,6 @@ struct State {
     warned_incomplete: HashSet<(String, String)>,
     /// Root's shutdown requests go through a block lock on this node's logind.
     root_passes: bool,
-}
-
-fn lease_reference(lease: &Lease) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("coordination.k8s.io/v1".into()),
-        kind: Some("Lease".into()),
-        name: lease.metadata.name.clone(),
-        namespace: lease.metadata.namespace.clone(),
-        uid: lease.metadata.uid.clone(),
-        ..ObjectReference::default()
-    }
 }
 
 type Leases = Watched<Lease>;
@@ -250,7 +238,7 @@ impl Agent {
                         "Lease has holder {holder:?} but no acquireTime; it does not block shutdown until acquireTime is set"
                     );
                     self.reporter.event(EventReport::warning(
-                        lease_reference(lease),
+                        object_reference(lease.as_ref()),
                         "IncompleteLease",
                         ACTION,
                         note,
@@ -281,7 +269,7 @@ impl Agent {
             );
             if let Some(lease) = lease_of(&holder) {
                 self.reporter.event(EventReport::warning(
-                    lease_reference(&lease),
+                    object_reference(lease.as_ref()),
                     "LeaseAcquireTimeInFuture",
                     ACTION,
                     note,
@@ -296,7 +284,7 @@ impl Agent {
             );
             if let Some(lease) = lease_of(&holder) {
                 self.reporter.event(EventReport::warning(
-                    lease_reference(&lease),
+                    object_reference(lease.as_ref()),
                     "ShutdownInhibitedTooLong",
                     ACTION,
                     note.clone(),

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use nodegrace_core::admin::Readiness;
-use nodegrace_core::cli::{CommonArgs, NodeArgs};
+use nodegrace_core::cli::{AgentArgs, CommonArgs, NodeArgs};
 use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::node_reference;
@@ -31,13 +31,7 @@ pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
 pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow::Error>> {
     // Every option is used here: a new flag that nothing reads does not compile.
     let Args {
-        common: CommonArgs {
-            kube,
-            log: _,
-            admin,
-        },
-        node: NodeArgs { node_name: node },
-        logind,
+        agent,
         enabled,
         inhibit_what,
         lease_namespaces,
@@ -45,6 +39,16 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         config,
         alert_timeout: alert_timeout_flag,
     } = args;
+    let AgentArgs {
+        common,
+        node: NodeArgs { node_name: node },
+        logind,
+    } = agent;
+    let CommonArgs {
+        kube,
+        log: _,
+        admin,
+    } = common;
     let scope = Scope {
         namespaces: lease_namespaces
             .into_iter()

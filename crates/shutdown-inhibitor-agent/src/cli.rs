@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use nodegrace_core::cli::{CommonArgs, LogindArgs, NodeArgs, duration_flag, ports};
+use nodegrace_core::cli::{AgentArgs, duration_flag, ports};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -14,11 +14,7 @@ use nodegrace_core::cli::{CommonArgs, LogindArgs, NodeArgs, duration_flag, ports
 )]
 pub struct Args {
     #[command(flatten)]
-    pub common: CommonArgs<{ ports::SHUTDOWN_INHIBITOR_AGENT }>,
-    #[command(flatten)]
-    pub node: NodeArgs,
-    #[command(flatten)]
-    pub logind: LogindArgs,
+    pub agent: AgentArgs<{ ports::SHUTDOWN_INHIBITOR_AGENT }>,
     /// Off: hold nothing, report not ready (the chart can be installed disabled).
     #[arg(long, env = "NODEGRACE_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
     pub enabled: bool,

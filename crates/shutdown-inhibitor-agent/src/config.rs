@@ -8,27 +8,18 @@ use nodegrace_core::config_file::{ConfigFileError, read_yaml};
 use nodegrace_core::duration::parse_go_duration;
 use serde::Deserialize;
 
-/// The file as written; `apiVersion` and `kind` are accepted and ignored.
+/// The file as written (a kubelet config's `apiVersion` and `kind` are ignored).
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct InhibitorConfig {
     shutdown_inhibitor_alert_timeout: Option<String>,
-    #[serde(default, rename = "apiVersion")]
-    _api_version: Option<String>,
-    #[serde(default, rename = "kind")]
-    _kind: Option<String>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error(transparent)]
-    File(#[from] ConfigFileError),
-    #[error("config file {path}: shutdownInhibitorAlertTimeout: {problem}")]
-    Invalid { path: String, problem: String },
 }
 
 /// The alert timeout in force: the flag if given, else the file's field, else 0 (off).
-pub fn alert_timeout(file: Option<&Path>, flag: Option<Duration>) -> Result<Duration, ConfigError> {
+pub fn alert_timeout(
+    file: Option<&Path>,
+    flag: Option<Duration>,
+) -> Result<Duration, ConfigFileError> {
     if let Some(timeout) = flag {
         return Ok(timeout);
     }
@@ -39,8 +30,9 @@ pub fn alert_timeout(file: Option<&Path>, flag: Option<Duration>) -> Result<Dura
     config
         .shutdown_inhibitor_alert_timeout
         .map_or(Ok(Duration::ZERO), |text| {
-            parse_go_duration(&text).map_err(|error| ConfigError::Invalid {
+            parse_go_duration(&text).map_err(|error| ConfigFileError::Invalid {
                 path: path.display().to_string(),
+                field: "shutdownInhibitorAlertTimeout",
                 problem: error.to_string(),
             })
         })

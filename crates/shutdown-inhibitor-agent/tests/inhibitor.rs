@@ -518,7 +518,7 @@ async fn not_ready_while_logind_is_gone_or_refuses_a_needed_block() -> Result<()
         "--admin-listen=127.0.0.1:0".to_owned(),
     ])?;
     let logind = FakeLogind::new(Duration::from_secs(5));
-    args.logind.instead_of_bus = Some(logind.shared());
+    args.agent.logind.instead_of_bus = Some(logind.shared());
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
     let agent = app::start(args, stop).await?;

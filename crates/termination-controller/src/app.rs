@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use governor::{Quota, RateLimiter};
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
@@ -14,8 +14,8 @@ use nodegrace_core::admin::ReadinessGate;
 use nodegrace_core::assembly::Frame;
 use nodegrace_core::clock::{Clock, SystemClock};
 use nodegrace_core::controller::Backoff;
-use nodegrace_core::k8s::client;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
+use nodegrace_core::k8s::{client, nodes};
 use nodegrace_core::program::Started;
 use tokio_util::sync::CancellationToken;
 
@@ -129,20 +129,6 @@ fn webhook_settings(
             issuing,
         },
     )))
-}
-
-fn trim_node(node: &mut Node) {
-    node.metadata.managed_fields = None;
-    if let Some(status) = node.status.as_mut() {
-        status.images = None;
-        status.volumes_in_use = None;
-        status.volumes_attached = None;
-        status.node_info = None;
-        status.addresses = None;
-        status.capacity = None;
-        status.allocatable = None;
-        status.daemon_endpoints = None;
-    }
 }
 
 fn trim_budget(pdb: &mut PodDisruptionBudget) {
@@ -279,7 +265,7 @@ pub async fn start_with_clock(
     };
     let started = frame.start(stop, move |cluster| async move {
         let evictions = cluster.client_without_retries().await?;
-        let nodes = cluster.watch_nodes(trim_node);
+        let nodes = cluster.watch_nodes(nodes::trim_for_cache);
         let ndbs = cluster.watch_all(trim_ndb);
         let pdbs = cluster.watch_all(trim_budget);
         let drain_rules = drain_rules(&cluster.client).await;

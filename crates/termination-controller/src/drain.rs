@@ -12,7 +12,7 @@ use kube::Api;
 use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
 use kube::runtime::watcher;
 use nodegrace_core::k8s::api_errors::status_code;
-use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::events::{EventReport, object_reference};
 use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::selectors::pdbs_for_pod;
@@ -503,7 +503,7 @@ impl Drain {
                     .get_or_create(&ReasonLabel { reason: "evicted" })
                     .inc();
                 self.shared.reporter.event(EventReport::normal(
-                    pod_reference(&pod),
+                    object_reference(pod.as_ref()),
                     "Evicted",
                     "Evict",
                     format!("Evicted: node {} is being terminated", self.node.name()),
@@ -519,7 +519,7 @@ impl Drain {
                     pod_key(&pod)
                 );
                 self.shared.reporter.event(EventReport::warning(
-                    pod_reference(&pod),
+                    object_reference(pod.as_ref()),
                     "EvictionBlocked",
                     "Evict",
                     note.clone(),
@@ -540,7 +540,7 @@ impl Drain {
                     crate::queues::MISCONFIGURED_RETRY.as_secs()
                 );
                 self.shared.reporter.event(EventReport::warning(
-                    pod_reference(&pod),
+                    object_reference(pod.as_ref()),
                     "EvictionMisconfigured",
                     "Evict",
                     note.clone(),
@@ -643,17 +643,6 @@ enum Step {
         waiting: Waiting,
         timer: Option<Instant>,
     },
-}
-
-pub fn pod_reference(pod: &Pod) -> k8s_openapi::api::core::v1::ObjectReference {
-    k8s_openapi::api::core::v1::ObjectReference {
-        api_version: Some("v1".to_owned()),
-        kind: Some("Pod".to_owned()),
-        name: pod.metadata.name.clone(),
-        namespace: pod.metadata.namespace.clone(),
-        uid: pod.metadata.uid.clone(),
-        ..Default::default()
-    }
 }
 
 fn preconditions(pod: &Pod) -> Preconditions {
@@ -763,7 +752,7 @@ async fn delete_now(shared: &Shared, node: &str, pod: &Pod, grace: Duration) {
         grace.as_secs()
     );
     shared.reporter.event(EventReport::warning(
-        pod_reference(pod),
+        object_reference(pod),
         "DrainDeadline",
         "Delete",
         note,

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::PostParams;
-use kube::{Api, Client};
+use kube::{Api, Client, Resource};
 
 /// Publishes Events as `nodegrace-<program>`, instance = the node or pod it runs as.
 #[derive(Clone)]
@@ -29,6 +29,15 @@ impl std::fmt::Debug for EventPublisher {
 /// The reporting controller name for a program, e.g. `nodegrace-out-of-service-gc`.
 pub fn reporting_controller(program: &str) -> String {
     format!("nodegrace-{program}")
+}
+
+/// The reference an Event about `object` carries: its UID names this object, not a later
+/// namesake, and no resourceVersion ties the Event to one state of it.
+pub fn object_reference<K: Resource<DynamicType = ()>>(object: &K) -> ObjectReference {
+    ObjectReference {
+        resource_version: None,
+        ..object.object_ref(&())
+    }
 }
 
 /// One Event to write.

@@ -50,6 +50,22 @@ pub fn has_condition(node: &Node, type_: &str, status: &str) -> bool {
         })
 }
 
+/// Drops from a cached Node what no controller of ours reads (managedFields, the image list,
+/// the volumes, addresses, capacity): with thousands of nodes, the cache keeps what is used.
+pub fn trim_for_cache(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_in_use = None;
+        status.volumes_attached = None;
+        status.node_info = None;
+        status.addresses = None;
+        status.capacity = None;
+        status.allocatable = None;
+        status.daemon_endpoints = None;
+    }
+}
+
 /// The reference Events about a node carry. Its uid is the node's name, as the kubelet records
 /// node Events, so `kubectl describe node` finds them.
 pub fn node_reference(name: &str) -> ObjectReference {
