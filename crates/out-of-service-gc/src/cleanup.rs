@@ -18,10 +18,10 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use nodegrace_core::k8s::api_errors::{ApiErrorClass, classify_delete, status_code};
 use nodegrace_core::k8s::events::{EventReport, object_reference};
+use nodegrace_core::k8s::node_identity::{NodeIdentity, UpdateError, Updated};
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::pods::is_terminal;
 use nodegrace_core::k8s::reporter::{ConditionGuard, Reporter};
-use nodegrace_core::k8s::taints::change_node;
 use nodegrace_core::k8s::volumes::Staying;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use serde_json::json;
@@ -107,6 +107,12 @@ pub enum PassError {
     /// backoff that grew while the node was being worked through.
     #[error("{0} (other actions of the pass succeeded)")]
     Partial(Box<PassError>),
+    #[error("{what}: {source}")]
+    Contended {
+        what: String,
+        #[source]
+        source: UpdateError,
+    },
 }
 
 impl PassError {
@@ -117,10 +123,22 @@ impl PassError {
         }
     }
 
+    /// A write through [`NodeIdentity::update`] that failed.
+    pub fn update(what: impl Into<String>, error: UpdateError) -> Self {
+        match error {
+            UpdateError::Api(source) => Self::api(what, source),
+            contended @ UpdateError::Contended(_) => Self::Contended {
+                what: what.into(),
+                source: contended,
+            },
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         let source = match self {
             Self::Api { source, .. } => source,
             Self::Partial(inner) => return inner.kind(),
+            Self::Contended { .. } => return "conflict",
         };
         match status_code(source) {
             Some(403) => "forbidden",
@@ -156,7 +174,9 @@ enum Deleted {
 
 pub struct NodeCleanup {
     shared: Arc<Shared>,
-    node: String,
+    /// The Node object this task looks after: a namesake registered under its name is
+    /// another task's.
+    node: NodeIdentity,
     pods: Watched<Pod>,
     live: Fresh<LiveView>,
     said: Mutex<Said>,
@@ -187,16 +207,16 @@ fn trim_pod(pod: &mut Pod) {
 
 impl NodeCleanup {
     /// Starts watching the pods bound to `node` (and only those).
-    pub fn new(shared: Arc<Shared>, node: &str) -> Self {
+    pub fn new(shared: Arc<Shared>, node: NodeIdentity) -> Self {
         let pods = Watched::start_trimmed(
             Api::all(shared.client.clone()),
-            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+            watcher::Config::default().fields(&format!("spec.nodeName={}", node.name())),
             WatchCounters::default(),
             trim_pod,
         );
         Self {
             shared,
-            node: node.to_owned(),
+            node,
             pods,
             live: Fresh::default(),
             said: Mutex::default(),
@@ -228,11 +248,11 @@ impl NodeCleanup {
             ConditionGuard::Always
         };
         self.reporter()
-            .condition(&self.node, phase.condition(), guard);
+            .condition(self.node.name(), phase.condition(), guard);
     }
 
     fn node_event(&self, warning: bool, reason: &str, note: String) {
-        let reference = node_reference(&self.node);
+        let reference = node_reference(self.node.name());
         let event = if warning {
             EventReport::warning(reference, reason, ACTION, note)
         } else {
@@ -245,25 +265,24 @@ impl NodeCleanup {
     async fn read_live(&self) -> Result<LiveView, PassError> {
         self.live
             .get(|| async {
-                let nodes: Api<Node> = Api::all(self.shared.client.clone());
-                let node = nodes
-                    .get_opt(&self.node)
-                    .await
-                    .map_err(|error| PassError::api(format!("read node {}", self.node), error))?;
+                // A namesake reads as gone: this task's node is.
+                let node = self.node.read(&self.shared.client).await.map_err(|error| {
+                    PassError::api(format!("read node {}", self.node.name()), error)
+                })?;
                 let heartbeat = if self.shared.settings.liveness_guard && node.is_some() {
                     let leases: Api<Lease> =
                         Api::namespaced(self.shared.client.clone(), NODE_LEASE_NAMESPACE);
-                    let lease = leases.get_opt(&self.node).await.map_err(|error| {
+                    let lease = leases.get_opt(self.node.name()).await.map_err(|error| {
                         PassError::api(
-                            format!("read lease {NODE_LEASE_NAMESPACE}/{}", self.node),
+                            format!("read lease {NODE_LEASE_NAMESPACE}/{}", self.node.name()),
                             error,
                         )
                     })?;
                     // A renewal the watch has not delivered yet still counts.
                     let heartbeats = &self.shared.heartbeats;
                     let read_at = tokio::time::Instant::now();
-                    heartbeats.observe(&self.node, lease.as_ref(), read_at);
-                    heartbeats.judge(&self.node, read_at, self.shared.settings.guard_window)
+                    heartbeats.observe(self.node.name(), lease.as_ref(), read_at);
+                    heartbeats.judge(self.node.name(), read_at, self.shared.settings.guard_window)
                 } else {
                     Heartbeat::Silent
                 };
@@ -280,7 +299,7 @@ impl NodeCleanup {
         let view = self.read_live().await?;
         match view.status() {
             NodeStatus::InService => {
-                self.shared.taint_clock.forget(&self.node);
+                self.shared.taint_clock.forget(self.node.name());
                 if view.node.is_some() {
                     self.report(&Phase::TaintRemoved);
                 }
@@ -455,7 +474,7 @@ impl NodeCleanup {
         );
         if !std::mem::replace(&mut self.said().refusing, true) {
             self.shared.metrics.refusals.inc();
-            tracing::warn!(node = %self.node, ?evidence, %until, "cleanup refused: the node may still be alive");
+            tracing::warn!(node = %self.node.name(), ?evidence, %until, "cleanup refused: the node may still be alive");
             self.node_event(true, "OutOfServiceCleanupRefused", message.clone());
         }
         self.report(&Phase::Refused(message));
@@ -468,7 +487,7 @@ impl NodeCleanup {
             .attachments
             .state()
             .into_iter()
-            .filter(|va| va.spec.node_name == self.node)
+            .filter(|va| va.spec.node_name == self.node.name())
             .collect()
     }
 
@@ -482,7 +501,7 @@ impl NodeCleanup {
             .permits_force(self.shared.settings.liveness_guard)
         {
             self.shared.metrics.stale_skips.inc();
-            tracing::info!(node = %self.node, pod = %format!("{namespace}/{name}"), %uid, "not force-deleting: the node no longer qualifies");
+            tracing::info!(node = %self.node.name(), pod = %format!("{namespace}/{name}"), %uid, "not force-deleting: the node no longer qualifies");
             return Ok(Deleted::Skipped);
         }
         let pods: Api<Pod> = Api::namespaced(self.shared.client.clone(), &namespace);
@@ -490,7 +509,7 @@ impl NodeCleanup {
         if !is_terminal(pod) {
             let message = format!(
                 "nodegrace out-of-service-gc: node {} is out of service ({}) and not ready",
-                self.node,
+                self.node.name(),
                 describe(taint)
             );
             // The uid makes the patch fail rather than mark a namesake that replaced the pod.
@@ -532,7 +551,7 @@ impl NodeCleanup {
         match pods.delete(&name, &params).await {
             Ok(_) => {
                 self.shared.metrics.pods_force_deleted.inc();
-                tracing::info!(node = %self.node, pod = %format!("{namespace}/{name}"), %uid, "force-deleted");
+                tracing::info!(node = %self.node.name(), pod = %format!("{namespace}/{name}"), %uid, "force-deleted");
                 self.reporter().event(EventReport::warning(
                     object_reference(pod),
                     "ForceDeleted",
@@ -540,7 +559,7 @@ impl NodeCleanup {
                     format!(
                         "Force-deleted: node {} is out of service ({}) and not ready, so its \
                          kubelet cannot finish the pod",
-                        self.node,
+                        self.node.name(),
                         describe(taint)
                     ),
                 ));
@@ -578,7 +597,7 @@ impl NodeCleanup {
             return;
         }
         let finalizers = pod.finalizers().join(", ");
-        tracing::info!(node = %self.node, pod = %format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()), %finalizers, "force-deleted, held by finalizers");
+        tracing::info!(node = %self.node.name(), pod = %format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()), %finalizers, "force-deleted, held by finalizers");
         self.reporter().event(EventReport::normal(
             object_reference(pod),
             "ForceDeletedHeldByFinalizers",
@@ -646,7 +665,7 @@ impl NodeCleanup {
                 Ok(_) => {
                     self.remember_deleted(attachment.uid());
                     self.shared.metrics.volumes_force_detached.inc();
-                    tracing::info!(node = %self.node, attachment = %name, volume = ?volume, "force-detached");
+                    tracing::info!(node = %self.node.name(), attachment = %name, volume = ?volume, "force-detached");
                     self.node_event(
                         false,
                         "VolumeForceDetached",
@@ -729,37 +748,40 @@ impl NodeCleanup {
             )));
             return Ok(Outcome::Wait(None));
         }
-        let nodes: Api<Node> = Api::all(self.shared.client.clone());
-        let removed = change_node(&nodes, &self.node, |current| {
-            // Decided on the version being written: the same node, still Ready, still tainted.
-            if current.metadata.uid != node.metadata.uid
-                || !matches!(node_status(current), NodeStatus::TaintedButReady(_))
-            {
-                return false;
-            }
-            if let Some(spec) = current.spec.as_mut() {
-                let taints = spec.taints.take().unwrap_or_default();
-                let kept: Vec<Taint> = taints
-                    .into_iter()
-                    .filter(|t| t.key != OUT_OF_SERVICE_TAINT)
-                    .collect();
-                spec.taints = (!kept.is_empty()).then_some(kept);
-            }
-            // A fence confirmed the outage that ends here; the next one needs its own.
-            if let Some(annotations) = current.metadata.annotations.as_mut() {
-                annotations.remove(FENCED_ANNOTATION);
-            }
-            true
-        })
-        .await
-        .map_err(|error| {
-            PassError::api(format!("remove the taint from node {}", self.node), error)
-        })?;
-        if !removed {
+        // Decided on the version being written: still Ready, still tainted (and the update
+        // writes this very Node, never a namesake).
+        let removed = self
+            .node
+            .update(&self.shared.client, |current| {
+                if !matches!(node_status(current), NodeStatus::TaintedButReady(_)) {
+                    return false;
+                }
+                if let Some(spec) = current.spec.as_mut() {
+                    let taints = spec.taints.take().unwrap_or_default();
+                    let kept: Vec<Taint> = taints
+                        .into_iter()
+                        .filter(|t| t.key != OUT_OF_SERVICE_TAINT)
+                        .collect();
+                    spec.taints = (!kept.is_empty()).then_some(kept);
+                }
+                // A fence confirmed the outage that ends here; the next one needs its own.
+                if let Some(annotations) = current.metadata.annotations.as_mut() {
+                    annotations.remove(FENCED_ANNOTATION);
+                }
+                true
+            })
+            .await
+            .map_err(|error| {
+                PassError::update(
+                    format!("remove the taint from node {}", self.node.name()),
+                    error,
+                )
+            })?;
+        if !matches!(removed, Updated::Written(_)) {
             return Ok(Outcome::Wait(Some(Duration::ZERO)));
         }
         self.shared.metrics.taints_removed.inc();
-        tracing::info!(node = %self.node, "out-of-service taint removed");
+        tracing::info!(node = %self.node.name(), "out-of-service taint removed");
         self.node_event(
             false,
             "OutOfServiceTaintRemoved",

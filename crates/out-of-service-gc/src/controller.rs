@@ -15,6 +15,7 @@ use nodegrace_core::assembly::Lead;
 use nodegrace_core::controller::{Backoff, Dirty};
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::watched::Watched;
 use tokio::sync::watch;
@@ -43,7 +44,9 @@ pub struct Controller {
 }
 
 struct Worker {
+    node: NodeIdentity,
     poke: watch::Sender<()>,
+    stop: CancellationToken,
 }
 
 impl Lead for Controller {
@@ -56,12 +59,13 @@ impl Controller {
     /// Runs until `acting` is cancelled (leadership lost, or the program stopping); every
     /// cleanup task stops with it.
     pub async fn run(&self, acting: CancellationToken) {
+        // By name; each worker and timer holds the Node object it was started for.
         let mut workers: HashMap<String, Worker> = HashMap::new();
-        let mut running: JoinSet<String> = JoinSet::new();
-        let mut checks: DelayQueue<String> = DelayQueue::new();
+        let mut running: JoinSet<NodeIdentity> = JoinSet::new();
+        let mut checks: DelayQueue<NodeIdentity> = DelayQueue::new();
         let mut scheduled: HashMap<String, delay_queue::Key> = HashMap::new();
-        let mut attempts: JoinSet<(String, Attempt)> = JoinSet::new();
-        let mut told_unconfirmed: HashSet<String> = HashSet::new();
+        let mut attempts: JoinSet<(NodeIdentity, Attempt)> = JoinSet::new();
+        let mut told_unconfirmed: HashSet<NodeIdentity> = HashSet::new();
         for node in self.nodes.state() {
             self.dirty
                 .mark(&node.metadata.name.clone().unwrap_or_default());
@@ -69,21 +73,41 @@ impl Controller {
         loop {
             for name in self.dirty.take() {
                 let node = self.nodes.get(None, &name);
+                let identity = node.as_deref().and_then(NodeIdentity::of);
                 let tainted = node
                     .as_deref()
                     .is_some_and(|node| taint_with_key(node, OUT_OF_SERVICE_TAINT).is_some());
-                if let Some(worker) = workers.get(&name) {
-                    worker.poke.send_replace(());
-                } else if tainted {
-                    let (poke, poked) = watch::channel(());
-                    let cleanup = NodeCleanup::new(Arc::clone(&self.shared), &name);
-                    running.spawn(look_after(
-                        cleanup,
-                        poked,
-                        acting.child_token(),
-                        name.clone(),
-                    ));
-                    workers.insert(name.clone(), Worker { poke });
+                match workers.get(&name) {
+                    // A namesake took the name: the old task ends (its next read finds its
+                    // node gone), and its end marks the name for the new one.
+                    Some(worker) if identity.as_ref().is_some_and(|id| *id != worker.node) => {
+                        worker.stop.cancel();
+                    }
+                    Some(worker) => {
+                        worker.poke.send_replace(());
+                    }
+                    None => {
+                        if let Some(identity) = identity.clone().filter(|_| tainted) {
+                            let (poke, poked) = watch::channel(());
+                            let stop = acting.child_token();
+                            let cleanup =
+                                NodeCleanup::new(Arc::clone(&self.shared), identity.clone());
+                            running.spawn(look_after(
+                                cleanup,
+                                poked,
+                                stop.clone(),
+                                identity.clone(),
+                            ));
+                            workers.insert(
+                                name.clone(),
+                                Worker {
+                                    node: identity,
+                                    poke,
+                                    stop,
+                                },
+                            );
+                        }
+                    }
                 }
                 if let Some(auto) = &self.auto_taint {
                     let due = node
@@ -92,14 +116,14 @@ impl Controller {
                     if let Some(key) = scheduled.remove(&name) {
                         checks.remove(&key);
                     }
-                    match due {
-                        Some(due) => {
+                    match due.zip(identity) {
+                        Some((due, identity)) => {
                             let wait = Duration::try_from(due.duration_since(Timestamp::now()))
                                 .unwrap_or(Duration::ZERO);
-                            scheduled.insert(name.clone(), checks.insert(name, wait));
+                            scheduled.insert(name, checks.insert(identity, wait));
                         }
                         None => {
-                            told_unconfirmed.remove(&name);
+                            told_unconfirmed.retain(|told| told.name() != name);
                         }
                     }
                 }
@@ -109,32 +133,36 @@ impl Controller {
                 () = acting.cancelled() => break,
                 () = self.dirty.marked() => {}
                 Some(finished) = running.join_next() => {
-                    if let Ok(name) = finished {
-                        workers.remove(&name);
-                        // Tainted again since the task decided to finish: look again.
-                        self.dirty.mark(&name);
+                    if let Ok(node) = finished {
+                        if workers.get(node.name()).is_some_and(|worker| worker.node == node) {
+                            workers.remove(node.name());
+                        }
+                        // Tainted again since the task decided to finish, or a namesake's
+                        // turn: look again.
+                        self.dirty.mark(node.name());
                     }
                 }
                 Some(expired) = checks.next() => {
-                    let name = expired.into_inner();
-                    scheduled.remove(&name);
+                    let node = expired.into_inner();
+                    scheduled.remove(node.name());
                     if let Some(auto) = self.auto_taint.clone() {
                         let shared = Arc::clone(&self.shared);
                         attempts.spawn(async move {
-                            let attempt = match auto.attempt(&shared, &name).await {
+                            let attempt = match auto.attempt(&shared, &node).await {
                                 Ok(attempt) => attempt,
                                 Err(error) => {
                                     shared.metrics.error(error.kind());
                                     Attempt::Unconfirmed(Chain(&error).to_string())
                                 }
                             };
-                            (name, attempt)
+                            (node, attempt)
                         });
                     }
                 }
                 Some(done) = attempts.join_next() => {
-                    if let Ok((name, Attempt::Unconfirmed(why))) = done {
-                        if told_unconfirmed.insert(name.clone()) {
+                    if let Ok((node, Attempt::Unconfirmed(why))) = done {
+                        let name = node.name().to_owned();
+                        if told_unconfirmed.insert(node.clone()) {
                             tracing::warn!(node = %name, %why, "not tainting: not confirmed powered off");
                             self.shared.reporter.event(EventReport::warning(
                                 node_reference(&name),
@@ -143,9 +171,9 @@ impl Controller {
                                 format!("NotReady long enough for --auto-taint-after, but not tainted: {why}"),
                             ));
                         }
-                        if !scheduled.contains_key(&name) {
-                            scheduled.insert(name.clone(), checks.insert(name, RECHECK_UNCONFIRMED));
-                        }
+                        scheduled
+                            .entry(name)
+                            .or_insert_with(|| checks.insert(node, RECHECK_UNCONFIRMED));
                     }
                 }
             }
@@ -162,17 +190,17 @@ async fn look_after(
     cleanup: NodeCleanup,
     mut poked: watch::Receiver<()>,
     stop: CancellationToken,
-    name: String,
-) -> String {
+    node: NodeIdentity,
+) -> NodeIdentity {
     let mut pods = cleanup.pods().clone();
     tokio::select! {
-        () = stop.cancelled() => return name,
-        synced = pods.synced() => if synced.is_err() { return name },
+        () = stop.cancelled() => return node,
+        synced = pods.synced() => if synced.is_err() { return node },
     }
     let mut failures = 0;
     loop {
         let wait = match cleanup.pass().await {
-            Ok(Outcome::Finished) => return name,
+            Ok(Outcome::Finished) => return node,
             Ok(Outcome::Wait(wait)) => {
                 failures = 0;
                 wait
@@ -180,23 +208,23 @@ async fn look_after(
             Err(error) => {
                 failures = match error {
                     PassError::Partial(_) => 1,
-                    PassError::Api { .. } => failures + 1,
+                    PassError::Api { .. } | PassError::Contended { .. } => failures + 1,
                 };
                 let delay = BACKOFF.delay(failures);
-                tracing::warn!(node = %name, error = %Chain(&error), retry_in = ?delay, "cleanup pass failed");
+                tracing::warn!(node = %node.name(), error = %Chain(&error), retry_in = ?delay, "cleanup pass failed");
                 cleanup.shared().metrics.error(error.kind());
                 // Backing off: changes do not cut the wait short.
                 tokio::select! {
-                    () = stop.cancelled() => return name,
+                    () = stop.cancelled() => return node,
                     () = tokio::time::sleep(delay) => continue,
                 }
             }
         };
         let timer = nodegrace_core::controller::sleep_or_forever(wait);
         tokio::select! {
-            () = stop.cancelled() => return name,
-            changed = pods.changed() => if changed.is_err() { return name },
-            changed = poked.changed() => if changed.is_err() { return name },
+            () = stop.cancelled() => return node,
+            changed = pods.changed() => if changed.is_err() { return node },
+            changed = poked.changed() => if changed.is_err() { return node },
             () = timer => {}
         }
     }

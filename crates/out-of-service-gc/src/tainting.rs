@@ -13,11 +13,10 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::Api;
-use nodegrace_core::instances::{InstanceProvider, InstanceState, ProviderId};
+use nodegrace_core::instances::{InstanceProvider, InstanceState};
 use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
-use nodegrace_core::k8s::taints::change_taints;
 
 use crate::cleanup::{PassError, Shared};
 use crate::qualify::{EXPECTED_EFFECT, OUT_OF_SERVICE_TAINT, not_ready_for, not_ready_since};
@@ -110,7 +109,8 @@ pub fn fence(node: &Node) -> Fence {
 }
 
 impl AutoTaint {
-    pub async fn confirm(&self, node: &Node) -> Confirmation {
+    /// Whether `node` (a fresh read of `identity`) is confirmed powered off.
+    pub async fn confirm(&self, identity: &NodeIdentity, node: &Node) -> Confirmation {
         let fenced = match fence(node) {
             Fence::Current(at) => return Confirmation::Fenced(at),
             Fence::Absent => format!("no {FENCED_ANNOTATION} annotation"),
@@ -121,7 +121,7 @@ impl AutoTaint {
                 "{fenced}, and no --instance-provider to ask"
             ));
         };
-        let id = match ProviderId::of(node) {
+        let id = match identity.machine(node) {
             Ok(id) => id,
             Err(error) => return Confirmation::Unconfirmed(error.to_string()),
         };
@@ -138,20 +138,25 @@ impl AutoTaint {
 
     /// Reads the node live, and taints it when it is due and confirmed; the decision is made
     /// again on the very version of the node that gets written.
-    pub async fn attempt(&self, shared: &Shared, name: &str) -> Result<Attempt, PassError> {
-        let nodes: Api<Node> = Api::all(shared.client.clone());
+    pub async fn attempt(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+    ) -> Result<Attempt, PassError> {
+        let name = identity.name();
         let read_error = |error| PassError::Api {
             what: format!("read node {name}"),
             source: error,
         };
-        let Some(node) = nodes.get_opt(name).await.map_err(read_error)? else {
+        // Gone, or a namesake (whose own timer decides for it).
+        let Some(node) = identity.read(&shared.client).await.map_err(read_error)? else {
             return Ok(Attempt::NotDue);
         };
         let now = Timestamp::now();
         if due_at(&node, self.after, now).is_none_or(|due| due > now) {
             return Ok(Attempt::NotDue);
         }
-        let confirmation = self.confirm(&node).await;
+        let confirmation = self.confirm(identity, &node).await;
         if let Confirmation::Unconfirmed(why) = confirmation {
             return Ok(Attempt::Unconfirmed(why));
         }
@@ -163,25 +168,27 @@ impl AutoTaint {
             time_added: Some(Time(now)),
         };
         let fenced = matches!(confirmation, Confirmation::Fenced(_));
-        let added = change_taints(&nodes, name, |current, taints| {
-            if due_at(current, after, Timestamp::now()).is_none_or(|due| due > Timestamp::now()) {
-                return false;
-            }
-            // The same node, and its fence still stands on the version written.
-            if current.metadata.uid != node.metadata.uid
-                || (fenced && !matches!(fence(current), Fence::Current(_)))
-            {
-                return false;
-            }
-            taints.push(taint.clone());
-            true
-        })
-        .await
-        .map_err(|error| PassError::Api {
-            what: format!("taint node {name}"),
-            source: error,
-        })?;
-        if !added {
+        // Decided again on the version written (which the update makes this very Node):
+        // still due, and its fence still stands.
+        let added = identity
+            .update(&shared.client, |current| {
+                let now = Timestamp::now();
+                if due_at(current, after, now).is_none_or(|due| due > now)
+                    || (fenced && !matches!(fence(current), Fence::Current(_)))
+                {
+                    return false;
+                }
+                current
+                    .spec
+                    .get_or_insert_with(Default::default)
+                    .taints
+                    .get_or_insert_with(Vec::new)
+                    .push(taint.clone());
+                true
+            })
+            .await
+            .map_err(|error| PassError::update(format!("taint node {name}"), error))?;
+        if !matches!(added, Updated::Written(_)) {
             return Ok(Attempt::NotDue);
         }
         shared.metrics.taints_added.inc();
@@ -210,16 +217,20 @@ mod tests {
     use super::*;
     use futures::FutureExt;
     use futures::future::BoxFuture;
-    use nodegrace_core::instances::InstanceError;
+    use nodegrace_core::instances::{InstanceError, ProviderId};
     use serde_json::json;
 
     fn node(ready: &str, annotations: &serde_json::Value, taints: &serde_json::Value) -> Node {
         serde_json::from_value(json!({
-            "metadata": {"name": "n", "annotations": annotations},
+            "metadata": {"name": "n", "uid": "u", "annotations": annotations},
             "spec": {"providerID": "sim:///n", "taints": taints},
             "status": {"conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
         }))
         .unwrap()
+    }
+
+    fn identity(node: &Node) -> NodeIdentity {
+        NodeIdentity::of(node).unwrap()
     }
 
     #[test]
@@ -274,11 +285,11 @@ mod tests {
             &json!(null),
         );
         assert_eq!(
-            with(None).confirm(&fenced).await,
+            with(None).confirm(&identity(&fenced), &fenced).await,
             Confirmation::Fenced("2026-01-01T00:02:00Z".parse().unwrap())
         );
         assert!(matches!(
-            with(None).confirm(&plain).await,
+            with(None).confirm(&identity(&plain), &plain).await,
             Confirmation::Unconfirmed(_)
         ));
         for (value, why) in [
@@ -289,7 +300,7 @@ mod tests {
             ("2026-01-01T00:00:00.900Z", "earlier outage"),
         ] {
             let stale = node("Unknown", &json!({FENCED_ANNOTATION: value}), &json!(null));
-            let answer = with(None).confirm(&stale).await;
+            let answer = with(None).confirm(&identity(&stale), &stale).await;
             assert!(
                 matches!(&answer, Confirmation::Unconfirmed(message) if message.contains(why)),
                 "{value}: {answer:?}"
@@ -306,7 +317,9 @@ mod tests {
             (InstanceState::Terminated, true),
             (InstanceState::Running, false),
         ] {
-            let answer = with(Some(Machine(Ok(state)))).confirm(&plain).await;
+            let answer = with(Some(Machine(Ok(state))))
+                .confirm(&identity(&plain), &plain)
+                .await;
             assert_eq!(
                 answer == Confirmation::Instance(state),
                 confirmed,
@@ -314,7 +327,7 @@ mod tests {
             );
         }
         let failing = with(Some(Machine(Err("timeout".into()))))
-            .confirm(&plain)
+            .confirm(&identity(&plain), &plain)
             .await;
         assert!(
             matches!(&failing, Confirmation::Unconfirmed(why) if why.contains("timeout")),

@@ -5,14 +5,15 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
 use kube_sim::WorldOptions;
 use kube_sim::faults::{ErrorRule, FailureKind};
+use nodegrace_core::k8s::node_identity::NodeIdentity;
 use serde_json::json;
 
 mod common;
@@ -187,6 +188,11 @@ async fn shared_without_guard(
     }))
 }
 
+async fn identity(client: &Client, name: &str) -> Result<NodeIdentity> {
+    let node = Api::<Node>::all(client.clone()).get(name).await?;
+    NodeIdentity::of(&node).context("a stored node has a UID")
+}
+
 #[tokio::test]
 async fn a_taint_removed_before_the_action_deletes_nothing() -> Result<()> {
     use nodegrace_core::k8s::watched::WatchCounters;
@@ -197,7 +203,10 @@ async fn a_taint_removed_before_the_action_deletes_nothing() -> Result<()> {
     kill(&client, "node-1").await?;
     taint(&client, "node-1").await?;
     let shared = shared_without_guard(&client, WatchCounters::default()).await?;
-    let cleanup = NodeCleanup::new(std::sync::Arc::clone(&shared), "node-1");
+    let cleanup = NodeCleanup::new(
+        std::sync::Arc::clone(&shared),
+        identity(&client, "node-1").await?,
+    );
     cleanup.pods().synced().await?;
     ensure!(
         cleanup.pods().state().len() == 3,
@@ -540,7 +549,10 @@ async fn a_pass_on_caches_behind_its_own_deletions_does_not_repeat_them() -> Res
         },
     )
     .await?;
-    let cleanup = NodeCleanup::new(std::sync::Arc::clone(&shared), "node-1");
+    let cleanup = NodeCleanup::new(
+        std::sync::Arc::clone(&shared),
+        identity(&client, "node-1").await?,
+    );
     cleanup.pods().synced().await?;
     ensure!(cleanup.pods().state().len() == 2);
     let hold_back = |resource: &str| {

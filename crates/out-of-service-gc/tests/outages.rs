@@ -316,3 +316,73 @@ async fn a_tolerating_pods_ephemeral_volume_stays_attached() -> Result<()> {
     ensure!(gc.counter("volumes_force_detached").await? <= 1);
     gc.stop().await
 }
+
+/// The cleanup of a deleted node ends with it: a namesake registered under its name (a new
+/// machine, a new UID) gets a cleanup of its own, which starts afresh and acts on the
+/// namesake's pods — and the old one never writes the new Node.
+#[tokio::test]
+async fn a_namesake_registered_mid_cleanup_gets_a_cleanup_of_its_own() -> Result<()> {
+    let sim = sim(2, world()).await?;
+    let client = sim.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let held = json!({"metadata": {"finalizers": ["example.com/hold"]}});
+    pods.create(&PostParams::default(), &pod("held", "node-1", &held)?)
+        .await?;
+    running_pods(&client, "node-1", 1).await?;
+    kill(&client, "node-1").await?;
+    taint(&client, "node-1").await?;
+    let gc = controller(&sim, &[]).await?;
+    // The first Node's cleanup force-deletes the pod; its finalizer keeps it, so the cleanup
+    // goes on waiting for it.
+    wait_for("the held pod to be force-deleted", || async {
+        Ok(pods
+            .get("held")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_some())
+    })
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let first = nodes.get("node-1").await?.metadata.uid;
+    nodes
+        .delete("node-1", &kube::api::DeleteParams::default())
+        .await?;
+    wait_for("the first node-1 to be gone", || async {
+        Ok(nodes.get_opt("node-1").await?.is_none())
+    })
+    .await?;
+    let namesake: Node = serde_json::from_value(json!({
+        "metadata": {"name": "node-1", "annotations": {"sim.nodegrace.io/kubelet": "stopped"}},
+        "spec": {"taints": [{"key": TAINT, "value": "nodeshutdown", "effect": "NoExecute"}]},
+    }))?;
+    let second = nodes
+        .create(&PostParams::default(), &namesake)
+        .await?
+        .metadata
+        .uid;
+    ensure!(first != second, "a namesake is another object");
+    pods.create(
+        &PostParams::default(),
+        &pod("newcomer", "node-1", &json!({}))?,
+    )
+    .await?;
+    wait_for("the namesake's pod to be force-deleted", || async {
+        Ok(pods
+            .get_opt("newcomer")
+            .await?
+            .is_none_or(|pod| pod.metadata.deletion_timestamp.is_some()))
+    })
+    .await?;
+    // Written by the reporter a moment after the deletion.
+    wait_for("the namesake's cleanup to say what it did", || async {
+        Ok(events(&client, "ForceDeleted")
+            .await?
+            .iter()
+            .any(|event| event.involved_object.name.as_deref() == Some("newcomer")))
+    })
+    .await?;
+    let node = nodes.get("node-1").await?;
+    ensure!(node.metadata.uid == second && has_taint(&node));
+    gc.stop().await
+}

@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use nodegrace_core::controller::Backoff;
 use nodegrace_core::error_chain::Chain;
-use nodegrace_core::instances::{InstanceError, InstanceState, ProviderId};
+use nodegrace_core::instances::{InstanceError, InstanceState};
 use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, UpdateError, Updated};
@@ -408,7 +408,7 @@ impl NodeTermination {
             return None;
         }
         let provider = self.shared.provider.as_ref()?;
-        let id = ProviderId::of(node).ok()?;
+        let id = self.node.machine(node).ok()?;
         match provider.state(&id).await {
             Ok(state @ (InstanceState::Stopped | InstanceState::Terminated)) => Some(format!(
                 "Node is NotReady and its machine {id} is {}",
@@ -585,7 +585,7 @@ impl NodeTermination {
             let Some(node) = self.node.read(&self.shared.client).await? else {
                 return Ok(StepEnd::NodeGone);
             };
-            let id = match ProviderId::of(&node) {
+            let id = match self.node.machine(&node) {
                 Ok(id) => id,
                 Err(error) => {
                     self.announce(

@@ -61,6 +61,15 @@ impl ProviderId {
             .filter(|rest| !rest.is_empty())
     }
 
+    /// The id as read from the node named `node`.
+    #[must_use]
+    pub fn read_from(self, node: &str) -> Self {
+        Self {
+            node: Some(node.to_owned()),
+            ..self
+        }
+    }
+
     /// An id as a provider answers it (tests, and providers' own lookups).
     pub fn new(id: impl Into<String>) -> Self {
         Self {
@@ -83,6 +92,9 @@ pub enum InstanceError {
          set it (the cloud's node controller normally does)"
     )]
     NoProviderId { node: String },
+    /// The node read is not the Node object the work began on (deleted, a namesake now).
+    #[error("node {node} is gone or was replaced by a namesake; its machine is not asked about")]
+    NotThisNode { node: String },
     #[error("no instance provider handles {0} (unknown scheme)")]
     UnknownScheme(ProviderId),
     /// The provider did not answer or refused for now; try again later.
@@ -98,6 +110,7 @@ impl InstanceError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::NoProviderId { .. } => "no-provider-id",
+            Self::NotThisNode { .. } => "not-this-node",
             Self::UnknownScheme(_) => "unknown-scheme",
             Self::Transient(_) => "transient",
             Self::Refused(_) => "refused",

@@ -1,24 +1,57 @@
 //! One Node object, not its name. A name is reused the moment a node is deleted and a machine
 //! registers again under it; work that began on one Node (a drain, a machine's termination, a
-//! budget grant) must never pass to its namesake. Every write through [`NodeIdentity`] reads the
-//! node fresh and carries the UID and resourceVersion it read, so the wrong act cannot be written.
+//! budget grant, a force cleanup, an out-of-service taint) must never pass to its namesake.
+//! Both controllers key their per-node work by [`NodeIdentity`]: every read through it drops a
+//! namesake, every write carries the UID and resourceVersion it read, and a machine is asked
+//! about or terminated only under the providerID of this very object — so the wrong act cannot
+//! be written.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
+use crate::instances::{InstanceError, ProviderId};
 use crate::k8s::api_errors::status_code;
 use crate::k8s::watched::Watched;
 
 /// How many conflicting writes an update absorbs before giving up for now.
 const CONFLICT_RETRIES: usize = 5;
 
-/// A Node as it was when work on it began: its name and its UID.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A Node as it was when work on it began: its name, its UID, and the machine it named.
+/// Two identities are the same Node when name and UID agree (a providerID may be set after
+/// the start, never changed).
+#[derive(Debug, Clone)]
 pub struct NodeIdentity {
     name: String,
     uid: String,
+    provider_id: Option<String>,
+}
+
+impl PartialEq for NodeIdentity {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.name, &self.uid) == (&other.name, &other.uid)
+    }
+}
+
+impl Eq for NodeIdentity {}
+
+impl std::hash::Hash for NodeIdentity {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (&self.name, &self.uid).hash(state);
+    }
+}
+
+impl PartialOrd for NodeIdentity {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for NodeIdentity {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (&self.name, &self.uid).cmp(&(&other.name, &other.uid))
+    }
 }
 
 /// What an update through [`NodeIdentity::update`] did.
@@ -47,13 +80,20 @@ impl NodeIdentity {
         Some(Self {
             name: node.metadata.name.clone()?,
             uid: node.metadata.uid.clone().filter(|uid| !uid.is_empty())?,
+            provider_id: node
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.provider_id.clone())
+                .filter(|id| !id.trim().is_empty()),
         })
     }
 
+    /// An identity known by name and UID only (its machine is read from the node when asked).
     pub fn new(name: impl Into<String>, uid: impl Into<String>) -> Self {
         Self {
             name: name.into(),
             uid: uid.into(),
+            provider_id: None,
         }
     }
 
@@ -63,6 +103,22 @@ impl NodeIdentity {
 
     pub fn uid(&self) -> &str {
         &self.uid
+    }
+
+    /// The machine of this Node, for a call to an instance provider: the providerID seen when
+    /// the work began, else the one `fresh` (a read of this very Node) carries — the API server
+    /// lets a providerID be set once, never changed. `fresh` being a namesake is an error, not
+    /// a machine: a namesake's machine is never this work's to ask about or terminate.
+    pub fn machine(&self, fresh: &Node) -> Result<ProviderId, InstanceError> {
+        if !self.is(fresh) {
+            return Err(InstanceError::NotThisNode {
+                node: self.to_string(),
+            });
+        }
+        match &self.provider_id {
+            Some(id) => Ok(ProviderId::new(id.clone()).read_from(&self.name)),
+            None => ProviderId::of(fresh),
+        }
     }
 
     /// Whether `node` is this very object (not a namesake).
@@ -161,5 +217,32 @@ mod tests {
         assert!(!first.is(&node("n2", Some("a"))));
         assert_eq!(NodeIdentity::of(&node("n1", None)), None);
         assert_eq!(NodeIdentity::of(&node("n1", Some(""))), None);
+    }
+
+    #[test]
+    fn the_machine_is_the_one_this_node_named() {
+        let mut first = node("n1", Some("a"));
+        first.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            provider_id: Some("sim:///machine-a".into()),
+            ..Default::default()
+        });
+        let identity = NodeIdentity::of(&first).unwrap();
+        let machine = identity.machine(&first).unwrap();
+        assert_eq!(machine.as_str(), "sim:///machine-a");
+        assert_eq!(machine.node(), Some("n1"));
+
+        let mut namesake = first.clone();
+        namesake.metadata.uid = Some("b".into());
+        namesake.spec.as_mut().unwrap().provider_id = Some("sim:///machine-b".into());
+        let refused = identity.machine(&namesake).unwrap_err();
+        assert!(refused.to_string().contains("n1 (uid a)"), "{refused}");
+
+        // Registered before its cloud set the id: the fresh read of the same object names it.
+        let early = NodeIdentity::of(&node("n1", Some("a"))).unwrap();
+        assert_eq!(early.machine(&first).unwrap().as_str(), "sim:///machine-a");
+        assert_eq!(
+            early, identity,
+            "the same Node, whatever was seen of its machine"
+        );
     }
 }
