@@ -8,8 +8,8 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::runtime::watcher;
 use nodegrace_core::assembly::Frame;
-use nodegrace_core::k8s::nodes;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
+use nodegrace_core::k8s::{nodes, volumes};
 use nodegrace_core::program::Started;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -35,11 +35,6 @@ fn trim_node(node: &mut Node) {
     node.metadata.labels = None;
 }
 
-fn trim_attachment(attachment: &mut VolumeAttachment) {
-    attachment.metadata.managed_fields = None;
-    attachment.status = None;
-}
-
 /// Starts the admin server, then the controller in a task of its own.
 pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow::Error>> {
     // Every option is used here: a new flag that nothing reads does not compile.
@@ -60,7 +55,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
                 Api::<VolumeAttachment>::all(cluster.client.clone()),
                 watcher::Config::default(),
                 WatchCounters::default(),
-                trim_attachment,
+                volumes::trim_for_cache,
                 move |attachment: &VolumeAttachment| dirty.mark(&attachment.spec.node_name),
             )
         };

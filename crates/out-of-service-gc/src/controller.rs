@@ -3,7 +3,7 @@
 //! with `--auto-taint-after`, a timer per NotReady node for when it becomes a candidate.
 //! Watches report *which* object changed, so the loop never rescans thousands of nodes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,7 +65,8 @@ impl Controller {
         let mut checks: DelayQueue<NodeIdentity> = DelayQueue::new();
         let mut scheduled: HashMap<String, delay_queue::Key> = HashMap::new();
         let mut attempts: JoinSet<(NodeIdentity, Attempt)> = JoinSet::new();
-        let mut told_unconfirmed: HashSet<NodeIdentity> = HashSet::new();
+        // By name: the Node object last told about (a namesake is told about afresh).
+        let mut told_unconfirmed: HashMap<String, NodeIdentity> = HashMap::new();
         for node in self.nodes.state() {
             self.dirty
                 .mark(&node.metadata.name.clone().unwrap_or_default());
@@ -123,7 +124,7 @@ impl Controller {
                             scheduled.insert(name, checks.insert(identity, wait));
                         }
                         None => {
-                            told_unconfirmed.retain(|told| told.name() != name);
+                            told_unconfirmed.remove(&name);
                         }
                     }
                 }
@@ -162,7 +163,7 @@ impl Controller {
                 Some(done) = attempts.join_next() => {
                     if let Ok((node, Attempt::Unconfirmed(why))) = done {
                         let name = node.name().to_owned();
-                        if told_unconfirmed.insert(node.clone()) {
+                        if told_unconfirmed.insert(name.clone(), node.clone()).as_ref() != Some(&node) {
                             tracing::warn!(node = %name, %why, "not tainting: not confirmed powered off");
                             self.shared.reporter.event(EventReport::warning(
                                 node_reference(&name),

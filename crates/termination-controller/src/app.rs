@@ -7,7 +7,6 @@ use anyhow::{Context, Result, bail};
 use governor::{Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::runtime::watcher;
 use nodegrace_core::admin::ReadinessGate;
@@ -15,7 +14,7 @@ use nodegrace_core::assembly::Frame;
 use nodegrace_core::clock::{Clock, SystemClock};
 use nodegrace_core::controller::Backoff;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
-use nodegrace_core::k8s::{client, nodes};
+use nodegrace_core::k8s::{client, nodes, volumes};
 use nodegrace_core::program::Started;
 use tokio_util::sync::CancellationToken;
 
@@ -137,11 +136,6 @@ fn trim_budget(pdb: &mut PodDisruptionBudget) {
         status.disrupted_pods = None;
         status.conditions = None;
     }
-}
-
-fn trim_attachment(attachment: &mut VolumeAttachment) {
-    attachment.metadata.managed_fields = None;
-    attachment.status = None;
 }
 
 fn trim_ndb(budget: &mut NodeDisruptionBudget) {
@@ -270,7 +264,7 @@ pub async fn start_with_clock(
         let pdbs = cluster.watch_all(trim_budget);
         let drain_rules = drain_rules(&cluster.client).await;
         let namespaces = cluster.watch_all(trim_namespace);
-        let attachments = cluster.watch_all(trim_attachment);
+        let attachments = cluster.watch_all(volumes::trim_for_cache);
         let caches = async {
             nodes.synced().await?;
             ndbs.synced().await?;

@@ -386,10 +386,7 @@ async fn keep_statuses(
             () = stop.cancelled() => return,
             () = tokio::time::sleep(STATUS_REFRESH_PAUSE) => {}
         }
-        let expiry = [next_grant_expiry(&shared), next_window_change(&shared)]
-            .into_iter()
-            .flatten()
-            .min();
+        let expiry = next_budget_change(&shared);
         tokio::select! {
             () = stop.cancelled() => return,
             changed = budgets.changed() => if changed.is_err() { return },
@@ -442,44 +439,37 @@ impl NodeShape {
     }
 }
 
-/// How long until some budget's maintenance window opens or closes (its status and the
-/// nodes waiting for it change then, with nothing watched changing).
-fn next_window_change(shared: &Shared) -> Option<Duration> {
+/// How long until some budget's numbers change with nothing watched changing: one of its
+/// maintenance windows opens or closes, or the grant of a node not being deleted expires.
+fn next_budget_change(shared: &Shared) -> Option<Duration> {
     let now = shared.budgets.clock.now();
+    let not_deleting = |node: &str| {
+        shared
+            .nodes()
+            .get(None, node)
+            .is_some_and(|node| node.metadata.deletion_timestamp.is_none())
+    };
     shared
         .budgets
         .cache
         .state()
         .iter()
-        .filter_map(|budget| {
-            crate::windows::Windows::of(&budget.spec, now)
+        .flat_map(|budget| {
+            let window = crate::windows::Windows::of(&budget.spec, now)
                 .ok()
-                .flatten()?
-                .next_change(now)
-        })
-        .min()
-        .map(|at| Duration::try_from(at.duration_since(now)).unwrap_or_default())
-}
-
-/// How long until the first grant of a node that is not being deleted expires.
-fn next_grant_expiry(shared: &Shared) -> Option<Duration> {
-    let now = shared.budgets.clock.now();
-    shared
-        .budgets
-        .cache
-        .state()
-        .iter()
-        .filter_map(|budget| budget.grants().cloned())
-        .flatten()
-        .filter(|(node, _)| {
-            shared
-                .nodes()
-                .get(None, node)
-                .is_some_and(|node| node.metadata.deletion_timestamp.is_none())
-        })
-        .map(|(_, granted)| {
-            let age = now.duration_since(granted.granted_at.0).unsigned_abs();
-            crate::grants::UNUSED_GRANT_EXPIRY.saturating_sub(age) + Duration::from_secs(1)
+                .flatten()
+                .and_then(|windows| windows.next_change(now))
+                .map(|at| Duration::try_from(at.duration_since(now)).unwrap_or_default());
+            let expiries = budget
+                .grants()
+                .into_iter()
+                .flatten()
+                .filter(|(node, _)| not_deleting(node))
+                .map(|(_, granted)| {
+                    let age = now.duration_since(granted.granted_at.0).unsigned_abs();
+                    crate::grants::UNUSED_GRANT_EXPIRY.saturating_sub(age) + Duration::from_secs(1)
+                });
+            window.into_iter().chain(expiries)
         })
         .min()
 }

@@ -108,6 +108,13 @@ fn attachable_inline(volume: &Volume) -> bool {
         && volume.image.is_none()
 }
 
+/// Drops from a cached VolumeAttachment what the controllers never read (managedFields, the
+/// attacher's status): they go by which node and volume it names.
+pub fn trim_for_cache(attachment: &mut VolumeAttachment) {
+    attachment.metadata.managed_fields = None;
+    attachment.status = None;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
