@@ -277,7 +277,7 @@ async fn call(
     let ca = webhook["clientConfig"]["caBundle"]
         .as_str()
         .unwrap_or_default();
-    let uid = crate::store::strategy::new_uid();
+    let uid = crate::store::names::new_uid();
     let kind = request.kind;
     let (new_object, old_object) = match request.operation {
         Operation::Delete => (Value::Null, request.old.cloned().unwrap_or(Value::Null)),

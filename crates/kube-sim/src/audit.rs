@@ -240,7 +240,7 @@ impl Audit {
                             .as_str()
                             .unwrap_or_default()
                             .to_owned(),
-                        at: crate::store::strategy::now_rfc3339(),
+                        at: crate::store::timestamps::now_rfc3339(),
                         by,
                         healthy: remaining,
                         desired_healthy: desired,

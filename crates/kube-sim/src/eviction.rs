@@ -13,7 +13,7 @@ use crate::audit::{Audit, Disruption};
 use crate::conditions::is_ready;
 use crate::error::ApiError;
 use crate::selector::LabelSelector;
-use crate::store::strategy::now_rfc3339;
+use crate::store::timestamps::now_rfc3339;
 use crate::store::{DeleteOptions, Part, Store};
 
 /// The message the real API server gives when a budget forbids the eviction.

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::store::strategy::now_rfc3339;
+use crate::store::timestamps::now_rfc3339;
 use crate::store::{Part, Store};
 
 /// A Ready node as a kubelet would register it.

@@ -101,7 +101,7 @@ pub fn service_account_claims(
         "nbf": now,
         "iss": API_AUDIENCE,
         "sub": format!("system:serviceaccount:{namespace}:{name}"),
-        "jti": crate::store::strategy::new_uid(),
+        "jti": crate::store::names::new_uid(),
         "kubernetes.io": private,
     })
 }

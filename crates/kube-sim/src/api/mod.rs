@@ -2,6 +2,7 @@
 //! server's verbs, parameters and error bodies.
 
 mod access_review;
+mod admit;
 mod discovery;
 mod event_view;
 mod logs;
@@ -11,10 +12,9 @@ mod query;
 mod render;
 mod scale;
 mod table;
+mod target;
 mod token;
 mod watch;
-
-use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -23,9 +23,11 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
+use admit::{Refused, admitted};
+use target::{Target, event_view_target, parse_target};
+
 use crate::error::ApiError;
 use crate::faults::Faults;
-use crate::resources::ResourceType;
 use crate::store::Store;
 
 pub use query::Query;
@@ -51,29 +53,6 @@ pub struct App {
 /// merged in front.
 pub fn router(app: App, extra: Router<App>) -> Router {
     extra.fallback(handle).with_state(app)
-}
-
-/// What a request path names.
-#[derive(Debug)]
-enum Target {
-    Version,
-    OpenApiV2,
-    ApiVersions,
-    ApiGroups,
-    ResourceList {
-        group: String,
-        version: String,
-    },
-    Collection {
-        kind: Arc<ResourceType>,
-        namespace: Option<String>,
-    },
-    Object {
-        kind: Arc<ResourceType>,
-        namespace: Option<String>,
-        name: String,
-        sub: Option<String>,
-    },
 }
 
 async fn handle(State(app): State<App>, request: Request) -> Response {
@@ -252,273 +231,6 @@ async fn metadata_only(response: Response) -> Response {
     };
     let body = render::partial_body(&bytes).map_or_else(|| Body::from(bytes), Body::from);
     Response::from_parts(parts, body)
-}
-
-/// The core Event target behind a request to the events.k8s.io view (see event_view.rs).
-fn event_view_target(app: &App, target: &Target) -> Option<Target> {
-    let core = || app.store.kind("", "events");
-    match target {
-        Target::Collection { kind, namespace } if event_view::is_view(kind) => {
-            Some(Target::Collection {
-                kind: core(),
-                namespace: namespace.clone(),
-            })
-        }
-        Target::Object {
-            kind,
-            namespace,
-            name,
-            sub,
-        } if event_view::is_view(kind) => Some(Target::Object {
-            kind: core(),
-            namespace: namespace.clone(),
-            name: name.clone(),
-            sub: sub.clone(),
-        }),
-        _ => None,
-    }
-}
-
-/// Runs admission webhooks on API writes. A PATCH is resolved here and continues as a PUT of
-/// the admitted object, guarded by the version it was computed from; a resolved apply carries
-/// its managedFields already.
-async fn admitted(
-    app: &App,
-    user: &crate::auth::User,
-    method: &Method,
-    target: &Target,
-    query: &Query,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Result<(Method, Bytes, objects::Bookkeeping, Vec<String>), Refused> {
-    use crate::admission::{Operation, Request, admit, any_registered};
-    use objects::Bookkeeping::{AlreadyApplied, Record};
-    let write = matches!(
-        *method,
-        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-    );
-    if !write || !(any_registered(&app.store) || crate::admission_policy::any_bound(&app.store)) {
-        return Ok((method.clone(), body, Record, Vec::new()));
-    }
-    let (kind, namespace, name, sub) = match target {
-        Target::Collection { kind, namespace } if *method == Method::POST => {
-            (kind, namespace.as_deref(), None, None)
-        }
-        Target::Object {
-            kind,
-            namespace,
-            name,
-            sub,
-        } => (
-            kind,
-            namespace.as_deref(),
-            Some(name.as_str()),
-            sub.as_deref(),
-        ),
-        _ => return Ok((method.clone(), body, Record, Vec::new())),
-    };
-    // A subresource write is admitted like any other; the eviction subresource's object is the
-    // Eviction itself (policy/v1), created on the pod's `eviction` subresource.
-    let eviction = sub == Some("eviction");
-    if eviction && *method != Method::POST {
-        return Ok((method.clone(), body, Record, Vec::new()));
-    }
-    let parse = |bytes: &Bytes| -> Result<Value, ApiError> {
-        serde_json::from_slice(bytes)
-            .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
-    };
-    // The scale subresource is admitted as the Scale it shows, like its writes.
-    let scale = sub == Some("scale");
-    let old = match name {
-        Some(name) if !eviction => app.store.get(kind, namespace, name).ok(),
-        _ => None,
-    };
-    let old = match old {
-        Some(object) if scale => Some(Arc::new(scale::view(kind, &object)?)),
-        other => other,
-    };
-    let (operation, object) = match *method {
-        Method::POST => (Operation::Create, parse(&body)?),
-        Method::PUT => (Operation::Update, parse(&body)?),
-        Method::DELETE => (
-            Operation::Delete,
-            old.as_deref().cloned().ok_or_else(|| {
-                ApiError::not_found(&kind.group, &kind.plural, name.unwrap_or_default())
-            })?,
-        ),
-        _ => {
-            let content_type = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            let patch_type = crate::patch::PatchType::from_content_type(content_type)
-                .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
-            let patch = crate::patch::parse_body(patch_type, &body)?;
-            match &old {
-                Some(current) if patch_type == crate::patch::PatchType::Apply && !scale => (
-                    Operation::Update,
-                    objects::resolve_apply(app, kind, sub, query, headers, current, &patch)?,
-                ),
-                Some(current) => (
-                    Operation::Update,
-                    crate::patch::apply(current, patch_type, &patch, kind.custom)?,
-                ),
-                // Server-side apply of something new is a create.
-                None => return Ok((method.clone(), body, Record, Vec::new())),
-            }
-        }
-    };
-    let object_name = name
-        .map(str::to_owned)
-        .or_else(|| object["metadata"]["name"].as_str().map(str::to_owned))
-        .unwrap_or_default();
-    let request = Request {
-        operation,
-        kind,
-        subresource: sub,
-        namespace,
-        name: &object_name,
-        object_kind: if eviction {
-            Some(("policy", "v1", "Eviction"))
-        } else if scale {
-            Some(("autoscaling", "v1", "Scale"))
-        } else {
-            None
-        },
-        old: old.as_deref(),
-        dry_run: query.dry_run(),
-        user,
-    };
-    let crate::admission::Admitted {
-        object: admitted,
-        mut warnings,
-    } = admit(&app.store, &request, object)
-        .await
-        .map_err(|(error, warnings)| Refused { error, warnings })?;
-    match crate::admission_policy::validate(&app.store, &request, &admitted) {
-        Ok(more) => warnings.extend(more),
-        Err(error) => return Err(Refused { error, warnings }),
-    }
-    let applied = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(crate::patch::PatchType::from_content_type)
-        == Some(crate::patch::PatchType::Apply);
-    match *method {
-        Method::DELETE => Ok((method.clone(), body, Record, warnings)),
-        Method::PATCH => {
-            let mut admitted = admitted;
-            admitted["metadata"]["resourceVersion"] =
-                old.map_or(Value::Null, |o| o["metadata"]["resourceVersion"].clone());
-            Ok((
-                Method::PUT,
-                Bytes::from(serde_json::to_vec(&admitted).unwrap_or_default()),
-                if applied { AlreadyApplied } else { Record },
-                warnings,
-            ))
-        }
-        _ => Ok((
-            method.clone(),
-            Bytes::from(serde_json::to_vec(&admitted).unwrap_or_default()),
-            Record,
-            warnings,
-        )),
-    }
-}
-
-/// A write admission refused, with the warnings of the webhooks that answered before.
-struct Refused {
-    error: ApiError,
-    warnings: Vec<String>,
-}
-
-impl From<ApiError> for Refused {
-    fn from(error: ApiError) -> Self {
-        Self {
-            error,
-            warnings: Vec::new(),
-        }
-    }
-}
-
-fn parse_target(store: &Store, path: &str) -> Result<Target, ApiError> {
-    let segments: Vec<&str> = path
-        .trim_matches('/')
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .collect();
-    let not_found = || ApiError {
-        code: 404,
-        reason: "NotFound",
-        message: "the server could not find the requested resource".to_owned(),
-        details: None,
-    };
-    let (group, version, rest) = match segments.as_slice() {
-        ["version"] => return Ok(Target::Version),
-        ["openapi", "v2"] => return Ok(Target::OpenApiV2),
-        ["api"] => return Ok(Target::ApiVersions),
-        ["apis"] => return Ok(Target::ApiGroups),
-        ["api", version, rest @ ..] => ("", *version, rest),
-        ["apis", group, version, rest @ ..] => (*group, *version, rest),
-        _ => return Err(not_found()),
-    };
-    let registry = store.registry();
-    let find = |plural: &str| registry.find(group, version, plural);
-    if rest.is_empty() {
-        if registry
-            .all()
-            .iter()
-            .any(|k| k.group == group && k.version == version)
-        {
-            return Ok(Target::ResourceList {
-                group: group.to_owned(),
-                version: version.to_owned(),
-            });
-        }
-        return Err(not_found());
-    }
-    // namespaces/{ns}/{plural}[/{name}[/{sub}]] when {plural} is a namespaced kind.
-    if let ["namespaces", namespace, plural, tail @ ..] = rest
-        && let Some(kind) = find(plural).filter(|k| k.namespaced)
-    {
-        let namespace = Some((*namespace).to_owned());
-        return match tail {
-            [] => Ok(Target::Collection { kind, namespace }),
-            [name] => Ok(Target::Object {
-                kind,
-                namespace,
-                name: (*name).to_owned(),
-                sub: None,
-            }),
-            [name, sub] => Ok(Target::Object {
-                kind,
-                namespace,
-                name: (*name).to_owned(),
-                sub: Some((*sub).to_owned()),
-            }),
-            _ => Err(not_found()),
-        };
-    }
-    let kind = find(rest[0]).ok_or_else(not_found)?;
-    match &rest[1..] {
-        [] => Ok(Target::Collection {
-            kind,
-            namespace: None,
-        }),
-        [name] if !kind.namespaced => Ok(Target::Object {
-            kind,
-            namespace: None,
-            name: (*name).to_owned(),
-            sub: None,
-        }),
-        [name, sub] if !kind.namespaced => Ok(Target::Object {
-            kind,
-            namespace: None,
-            name: (*name).to_owned(),
-            sub: Some((*sub).to_owned()),
-        }),
-        _ => Err(not_found()),
-    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -113,7 +113,7 @@ pub fn bootstrap(store: &Store) {
                 .to_owned();
             let _ = store.update(&api_services, None, &name, super::Part::Status, |current| {
                 let mut available = current.clone();
-                available["status"] = json!({"conditions": [{"type": "Available", "status": "True", "reason": "Local", "message": "Local APIServices are always available", "lastTransitionTime": super::strategy::now_rfc3339()}]});
+                available["status"] = json!({"conditions": [{"type": "Available", "status": "True", "reason": "Local", "message": "Local APIServices are always available", "lastTransitionTime": super::timestamps::now_rfc3339()}]});
                 Ok(available)
             });
         }

@@ -4,7 +4,8 @@
 
 use serde_json::{Value, json};
 
-use super::strategy::{finalizers, now_rfc3339};
+use super::strategy::finalizers;
+use super::timestamps::now_rfc3339;
 use crate::error::ApiError;
 use crate::resources::ResourceType;
 

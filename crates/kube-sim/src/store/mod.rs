@@ -6,8 +6,11 @@
 
 mod bootstrap;
 mod delete;
+pub(crate) mod names;
+mod pod_defaults;
 pub(crate) mod strategy;
 pub mod timestamps;
+mod validation;
 mod workload_defaults;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

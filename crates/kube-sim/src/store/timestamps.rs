@@ -11,6 +11,11 @@ use serde_json::Value;
 use crate::error::ApiError;
 use crate::resources::ResourceType;
 
+/// Now, as a `metav1.Time` serialises (whole seconds, truncated).
+pub fn now_rfc3339() -> String {
+    format_time(Timestamp::now())
+}
+
 /// Field names whose values are `metav1.MicroTime` in the kinds we serve.
 const MICRO_TIME_FIELDS: &[&str] = &["acquireTime", "renewTime", "eventTime", "lastObservedTime"];
 

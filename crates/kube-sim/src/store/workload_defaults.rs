@@ -193,7 +193,7 @@ fn default_service(service: &mut Value) {
 fn selector_matches_template(kind: &ResourceType, object: &Value) -> Result<(), ApiError> {
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
     let invalid = |field: &str, reason: &'static str, message: String| {
-        super::strategy::invalid(kind, name, field, reason, message)
+        super::validation::invalid(kind, name, field, reason, message)
     };
     let selector = &object["spec"]["selector"];
     let empty = selector["matchLabels"]

@@ -153,7 +153,7 @@ impl Cloud {
                 }
                 let mut updated = current.clone();
                 if running {
-                    // The kubelet reports first, then drops the annotation (kubelet.rs).
+                    // The kubelet reports first, then drops the annotation (world/kubelet/node_status.rs).
                     updated["metadata"]["annotations"][super::KUBELET_ANNOTATION] =
                         json!("booting");
                 } else {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::store::strategy::now_rfc3339;
+use crate::store::timestamps::now_rfc3339;
 use crate::store::{Part, Store};
 
 fn text(value: &Value) -> &str {

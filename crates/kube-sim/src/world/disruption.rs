@@ -11,7 +11,7 @@ use super::events::{self, Source};
 use crate::conditions::is_ready;
 use crate::error::ApiError;
 use crate::selector::LabelSelector;
-use crate::store::strategy::now_rfc3339;
+use crate::store::timestamps::now_rfc3339;
 use crate::store::{Change, Part, Store};
 
 pub fn concerns(change: &Change) -> bool {

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::store::Store;
-use crate::store::strategy::now_rfc3339;
+use crate::store::timestamps::now_rfc3339;
 
 /// Who records an event: the component and the host it runs on.
 #[derive(Debug, Clone, Copy)]

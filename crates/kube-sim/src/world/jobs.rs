@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::store::strategy::now_rfc3339;
+use crate::store::timestamps::now_rfc3339;
 use crate::store::{Change, DeleteOptions, Part, Store};
 
 pub fn concerns(change: &Change) -> bool {

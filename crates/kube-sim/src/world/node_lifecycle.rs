@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::conditions::tolerations_for;
-use crate::store::strategy::now_rfc3339;
+use crate::store::timestamps::now_rfc3339;
 use crate::store::{Change, DeleteOptions, Part, Store};
 use crate::world::events::{self, Source};
 

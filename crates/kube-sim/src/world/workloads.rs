@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::node_affinity;
 use crate::conditions::{is_ready, tolerations_for};
-use crate::store::strategy::now_rfc3339;
+use crate::store::timestamps::now_rfc3339;
 use crate::store::{Change, DeleteOptions, Part, Store};
 
 fn text(value: &Value) -> &str {

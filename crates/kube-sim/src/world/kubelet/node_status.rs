@@ -1,0 +1,187 @@
+//! The kubelet's reports about its node (pkg/kubelet/kubelet_node_status.go, pkg/kubelet/
+//! nodelease): boot, Ready, the Lease renewed on the node's own clock, and
+//! `volumesInUse` kept as the attach/detach controller reads it.
+
+use std::sync::Arc;
+
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+use super::{Kubelets, containers, node_clock, reporting, terminal, text};
+use crate::store::Part;
+use crate::store::timestamps::now_rfc3339;
+use crate::world::KUBELET_ANNOTATION;
+
+impl Kubelets {
+    /// `node.status.volumesInUse`: the volumes of the node's pods that have not finished. Only
+    /// pods with claims can change it, so others skip the work.
+    pub(super) fn sync_volumes_in_use(&self, node: &str, changed: &Value) {
+        let has_claims = changed["spec"]["volumes"]
+            .as_array()
+            .is_some_and(|volumes| {
+                volumes
+                    .iter()
+                    .any(|v| v["persistentVolumeClaim"].is_object())
+            });
+        if !has_claims {
+            return;
+        }
+        let pods = self.store.kind("", "pods");
+        let mut in_use: Vec<String> = self
+            .store
+            .list(&pods, None, None, 0, &|pod| {
+                pod["spec"]["nodeName"] == node && !terminal(pod)
+            })
+            .items
+            .iter()
+            .flat_map(|pod| crate::world::attach_detach::pod_volumes(&self.store, pod))
+            .map(|volume| crate::world::attach_detach::unique_volume_name(&volume))
+            .collect();
+        in_use.sort();
+        in_use.dedup();
+        let nodes = self.store.kind("", "nodes");
+        let _ = self
+            .store
+            .update(&nodes, None, node, Part::Status, |current| {
+                let mut updated = current.clone();
+                if in_use.is_empty() {
+                    updated["status"]
+                        .as_object_mut()
+                        .map(|status| status.remove("volumesInUse"));
+                } else {
+                    updated["status"]["volumesInUse"] = json!(in_use);
+                }
+                Ok(updated)
+            });
+    }
+
+    /// A stopped kubelet is a machine gone dark: its container processes die with it. A kubelet
+    /// coming back picks up the pods it ignored while stopped and, as after a reboot, starts
+    /// again the containers of its running pods that have no process.
+    pub(super) fn node_changed(&mut self, node: &Arc<Value>) {
+        let name = text(&node["metadata"]["name"]);
+        let pods = self.store.kind("", "pods");
+        let bound: Vec<Arc<Value>> = self
+            .store
+            .list(&pods, None, None, 0, &|pod| {
+                pod["spec"]["nodeName"] == name.as_str()
+            })
+            .items;
+        match node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() {
+            // Cut off, not dead: its containers run on, unseen.
+            Some("partitioned") => {}
+            Some("booting") => self.boot(node),
+            Some("stopped") => {
+                for pod in &bound {
+                    let uid = text(&pod["metadata"]["uid"]);
+                    self.runtime.signal(&uid, Signal::SIGKILL);
+                    self.stop_probing(&uid, None);
+                }
+            }
+            _ => self.node_reporting(bound),
+        }
+    }
+
+    /// A kubelet reporting (again): it catches up with its pods and, as after a reboot, starts
+    /// the containers of its running pods that have no process.
+    pub(super) fn node_reporting(&mut self, bound: Vec<Arc<Value>>) {
+        for pod in bound {
+            self.pod_changed(&pod);
+            let running = pod["status"]["phase"] == "Running"
+                && pod["metadata"]["deletionTimestamp"].is_null();
+            if !running {
+                continue;
+            }
+            let uid = text(&pod["metadata"]["uid"]);
+            let dead: Vec<String> = containers(&pod)
+                .filter(|c| self.runtime.runs(c))
+                .map(|c| text(&c["name"]))
+                .filter(|container| !self.runtime.is_running(&uid, container))
+                .collect();
+            for container in dead {
+                self.restart(
+                    text(&pod["metadata"]["namespace"]).as_str(),
+                    text(&pod["metadata"]["name"]).as_str(),
+                    &uid,
+                    &container,
+                );
+            }
+        }
+    }
+
+    /// A running kubelet reports its node Ready (a node created bare, or coming back).
+    pub(super) fn post_ready(&self, name: &str, node: &Value) {
+        let ready = node["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        if ready {
+            return;
+        }
+        let nodes = self.store.kind("", "nodes");
+        let _ = self.store.update(&nodes, None, name, Part::Status, |current| {
+            let now = now_rfc3339();
+            let condition = json!({"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now});
+            let patch = json!({"status": {"conditions": [condition], "nodeInfo": {"kubeletVersion": "v1.33.0-sim"}}});
+            crate::patch::apply(current, crate::patch::PatchType::StrategicMerge, &patch, false)
+        });
+    }
+
+    pub(super) fn renew_leases(&self) {
+        let nodes = self.store.kind("", "nodes");
+        for node in self.store.all(&nodes) {
+            if reporting(&node) {
+                self.renew_lease(&node);
+            }
+        }
+    }
+
+    /// A booting machine's kubelet reports first — its Lease renewed, the node Ready — and
+    /// only then runs pods, as a real kubelet needs the API server before it can start any.
+    pub(super) fn boot(&mut self, node: &Value) {
+        self.renew_lease(node);
+        let nodes = self.store.kind("", "nodes");
+        let name = text(&node["metadata"]["name"]);
+        let uid = node["metadata"]["uid"].clone();
+        let _ = self
+            .store
+            .update(&nodes, None, &name, Part::Main, |current| {
+                let mut booted = current.clone();
+                if current["metadata"]["uid"] == uid
+                    && let Some(annotations) = booted["metadata"]["annotations"].as_object_mut()
+                {
+                    annotations.remove(KUBELET_ANNOTATION);
+                }
+                Ok(booted)
+            });
+    }
+
+    pub(super) fn renew_lease(&self, node: &Value) {
+        let leases = self.store.kind("coordination.k8s.io", "leases");
+        let now = crate::store::timestamps::format_micro_time(node_clock(node));
+        let name = text(&node["metadata"]["name"]);
+        self.post_ready(&name, node);
+        {
+            let renewed = self.store.update(
+                &leases,
+                Some("kube-node-lease"),
+                &name,
+                Part::Main,
+                |current| {
+                    let mut lease = current.clone();
+                    lease["spec"]["renewTime"] = json!(now);
+                    Ok(lease)
+                },
+            );
+            if renewed.is_err() {
+                let _ = self.store.create(&leases, Some("kube-node-lease"), json!({
+                    "metadata": {
+                        "name": name,
+                        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}],
+                    },
+                    "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now},
+                }));
+            }
+        }
+    }
+}
