@@ -7,6 +7,7 @@ pub mod admission_policy;
 pub mod api;
 pub mod audit;
 pub mod auth;
+pub mod cluster;
 pub mod conditions;
 pub mod container_init;
 pub mod control;

@@ -8,14 +8,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::{Api, Client};
+use kube_sim::cluster::statefulset;
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
-use serde_json::json;
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -173,16 +172,11 @@ async fn failover(with_controller: bool) -> Result<Duration> {
     } else {
         None
     };
-    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), "default");
-    sets.create(&PostParams::default(), &serde_json::from_value(json!({
-        "metadata": {"name": "db"},
-        "spec": {
-            "replicas": 1, "serviceName": "db",
-            "selector": {"matchLabels": {"app": "db"}},
-            "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"containers": [{"name": "db", "image": "postgres"}]}},
-            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}],
-        },
-    }))?).await?;
+    statefulset("db", 1)
+        .image("postgres")
+        .claim("data", "1Gi")
+        .create(&client)
+        .await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let placed = |pod: &Pod| {
         (pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))

@@ -6,12 +6,12 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::WorldOptions;
+use kube_sim::cluster::statefulset;
 use kube_sim::faults::{ErrorRule, FailureKind};
 use nodegrace_core::k8s::node_identity::NodeIdentity;
 use serde_json::json;
@@ -25,17 +25,11 @@ async fn a_statefulset_fails_over_with_its_volume_and_the_node_is_untainted_when
     let sim = sim(3, world()).await?;
     let client = sim.client();
     let gc = controller(&sim, &["--auto-untaint=true"]).await?;
-    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), "default");
-    sets.create(&PostParams::default(), &serde_json::from_value(json!({
-        "metadata": {"name": "db"},
-        "spec": {
-            "replicas": 1,
-            "serviceName": "db",
-            "selector": {"matchLabels": {"app": "db"}},
-            "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"containers": [{"name": "db", "image": "postgres"}]}},
-            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}],
-        },
-    }))?).await?;
+    statefulset("db", 1)
+        .image("postgres")
+        .claim("data", "1Gi")
+        .create(&client)
+        .await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let running_on = |pod: Pod| {
         (pod.status.and_then(|s| s.phase).as_deref() == Some("Running"))

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
+use kube_sim::cluster::{Cluster, Workload, deployment};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
 use serde_json::json;
 use termination_controller::api::{FINALIZER, NodeDisruptionBudget};
@@ -109,30 +109,13 @@ async fn pods_left(client: &Client, node: &str) -> Result<usize> {
         .len())
 }
 
-async fn ready_pods(client: &Client) -> Result<usize> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    Ok(pods
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-        .filter(|pod| {
-            pod.status
-                .iter()
-                .flat_map(|status| status.conditions.iter().flatten())
-                .any(|condition| condition.type_ == "Ready" && condition.status == "True")
-        })
-        .count())
-}
-
 /// A simulated cluster with the NodeDisruptionBudget CRD installed.
 async fn sim_with_crd(options: SimOptions) -> Result<KubeSim> {
-    let sim = KubeSim::start(options).await?;
-    let crds: Api<CustomResourceDefinition> = Api::all(sim.client());
-    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
-        .await?;
-    Ok(sim)
+    Ok(Cluster::new(options.nodes)
+        .options(options)
+        .crd(NodeDisruptionBudget::crd())
+        .start()
+        .await?)
 }
 
 /// A cluster whose node-0 holds every pod of the 10 budgets, with room elsewhere for the
@@ -152,36 +135,22 @@ async fn cluster() -> Result<KubeSim> {
     let client = sim.client();
     let others = ["node-1", "node-2", "node-3"];
     set_unschedulable(&client, &others, true).await?;
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-        Api::namespaced(client.clone(), "default");
-    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        Api::namespaced(client.clone(), "default");
-    for index in 0..BUDGETS {
-        let app = format!("app-{index}");
-        let deployment = json!({
-            "metadata": {"name": app},
-            "spec": {"replicas": PODS_PER_BUDGET, "selector": {"matchLabels": {"app": app}},
-                "template": {
-                    "metadata": {"labels": {"app": app}, "annotations": {
-                        "sim.nodegrace.io/ready-after-seconds": READY_AFTER.to_string(),
-                        "sim.nodegrace.io/stop-seconds": STOP.to_string(),
-                    }},
-                    "spec": {"containers": [{"name": "c", "image": "app"}]}}},
-        });
-        deployments
-            .create(&PostParams::default(), &serde_json::from_value(deployment)?)
-            .await?;
-        let budget = json!({"metadata": {"name": app},
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": app}}}});
-        budgets
-            .create(&PostParams::default(), &serde_json::from_value(budget)?)
-            .await?;
+    let apps: Vec<Workload> = (0..BUDGETS)
+        .map(|index| {
+            deployment(
+                &format!("app-{index}"),
+                i32::try_from(PODS_PER_BUDGET).unwrap_or(0),
+            )
+            .timing(READY_AFTER, STOP)
+            .budget(json!({"maxUnavailable": 1}))
+        })
+        .collect();
+    for app in &apps {
+        app.create(&client).await?;
     }
-    nodegrace_core::testing::wait_for("110 pods Ready on node-0", Duration::from_secs(120), || {
-        let client = client.clone();
-        async move { Ok(ready_pods(&client).await? == BUDGETS * PODS_PER_BUDGET) }
-    })
-    .await?;
+    for app in &apps {
+        app.wait_ready(&client, Duration::from_secs(120)).await?;
+    }
     set_unschedulable(&client, &others, false).await?;
     Ok(sim)
 }

@@ -27,31 +27,17 @@ async fn a_deleted_node_is_drained_in_tiers_within_its_budgets_then_terminated_a
 -> Result<()> {
     let sim = sim(3).await?;
     let client = sim.client();
-    deployment(
-        &client,
-        "web",
-        6,
-        Some(json!({"maxUnavailable": 1})),
-        &json!({}),
-    )
-    .await?;
-    deployment(
-        &client,
-        "api",
-        3,
-        Some(json!({"minAvailable": 2})),
-        &json!({}),
-    )
-    .await?;
-    deployment(&client, "loose", 3, None, &json!({})).await?;
-    deployment(
-        &client,
-        "dns",
-        3,
-        Some(json!({"maxUnavailable": 1})),
-        &json!({"spec": {"priorityClassName": "system-cluster-critical"}}),
-    )
-    .await?;
+    web(6).create(&client).await?;
+    app("api", 3)
+        .budget(json!({"minAvailable": 2}))
+        .create(&client)
+        .await?;
+    app("loose", 3).create(&client).await?;
+    app("dns", 3)
+        .pod(&json!({"spec": {"priorityClassName": "system-cluster-critical"}}))
+        .budget(json!({"maxUnavailable": 1}))
+        .create(&client)
+        .await?;
     log_daemonset(&client).await?;
     // A bare pod with a claim on the node: its volume must detach before the machine goes.
     create(
@@ -89,8 +75,7 @@ async fn a_deleted_node_is_drained_in_tiers_within_its_budgets_then_terminated_a
             .any(|a| a.spec.node_name == "node-1"))
     })
     .await?;
-    let controller = controller(&sim, &[]).await?;
-    finalizer_on_every_node(&client, 3).await?;
+    let controller = managing(&sim, &[]).await?;
     let on_node: BTreeMap<String, String> = pods_on(&client, "node-1")
         .await?
         .into_iter()
@@ -199,20 +184,12 @@ async fn a_deleted_node_is_drained_in_tiers_within_its_budgets_then_terminated_a
 async fn a_do_not_evict_pod_holds_the_cordoned_node_until_it_is_gone() -> Result<()> {
     let sim = sim(2).await?;
     let client = sim.client();
-    deployment(
-        &client,
-        "web",
-        2,
-        Some(json!({"maxUnavailable": 1})),
-        &json!({}),
-    )
-    .await?;
+    web(2).create(&client).await?;
     create(&client, json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "batch", "namespace": "default", "labels": {"nodegrace.io/do-not-evict": "true"}},
         "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "app"}]}})).await?;
     wait_ready(&client, "web", 2).await?;
-    let _controller = controller(&sim, &[]).await?;
-    finalizer_on_every_node(&client, 2).await?;
+    let _controller = managing(&sim, &[]).await?;
     delete_node(&client, "node-1").await?;
     wait_for("node-1 to wait for its do-not-evict pod", || async {
         Ok(condition(&client, "node-1", "Terminating")
@@ -258,17 +235,12 @@ async fn under_max_unavailable_one_three_deleted_nodes_go_one_at_a_time() -> Res
     )
     .await?;
     // Pods that take a while to stop keep each drain open long enough to overlap.
-    deployment(
-        &client,
-        "web",
-        5,
-        None,
-        &json!({"metadata": {"annotations": {"sim.nodegrace.io/stop-seconds": "0.5"}}}),
-    )
-    .await?;
+    app("web", 5)
+        .pod(&json!({"metadata": {"annotations": {"sim.nodegrace.io/stop-seconds": "0.5"}}}))
+        .create(&client)
+        .await?;
     wait_ready(&client, "web", 5).await?;
-    let _controller = controller(&sim, &[]).await?;
-    finalizer_on_every_node(&client, 5).await?;
+    let _controller = managing(&sim, &[]).await?;
     // Watch the grants: never two at once.
     let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
     let most = Arc::new(Mutex::new(0usize));
@@ -337,8 +309,7 @@ async fn an_invalid_budget_fails_closed_and_says_why() -> Result<()> {
     );
     // …and the controller refuses what the schema cannot see: a percentage above 100.
     ndb(&client, "broken", json!({"selector": {"matchLabels": {"kubernetes.io/hostname": "node-1"}}, "maxUnavailable": "150%"})).await?;
-    let _controller = controller(&sim, &[]).await?;
-    finalizer_on_every_node(&client, 2).await?;
+    let _controller = managing(&sim, &[]).await?;
     let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
     wait_for("the budget marked invalid", || async {
         Ok(budgets.get("broken").await?.status.is_some_and(|status| {
@@ -390,19 +361,14 @@ async fn an_invalid_budget_fails_closed_and_says_why() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_restarted_mid_drain_finishes_without_a_second_terminate() -> Result<()> {
-    let sim = sim(3).await?;
+    let slow_start =
+        json!({"metadata": {"annotations": {"sim.nodegrace.io/ready-after-seconds": "0.5"}}});
+    let web = app("web", 6)
+        .pod(&slow_start)
+        .budget(json!({"maxUnavailable": 1}));
+    let sim = cluster(3).with(web).start().await?;
     let client = sim.client();
-    deployment(
-        &client,
-        "web",
-        6,
-        Some(json!({"maxUnavailable": 1})),
-        &json!({"metadata": {"annotations": {"sim.nodegrace.io/ready-after-seconds": "0.5"}}}),
-    )
-    .await?;
-    wait_ready(&client, "web", 6).await?;
-    let first = controller(&sim, &[]).await?;
-    finalizer_on_every_node(&client, 3).await?;
+    let first = managing(&sim, &[]).await?;
     let before = pods_on(&client, "node-1").await?.len();
     delete_node(&client, "node-1").await?;
     wait_for("the drain under way", || async {
@@ -430,7 +396,7 @@ async fn a_controller_restarted_mid_drain_finishes_without_a_second_terminate() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_errors_are_retried_and_nothing_is_lost() -> Result<()> {
-    let sim = sim(3).await?;
+    let sim = cluster(3).with(web(6)).start().await?;
     let client = sim.client();
     ndb(
         &client,
@@ -438,17 +404,7 @@ async fn api_errors_are_retried_and_nothing_is_lost() -> Result<()> {
         json!({"selector": {"matchLabels": {"kubernetes.io/os": "linux"}}, "maxUnavailable": 1}),
     )
     .await?;
-    deployment(
-        &client,
-        "web",
-        6,
-        Some(json!({"maxUnavailable": 1})),
-        &json!({}),
-    )
-    .await?;
-    wait_ready(&client, "web", 6).await?;
-    let _controller = controller(&sim, &[]).await?;
-    finalizer_on_every_node(&client, 3).await?;
+    let _controller = managing(&sim, &[]).await?;
     for (verb, resource) in [
         ("create", "pods"),
         ("update", "nodes"),

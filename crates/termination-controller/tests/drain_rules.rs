@@ -21,15 +21,9 @@ async fn rule(client: &kube::Client, name: &str, spec: Value) -> Result<()> {
 }
 
 /// `replicas` pods of `app`, all on node-1.
-async fn on_node_1(client: &kube::Client, app: &str, replicas: i32) -> Result<()> {
-    deployment(
-        client,
-        app,
-        replicas,
-        None,
-        &json!({"spec": {"nodeSelector": {"kubernetes.io/hostname": "node-1"}}}),
-    )
-    .await
+async fn on_node_1(client: &kube::Client, name: &str, replicas: i32) -> Result<()> {
+    let on_node_1 = json!({"spec": {"nodeSelector": {"kubernetes.io/hostname": "node-1"}}});
+    Ok(app(name, replicas).pod(&on_node_1).create(client).await?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,8 +141,7 @@ async fn rules_order_the_tier_wait_for_a_job_and_a_pods_own_label_skips_it() -> 
     );
 
     // Then what the drain does.
-    let _controller = controller(&sim, &[]).await?;
-    finalizer_on_every_node(&client, 2).await?;
+    let _controller = managing(&sim, &[]).await?;
     let seen = record(&client);
     delete_node(&client, "node-1").await?;
     wait_for("node-1 to wait for its report to finish", || async {
@@ -211,8 +204,7 @@ async fn without_the_drain_rule_crd_the_controller_drains_without_rules() -> Res
         Ok(rules.list(&kube::api::ListParams::default()).await.is_err())
     })
     .await?;
-    let _controller = controller(&sim, &[]).await?;
-    finalizer_on_every_node(&client, 2).await?;
+    let _controller = managing(&sim, &[]).await?;
     delete_node(&client, "node-1").await?;
     wait_for("node-1 to go", || node_gone(&client, "node-1")).await
 }

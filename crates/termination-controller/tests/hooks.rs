@@ -23,19 +23,9 @@ async fn annotate(client: &kube::Client, node: &str, annotations: serde_json::Va
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hooks_hold_the_node_before_its_cordon_and_before_its_machine_until_removed() -> Result<()>
 {
-    let sim = sim(2).await?;
+    let sim = cluster(2).with(web(2)).start().await?;
     let client = sim.client();
-    deployment(
-        &client,
-        "web",
-        2,
-        Some(json!({"maxUnavailable": 1})),
-        &json!({}),
-    )
-    .await?;
-    wait_ready(&client, "web", 2).await?;
-    let _controller = controller(&sim, &[]).await?;
-    finalizer_on_every_node(&client, 2).await?;
+    let _controller = managing(&sim, &[]).await?;
     annotate(
         &client,
         "node-1",
@@ -128,8 +118,7 @@ async fn hooks_hold_the_node_before_its_cordon_and_before_its_machine_until_remo
 async fn with_a_hook_timeout_a_forgotten_hook_holds_the_node_only_that_long() -> Result<()> {
     let sim = sim(2).await?;
     let client = sim.client();
-    let _controller = controller(&sim, &["--hook-timeout=1s"]).await?;
-    finalizer_on_every_node(&client, 2).await?;
+    let _controller = managing(&sim, &["--hook-timeout=1s"]).await?;
     annotate(
         &client,
         "node-1",

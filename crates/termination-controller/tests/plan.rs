@@ -38,31 +38,17 @@ async fn the_plan_names_the_tiers_and_blockers_the_drain_then_follows() -> Resul
     let client = sim.client();
     let controller = controller(&sim, &[]).await?;
     workers_budget(&client).await?;
-    deployment(
-        &client,
-        "web",
-        6,
-        Some(json!({"maxUnavailable": 1})),
-        &json!({}),
-    )
-    .await?;
+    web(6).create(&client).await?;
     // Six of each on three nodes (the scheduler spreads by pod count): node-1 has some of all.
-    deployment(
-        &client,
-        "frozen",
-        6,
-        Some(json!({"maxUnavailable": 0})),
-        &json!({}),
-    )
-    .await?;
-    deployment(
-        &client,
-        "dns",
-        6,
-        Some(json!({"maxUnavailable": 1})),
-        &json!({"spec": {"priorityClassName": "system-cluster-critical"}}),
-    )
-    .await?;
+    app("frozen", 6)
+        .budget(json!({"maxUnavailable": 0}))
+        .create(&client)
+        .await?;
+    app("dns", 6)
+        .pod(&json!({"spec": {"priorityClassName": "system-cluster-critical"}}))
+        .budget(json!({"maxUnavailable": 1}))
+        .create(&client)
+        .await?;
     log_daemonset(&client).await?;
     create(
         &client,

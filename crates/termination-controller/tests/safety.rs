@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, Result, ensure};
 use common::{
     condition, controller, controller_via, create, delete_node, event_seen, has_event,
-    has_finalizer, ndb, node_gone, wait_for,
+    has_finalizer, managing, ndb, node_gone, wait_for,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -35,7 +35,7 @@ async fn pod_on(client: &Client, name: &str, node: &str, extra: serde_json::Valu
         "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "app"}]},
     });
-    common::merge(&mut body, &extra);
+    kube_sim::cluster::merge(&mut body, &extra);
     create(client, body).await
 }
 
@@ -44,7 +44,7 @@ async fn budget_for(client: &Client, app: &str, limit: serde_json::Value) -> Res
     let mut body = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": {"name": app, "namespace": "default"},
         "spec": {"selector": {"matchLabels": {"app": app}}}});
-    common::merge(&mut body["spec"], &limit);
+    kube_sim::cluster::merge(&mut body["spec"], &limit);
     create(client, body).await
 }
 
@@ -194,8 +194,7 @@ async fn a_namesake_node_is_never_touched_by_the_deleted_nodes_termination() -> 
 async fn a_dead_node_is_released_without_waiting_for_its_pods() -> Result<()> {
     let sim = common::sim(2).await?;
     let client = sim.client();
-    let controller = controller(&sim, &[]).await?;
-    common::finalizer_on_every_node(&client, 2).await?;
+    let controller = managing(&sim, &[]).await?;
     pod_on(&client, "on-dead", "node-0", json!({})).await?;
     budget_for(&client, "on-dead", json!({"maxUnavailable": 1})).await?;
     sim.world()
@@ -226,8 +225,7 @@ async fn a_dead_node_is_released_without_waiting_for_its_pods() -> Result<()> {
 async fn not_ready_timeout_releases_a_powered_off_node() -> Result<()> {
     let sim = common::sim(3).await?;
     let client = sim.client();
-    let controller = controller(&sim, &["--not-ready-timeout=1s"]).await?;
-    common::finalizer_on_every_node(&client, 3).await?;
+    let controller = managing(&sim, &["--not-ready-timeout=1s"]).await?;
     sim.world()
         .cloud()
         .set_power("node-2", false)
@@ -247,8 +245,7 @@ async fn not_ready_timeout_releases_a_powered_off_node() -> Result<()> {
 async fn a_pod_held_by_a_finalizer_does_not_hold_a_ready_node() -> Result<()> {
     let sim = common::sim(1).await?;
     let client = sim.client();
-    let controller = controller(&sim, &[]).await?;
-    common::finalizer_on_every_node(&client, 1).await?;
+    let controller = managing(&sim, &[]).await?;
     pod_on(
         &client,
         "held",
@@ -273,8 +270,7 @@ async fn a_pod_held_by_a_finalizer_does_not_hold_a_ready_node() -> Result<()> {
 async fn a_hung_machine_is_released_once_its_pods_are_stuck_terminating() -> Result<()> {
     let sim = common::sim(1).await?;
     let client = sim.client();
-    let controller = controller(&sim, &["--stuck-terminating-after=2s"]).await?;
-    common::finalizer_on_every_node(&client, 1).await?;
+    let controller = managing(&sim, &["--stuck-terminating-after=2s"]).await?;
     pod_on(
         &client,
         "hung",
@@ -309,8 +305,7 @@ async fn a_hung_machine_is_released_once_its_pods_are_stuck_terminating() -> Res
 async fn a_node_draining_before_its_budget_existed_counts_as_disrupted() -> Result<()> {
     let sim = common::sim(3).await?;
     let client = sim.client();
-    let controller = controller(&sim, &[]).await?;
-    common::finalizer_on_every_node(&client, 3).await?;
+    let controller = managing(&sim, &[]).await?;
     // node-1's drain never ends: its one pod's budget never allows a disruption.
     pinned(&client, "node-1").await?;
     delete_node(&client, "node-1").await?;
@@ -360,8 +355,7 @@ async fn a_node_draining_before_its_budget_existed_counts_as_disrupted() -> Resu
 async fn many_nodes_not_ready_at_once_are_a_partition_and_are_not_deleted() -> Result<()> {
     let sim = common::sim(10).await?;
     let client = sim.client();
-    let controller = controller(&sim, &["--not-ready-timeout=1s"]).await?;
-    common::finalizer_on_every_node(&client, 10).await?;
+    let controller = managing(&sim, &["--not-ready-timeout=1s"]).await?;
     let cut_off: Vec<String> = (0..6).map(|index| format!("node-{index}")).collect();
     for node in &cut_off {
         sim.world()
@@ -637,8 +631,7 @@ async fn a_grant_overtaken_by_a_dead_node_is_given_back_before_the_cordon() -> R
 
     let sim = common::sim(3).await?;
     let client = sim.client();
-    let controller = controller(&sim, &[]).await?;
-    common::finalizer_on_every_node(&client, 3).await?;
+    let controller = managing(&sim, &[]).await?;
     common::workers_budget(&client).await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let uid = nodes.get("node-1").await?.metadata.uid;

@@ -64,12 +64,12 @@ async fn configurations(client: &Client, port: u16) -> Result<()> {
 
 /// A cluster of `nodes` under the NodeDisruptionBudget `workers` (maxUnavailable 1 over every
 /// node), with the controller serving the webhook in `mode`.
-async fn cluster(nodes: usize, mode: &str, extra: &[&str]) -> Result<(KubeSim, Controller)> {
+async fn with_webhook(nodes: usize, mode: &str, extra: &[&str]) -> Result<(KubeSim, Controller)> {
     let port = free_port()?;
-    cluster_on(port, nodes, mode, extra).await
+    with_webhook_on(port, nodes, mode, extra).await
 }
 
-async fn cluster_on(
+async fn with_webhook_on(
     port: u16,
     nodes: usize,
     mode: &str,
@@ -192,7 +192,7 @@ async fn remaining(client: &Client) -> Result<Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_mode_refuses_deletions_the_budget_does_not_allow() -> Result<()> {
-    let (sim, controller) = cluster(5, "deny", &[]).await?;
+    let (sim, controller) = with_webhook(5, "deny", &[]).await?;
     let client = sim.client();
     let overlap = watch_overlap(&client);
 
@@ -289,17 +289,10 @@ async fn deny_mode_refuses_deletions_the_budget_does_not_allow() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_mode_admits_and_the_controller_drains_one_node_at_a_time() -> Result<()> {
     // Six nodes: the web pods need somewhere to go when five are deleted.
-    let (sim, controller) = cluster(6, "queue", &[]).await?;
+    let (sim, controller) = with_webhook(6, "queue", &[]).await?;
     let client = sim.client();
     let overlap = watch_overlap(&client);
-    deployment(
-        &client,
-        "web",
-        6,
-        Some(json!({"maxUnavailable": 1})),
-        &json!({}),
-    )
-    .await?;
+    web(6).create(&client).await?;
     wait_ready(&client, "web", 6).await?;
 
     // node-0 takes the grant and is held by a do-not-evict pod, so the others must wait.
@@ -365,7 +358,7 @@ async fn queue_mode_admits_and_the_controller_drains_one_node_at_a_time() -> Res
 /// sent all along never fail, and the old CA leaves the bundle once it expires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_serving_certificate_rotates_without_a_failed_review() -> Result<()> {
-    let (sim, controller) = cluster(2, "deny", &["--webhook-cert-validity=10s"]).await?;
+    let (sim, controller) = with_webhook(2, "deny", &["--webhook-cert-validity=10s"]).await?;
     let client = sim.client();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     let serving = |secret: &Secret| {
@@ -433,7 +426,7 @@ async fn the_serving_certificate_rotates_without_a_failed_review() -> Result<()>
 async fn bad_requests_get_clear_answers() -> Result<()> {
     use http_body_util::{BodyExt, Full};
     let port = free_port()?;
-    let (sim, controller) = cluster_on(port, 1, "deny", &[]).await?;
+    let (sim, controller) = with_webhook_on(port, 1, "deny", &[]).await?;
     let ca = webhook_ca(&sim.client(), "default", "termination-controller-webhook").await?;
     // A body declared too large is refused after the headers, before it is read (a client
     // still sending would see the connection close, so this one sends only the headers).

@@ -5,23 +5,21 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use kube_sim::cluster::{Workload, daemonset, deployment, statefulset};
 use serde_json::json;
 
 use super::schedule::{NODES, node};
 use crate::manifests::{create, parse_documents};
-use crate::stage::pod_ready;
-use crate::wait::poll_until;
 
 pub const NAMESPACE: &str = "nodegrace";
 pub const APPS: &str = "apps";
 pub const WEBHOOK_CONFIGURATION: &str = "nodegrace-termination";
 pub const WEBHOOK_SECRET: &str = "termination-controller-webhook";
-const WORKLOADS: &str = include_str!("../../explore/workloads.yaml");
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The zone of node `index`: the first three in `a`, the rest in `b`.
@@ -130,8 +128,60 @@ pub async fn webhooks(client: &Client, address: std::net::SocketAddr) -> Result<
     Ok(())
 }
 
+/// The workloads every run starts with: Deployments under PodDisruptionBudgets, StatefulSets
+/// with a volume each, and a DaemonSet. Schedules change the budgets and add pods on top.
+fn apps() -> Vec<Workload> {
+    let evicted_after_3s = json!({"spec": {"tolerations": [
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 3},
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 3},
+    ]}});
+    // out-of-service-gc must never touch `keeper` or its volume's attachment.
+    let out_of_service_for_good = json!({"spec": {"tolerations": [
+        {"key": "node.kubernetes.io/out-of-service", "operator": "Exists", "effect": "NoExecute"},
+    ]}});
+    [
+        deployment("web", 6)
+            .image("registry.example/web:1")
+            .budget(json!({"maxUnavailable": 1})),
+        deployment("api", 3)
+            .image("registry.example/api:1")
+            .budget(json!({"minAvailable": 2})),
+        statefulset("db", 2)
+            .image("registry.example/db:1")
+            .pod(&evicted_after_3s)
+            .claim("data", "1Gi")
+            .budget(json!({"maxUnavailable": 1})),
+        statefulset("keeper", 1)
+            .image("registry.example/keeper:1")
+            .pod(&out_of_service_for_good)
+            .claim("data", "1Gi"),
+        daemonset("agent").image("registry.example/agent:1"),
+    ]
+    .into_iter()
+    .map(|app| app.namespace(APPS))
+    .collect()
+}
+
+/// The NodeDisruptionBudgets: the pool one node at a time, and zone a keeping two.
+fn node_budgets() -> [serde_json::Value; 2] {
+    let budget = |name: &str, spec: serde_json::Value| {
+        json!({"apiVersion": "nodegrace.io/v1alpha1", "kind": "NodeDisruptionBudget",
+            "metadata": {"name": name}, "spec": spec})
+    };
+    [
+        budget(
+            "workers",
+            json!({"selector": {"matchLabels": {"pool": "workers"}}, "maxUnavailable": 1}),
+        ),
+        budget(
+            "zone-a",
+            json!({"selector": {"matchLabels": {"zone": "a"}}, "minAvailable": 2}),
+        ),
+    ]
+}
+
 /// Labels the nodes (pool, zone) and creates the workloads and budgets; waits until every
-/// workload pod is Ready.
+/// workload is ready.
 pub async fn workloads(client: &Client) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     for index in 0..NODES {
@@ -145,20 +195,19 @@ pub async fn workloads(client: &Client) -> Result<()> {
             )
             .await?;
     }
-    for document in parse_documents(WORKLOADS)? {
-        create(client, &document, APPS).await?;
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APPS}});
+    create(client, &namespace, APPS).await?;
+    let apps = apps();
+    for app in &apps {
+        app.create(client).await?;
     }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), APPS);
-    // 6 web + 3 api + 2 db + 1 keeper + one agent per node.
-    let expected = 12 + NODES;
-    let ready = poll_until(READY_TIMEOUT, || async {
-        pods.list(&ListParams::default())
-            .await
-            .is_ok_and(|list| list.items.iter().filter(|pod| pod_ready(pod)).count() >= expected)
-    })
-    .await;
-    if !ready {
-        bail!("the workloads' {expected} pods were not Ready within {READY_TIMEOUT:?}");
+    for budget in node_budgets() {
+        create(client, &budget, APPS).await?;
+    }
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    for app in &apps {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        app.wait_ready(client, left).await?;
     }
     Ok(())
 }

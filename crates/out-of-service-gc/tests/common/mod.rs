@@ -9,7 +9,8 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolumeClaim, Pod, Taint};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use kube_sim::cluster::Cluster;
+use kube_sim::{KubeSim, WorldOptions};
 use nodegrace_core::k8s::taints::change_taints;
 use nodegrace_core::program::Started;
 use nodegrace_core::testing::{self, Admin};
@@ -32,12 +33,7 @@ pub fn world() -> WorldOptions {
 }
 
 pub async fn sim(nodes: usize, world: WorldOptions) -> Result<KubeSim> {
-    Ok(KubeSim::start(SimOptions {
-        nodes,
-        world,
-        ..SimOptions::default()
-    })
-    .await?)
+    Ok(Cluster::new(nodes).world(world).start().await?)
 }
 
 pub struct Controller {

@@ -11,11 +11,11 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, CustomResourceExt};
-use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use kube_sim::cluster::{Cluster, Workload, daemonset, deployment};
+use kube_sim::{KubeSim, WorldOptions};
 use nodegrace_core::program::Started;
 use nodegrace_core::testing::{self, Admin};
 use serde_json::json;
@@ -34,19 +34,17 @@ pub fn world() -> WorldOptions {
     }
 }
 
+/// `nodes` nodes with this controller's CRDs and the tests' world timings; add workloads with
+/// `.with(…)`.
+pub fn cluster(nodes: usize) -> Cluster {
+    Cluster::new(nodes)
+        .world(world())
+        .crd(NodeDisruptionBudget::crd())
+        .crd(NodeDrainRule::crd())
+}
+
 pub async fn sim(nodes: usize) -> Result<KubeSim> {
-    let sim = KubeSim::start(SimOptions {
-        nodes,
-        world: world(),
-        ..SimOptions::default()
-    })
-    .await?;
-    let crds: Api<CustomResourceDefinition> = Api::all(sim.client());
-    crds.create(&PostParams::default(), &NodeDisruptionBudget::crd())
-        .await?;
-    crds.create(&PostParams::default(), &NodeDrainRule::crd())
-        .await?;
-    Ok(sim)
+    Ok(cluster(nodes).start().await?)
 }
 
 pub struct Controller {
@@ -163,57 +161,15 @@ pub async fn create(client: &Client, body: serde_json::Value) -> Result<()> {
     Ok(())
 }
 
-/// A Deployment of `replicas` whose pods take `ready` to be Ready and `stop` to stop, under a
-/// PDB with `budget` (a JSON fragment such as `{"maxUnavailable": 1}`).
-pub async fn deployment(
-    client: &Client,
-    name: &str,
-    replicas: i32,
-    budget: Option<serde_json::Value>,
-    template_extra: &serde_json::Value,
-) -> Result<()> {
-    let mut template = json!({
-        "metadata": {"labels": {"app": name}, "annotations": {
-            "sim.nodegrace.io/ready-after-seconds": "0.3",
-            "sim.nodegrace.io/stop-seconds": "0.1",
-        }},
-        "spec": {"containers": [{"name": "c", "image": "app"}]},
-    });
-    merge(&mut template, template_extra);
-    create(client, json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template},
-    }))
-    .await?;
-    if let Some(budget) = budget {
-        let mut spec = json!({"selector": {"matchLabels": {"app": name}}});
-        merge(&mut spec, &budget);
-        create(
-            client,
-            json!({
-                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": spec,
-            }),
-        )
-        .await?;
-    }
-    Ok(())
+/// A Deployment of `replicas` whose pods are Ready 0.3 s after they start and gone 0.1 s after
+/// their deletion; `.budget(…)` puts a PodDisruptionBudget over it, `.pod(…)` adds to its pods.
+pub fn app(name: &str, replicas: i32) -> Workload {
+    deployment(name, replicas).timing(0.3, 0.1)
 }
 
-pub fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
-    match (base, patch) {
-        (serde_json::Value::Object(base), serde_json::Value::Object(patch)) => {
-            for (key, value) in patch {
-                merge(
-                    base.entry(key.clone()).or_insert(serde_json::Value::Null),
-                    value,
-                );
-            }
-        }
-        (base, patch) => *base = patch.clone(),
-    }
+/// The tests' usual service: `web`, under a PodDisruptionBudget of maxUnavailable 1.
+pub fn web(replicas: i32) -> Workload {
+    app("web", replicas).budget(json!({"maxUnavailable": 1}))
 }
 
 pub async fn ready_pods(client: &Client, app: &str) -> Result<usize> {
@@ -417,6 +373,17 @@ pub async fn delete_node(client: &Client, node: &str) -> Result<()> {
     Ok(())
 }
 
+/// The controller, started with `flags`, once its finalizer is on every node.
+pub async fn managing(sim: &KubeSim, flags: &[&str]) -> Result<Controller> {
+    let started = controller(sim, flags).await?;
+    let client = sim.client();
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    finalizer_on_every_node(&client, nodes.items.len()).await?;
+    Ok(started)
+}
+
 pub async fn finalizer_on_every_node(client: &Client, count: usize) -> Result<()> {
     for index in 0..count {
         let node = format!("node-{index}");
@@ -511,17 +478,7 @@ pub async fn webhook_ca(client: &Client, namespace: &str, secret: &str) -> Resul
 
 /// The DaemonSet `logs`: a pod on every node.
 pub async fn log_daemonset(client: &Client) -> Result<()> {
-    create(
-        client,
-        json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "logs", "namespace": "default"},
-            "spec": {"selector": {"matchLabels": {"app": "logs"}}, "template": {
-                "metadata": {"labels": {"app": "logs"}},
-                "spec": {"containers": [{"name": "c", "image": "logs"}]}}},
-        }),
-    )
-    .await
+    Ok(daemonset("logs").image("logs").create(client).await?)
 }
 
 /// The NodeDisruptionBudget `workers`: every node (they all have a hostname label), one at a

@@ -25,8 +25,8 @@ use tokio::process::{Child, Command};
 use nodegrace_core::testing::Admin;
 
 use crate::common::{
-    delete_node, deployment, finalizer_on_every_node, log_daemonset, sim, terminate_calls,
-    wait_for, wait_ready, workers_budget,
+    app, delete_node, finalizer_on_every_node, log_daemonset, sim, terminate_calls, wait_for,
+    wait_ready, web, workers_budget,
 };
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
@@ -202,22 +202,11 @@ pub async fn run(chaos: Chaos) -> Result<Report> {
     let sim = sim(5).await?;
     let client = sim.client();
     workers_budget(&client).await?;
-    deployment(
-        &client,
-        "web",
-        chaos.web_replicas,
-        Some(json!({"maxUnavailable": 1})),
-        &json!({}),
-    )
-    .await?;
-    deployment(
-        &client,
-        "api",
-        5,
-        Some(json!({"minAvailable": 3})),
-        &json!({}),
-    )
-    .await?;
+    web(chaos.web_replicas).create(&client).await?;
+    app("api", 5)
+        .budget(json!({"minAvailable": 3}))
+        .create(&client)
+        .await?;
     log_daemonset(&client).await?;
     wait_ready(&client, "web", usize::try_from(chaos.web_replicas)?).await?;
     wait_ready(&client, "api", 5).await?;
