@@ -528,15 +528,42 @@ fn known_to(binary: &Path, args: Vec<String>) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Free local ports, found by binding and releasing them.
+/// Free local ports for the replicas' webhook servers, which bind them themselves. They are
+/// taken below the kernel's ephemeral range: a port found by binding `:0` and releasing it is
+/// handed out again by the next `:0` bind (this run's proxies, the other job's simulator) and
+/// the replica then fails with "Address already in use" (seed 41 did, once). Below that range
+/// only explicit binds compete, and within this process a counter keeps jobs apart.
 fn free_ports(count: usize) -> Result<Vec<u16>> {
-    let listeners = (0..count)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(listeners
-        .iter()
-        .map(|listener| listener.local_addr().map(|a| a.port()).unwrap_or_default())
-        .collect())
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const LOWEST: u16 = 20_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(LOWEST).max(1);
+    // A random start per process keeps two explorer processes apart too, most of the time.
+    let _ = NEXT.compare_exchange(
+        0,
+        rand::random_range(1..span),
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    let mut ports = Vec::with_capacity(count);
+    for _ in 0..u32::from(span) {
+        if ports.len() == count {
+            break;
+        }
+        let port = LOWEST + NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+        }
+    }
+    anyhow::ensure!(
+        ports.len() == count,
+        "no {count} free ports between {LOWEST} and {ephemeral}"
+    );
+    Ok(ports)
 }
 
 /// The programs' flags: timings shortened so a run's histories play out in seconds.
