@@ -435,13 +435,48 @@ async fn a_deleted_pod_held_by_a_finalizer_finishes_and_waits() -> Result<()> {
 
 /// A pod with a claim on `node`; returns the VolumeAttachment's name once it is attached.
 async fn attached_pod(sim: &KubeSim, node: &str) -> Result<String> {
-    let client = sim.client();
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(sim.client(), "default");
     claims.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1", "resources": {"requests": {"storage": "1Gi"}}}}))?).await?;
+    attached_pod_with(sim, node, json!({"persistentVolumeClaim": {"claimName": "data"}})).await
+}
+
+/// A pod `db` on `node` whose volume `data` is `source` (a claim's, or a generic ephemeral
+/// volume); returns the VolumeAttachment's name once it is attached and the kubelet reports
+/// it in use.
+async fn attached_pod_with(
+    sim: &KubeSim,
+    node: &str,
+    source: serde_json::Value,
+) -> Result<String> {
+    let client = sim.client();
+    let mut volume = json!({"name": "data"});
+    json_patch::merge(&mut volume, &source);
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    pods.create(&PostParams::default(), &pod("db", Some(node), &json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}))?).await?;
+    pods.create(
+        &PostParams::default(),
+        &pod("db", Some(node), &json!({"spec": {"volumes": [volume]}}))?,
+    )
+    .await?;
+    let claim = source["persistentVolumeClaim"]["claimName"]
+        .as_str()
+        .unwrap_or("db-data")
+        .to_owned();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let bound_volume = || async {
+        Ok::<_, anyhow::Error>(
+            claims
+                .get_opt(&claim)
+                .await?
+                .and_then(|c| c.spec?.volume_name),
+        )
+    };
+    wait_until(sim, "the claim to be bound", || async {
+        Ok(bound_volume().await?.is_some())
+    })
+    .await?;
+    let volume = bound_volume().await?.unwrap_or_default();
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
-    let name = kube_sim::world::attachment_name("pv-1", node);
+    let name = kube_sim::world::attachment_name(&volume, node);
     wait_until(sim, "the attachment", || async {
         Ok(attachments
             .get_opt(&name)
@@ -450,7 +485,7 @@ async fn attached_pod(sim: &KubeSim, node: &str) -> Result<String> {
     })
     .await?;
     let nodes: Api<Node> = Api::all(client);
-    let unique = kube_sim::world::unique_volume_name("pv-1");
+    let unique = kube_sim::world::unique_volume_name(&volume);
     wait_until(sim, "the kubelet to report the volume in use", || async {
         let status = nodes.get(node).await?.status.unwrap_or_default();
         let in_use = status.volumes_in_use.unwrap_or_default().contains(&unique);
@@ -609,17 +644,30 @@ async fn volumes_detach_after_the_kubelet_unmounted_them() -> Result<()> {
 async fn a_dead_nodes_volume_stays_attached_until_out_of_service() -> Result<()> {
     let sim = sim(1).await?;
     let name = attached_pod(&sim, "node-0").await?;
+    stays_attached_until_out_of_service(&sim, &name).await
+}
+
+/// The same for a generic ephemeral volume: the kubelet counts its claim's volume in use too.
+#[tokio::test]
+async fn a_dead_nodes_ephemeral_volume_stays_attached_until_out_of_service() -> Result<()> {
+    let sim = sim(1).await?;
+    let scratch = json!({"ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}});
+    let name = attached_pod_with(&sim, "node-0", scratch).await?;
+    stays_attached_until_out_of_service(&sim, &name).await
+}
+
+async fn stays_attached_until_out_of_service(sim: &KubeSim, name: &str) -> Result<()> {
     let client = sim.client();
     let nodes: Api<Node> = Api::all(client.clone());
-    kill_node_and_force_delete_pod(&sim, "node-0").await?;
-    wait_until(&sim, "node-0 to turn Unknown", || async {
+    kill_node_and_force_delete_pod(sim, "node-0").await?;
+    wait_until(sim, "node-0 to turn Unknown", || async {
         Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
     })
     .await?;
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
     ensure!(
         attachments
-            .get(&name)
+            .get(name)
             .await?
             .metadata
             .deletion_timestamp
@@ -634,8 +682,8 @@ async fn a_dead_nodes_volume_stays_attached_until_out_of_service() -> Result<()>
             &Patch::Merge(out_of_service),
         )
         .await?;
-    wait_until(&sim, "the forced detach", || async {
-        Ok(attachments.get_opt(&name).await?.is_none())
+    wait_until(sim, "the forced detach", || async {
+        Ok(attachments.get_opt(name).await?.is_none())
     })
     .await
 }
@@ -666,6 +714,96 @@ async fn a_dead_nodes_volume_detaches_after_the_unmount_wait() -> Result<()> {
         "detached before the node was seen NotReady"
     );
     Ok(())
+}
+
+/// A machine that loses power while a pod of it is being deleted gracefully finishes nothing:
+/// the pod stays Terminating and its volume mounted, while a live node's pod deleted after it,
+/// with the same stop time, is gone.
+#[tokio::test]
+async fn a_machine_powered_off_mid_deletion_finishes_nothing() -> Result<()> {
+    let sim = sim(2).await?;
+    let name = attached_pod(&sim, "node-0").await?;
+    let client = sim.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let slow = json!({"metadata": {"annotations": {"sim.nodegrace.io/stop-seconds": "1"}}});
+    pods.patch("db", &PatchParams::default(), &Patch::Merge(&slow))
+        .await?;
+    pods.create(
+        &PostParams::default(),
+        &pod("witness", Some("node-1"), &slow)?,
+    )
+    .await?;
+    wait_until(&sim, "the witness to run", || async {
+        Ok(running(&pods.get("witness").await?))
+    })
+    .await?;
+    pods.delete("db", &DeleteParams::default()).await?;
+    stop_kubelet(&Api::all(client.clone()), "node-0").await?;
+    pods.delete("witness", &DeleteParams::default()).await?;
+    wait_until(&sim, "the witness to be gone", || async {
+        Ok(pods.get_opt("witness").await?.is_none())
+    })
+    .await?;
+    let db = pods.get("db").await?;
+    ensure!(
+        db.metadata.deletion_timestamp.is_some() && running(&db),
+        "the dead machine's pod was finished: {:?}",
+        db.status
+    );
+    let attachments: Api<VolumeAttachment> = Api::all(client);
+    ensure!(
+        attachments
+            .get(&name)
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "detached while still mounted on a machine without power"
+    );
+    Ok(())
+}
+
+/// A kubelet cut off while its pod was force-deleted unmounts the orphaned volume once it
+/// reaches the API server again, and the volume is detached.
+#[tokio::test]
+async fn a_kubelet_back_unmounts_what_was_deleted_while_it_was_cut_off() -> Result<()> {
+    let sim = sim(1).await?;
+    let name = attached_pod(&sim, "node-0").await?;
+    let client = sim.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let kubelet = |state: &str| {
+        json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": state}}})
+    };
+    nodes
+        .patch(
+            "node-0",
+            &PatchParams::default(),
+            &Patch::Merge(kubelet("partitioned")),
+        )
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.delete("db", &DeleteParams::default().grace_period(0))
+        .await?;
+    wait_until(&sim, "node-0 to turn Unknown", || async {
+        Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
+    })
+    .await?;
+    let attachments: Api<VolumeAttachment> = Api::all(client);
+    ensure!(
+        attachments.get_opt(&name).await?.is_some(),
+        "detached while the cut-off kubelet still had it mounted"
+    );
+    nodes
+        .patch(
+            "node-0",
+            &PatchParams::default(),
+            &Patch::Merge(kubelet("running")),
+        )
+        .await?;
+    wait_until(&sim, "the detach after the unmount", || async {
+        Ok(attachments.get_opt(&name).await?.is_none())
+    })
+    .await
 }
 
 #[tokio::test]

@@ -13,27 +13,27 @@ use crate::store::timestamps::now_rfc3339;
 use crate::world::KUBELET_ANNOTATION;
 
 impl Kubelets {
-    /// `node.status.volumesInUse`: the volumes of the node's pods that have not finished. Only
-    /// pods with claims can change it, so others skip the work.
+    /// `node.status.volumesInUse` after `changed` changed. Only pods with claims (named, or
+    /// generic ephemeral volumes') can change it, so others skip the work.
     pub(super) fn sync_volumes_in_use(&self, node: &str, changed: &Value) {
-        let has_claims = changed["spec"]["volumes"]
-            .as_array()
-            .is_some_and(|volumes| {
-                volumes
-                    .iter()
-                    .any(|v| v["persistentVolumeClaim"].is_object())
-            });
-        if !has_claims {
+        if crate::world::attach_detach::pod_claims(changed).is_empty() {
             return;
         }
         let pods = self.store.kind("", "pods");
-        let mut in_use: Vec<String> = self
+        let bound = self
             .store
-            .list(&pods, None, None, 0, &|pod| {
-                pod["spec"]["nodeName"] == node && !terminal(pod)
-            })
-            .items
+            .list(&pods, None, None, 0, &|pod| pod["spec"]["nodeName"] == node)
+            .items;
+        self.report_volumes_in_use(node, &bound);
+    }
+
+    /// `node.status.volumesInUse` from the pods bound to `node`: the volumes of those that have
+    /// not finished (the volume manager's mounted volumes; a kubelet coming back finds the
+    /// others orphaned and unmounts them).
+    pub(super) fn report_volumes_in_use(&self, node: &str, bound: &[Arc<Value>]) {
+        let mut in_use: Vec<String> = bound
             .iter()
+            .filter(|pod| !terminal(pod))
             .flat_map(|pod| crate::world::attach_detach::pod_volumes(&self.store, pod))
             .map(|volume| crate::world::attach_detach::unique_volume_name(&volume))
             .collect();
@@ -76,9 +76,17 @@ impl Kubelets {
                     let uid = text(&pod["metadata"]["uid"]);
                     self.runtime.signal(&uid, Signal::SIGKILL);
                     self.stop_probing(&uid, None);
+                    // A machine without power finishes no deletion: the stop it was timing is
+                    // forgotten, and begun again when it is back.
+                    if let Some((key, _)) = self.stops.remove(&uid) {
+                        self.timers.remove(&key);
+                    }
                 }
             }
-            _ => self.node_reporting(bound),
+            _ => {
+                self.report_volumes_in_use(&name, &bound);
+                self.node_reporting(bound);
+            }
         }
     }
 
