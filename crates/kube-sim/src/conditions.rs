@@ -1,6 +1,6 @@
-//! Reading the object state the simulated controllers share: Ready conditions and tolerations.
+//! The object state the simulated controllers share: conditions and tolerations.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Whether `object` (a pod or a node) has condition `Ready` with status `True`.
 pub fn is_ready(object: &Value) -> bool {
@@ -11,6 +11,39 @@ pub fn is_ready(object: &Value) -> bool {
                 .iter()
                 .any(|c| c["type"] == "Ready" && c["status"] == "True")
         })
+}
+
+/// podutil's `UpdatePodCondition` on JSON: sets the condition of `condition`'s type, keeping the
+/// others and, while its status stays the same, its `lastTransitionTime`; nothing changes when
+/// only the times would (the store then skips the write).
+pub fn set_condition(object: &mut Value, condition: Value, now: &str) {
+    let mut condition = condition;
+    if !object["status"]["conditions"].is_array() {
+        object["status"]["conditions"] = json!([]);
+    }
+    let Some(conditions) = object["status"]["conditions"].as_array_mut() else {
+        return;
+    };
+    let existing = conditions
+        .iter_mut()
+        .find(|c| c["type"] == condition["type"]);
+    let Some(existing) = existing else {
+        condition["lastTransitionTime"] = json!(now);
+        conditions.push(condition);
+        return;
+    };
+    let same = ["status", "reason", "message"]
+        .iter()
+        .all(|field| existing[field] == condition[field]);
+    if same {
+        return;
+    }
+    condition["lastTransitionTime"] = if existing["status"] == condition["status"] {
+        existing["lastTransitionTime"].clone()
+    } else {
+        json!(now)
+    };
+    *existing = condition;
 }
 
 fn text(value: &Value) -> &str {

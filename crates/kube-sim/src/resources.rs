@@ -17,8 +17,9 @@ pub struct ResourceType {
     pub short_names: Vec<String>,
     /// Whether `/status` is a separate subresource (main-resource writes then ignore status).
     pub has_status: bool,
-    /// Whether writes to `.spec` bump `metadata.generation`.
-    pub has_spec: bool,
+    /// Whether the kind has `metadata.generation`, set to 1 on create and bumped by writes to
+    /// `.spec`.
+    pub has_generation: bool,
     pub categories: Vec<String>,
     /// Defined by a CRD (no strategic merge patch, schema from the CRD).
     pub custom: bool,
@@ -142,7 +143,7 @@ fn builtin(
     namespaced: bool,
     short_names: &[&str],
     has_status: bool,
-    has_spec: bool,
+    has_generation: bool,
 ) -> ResourceType {
     ResourceType {
         group: group.to_owned(),
@@ -153,7 +154,7 @@ fn builtin(
         namespaced,
         short_names: short_names.iter().map(|s| (*s).to_owned()).collect(),
         has_status,
-        has_spec,
+        has_generation,
         categories: Vec::new(),
         custom: false,
         scale: None,
@@ -438,10 +439,19 @@ pub fn builtins() -> Vec<ResourceType> {
             true,
         ),
     ];
-    // Services have a spec but no generation (pkg/registry/core/service/strategy.go).
+    // Kinds with a spec but no generation: their registry strategies never set one (services,
+    // nodes, volumes and claims, volume attachments, leases).
     for kind in &mut all {
-        if kind.plural == "services" {
-            kind.has_spec = false;
+        if matches!(
+            kind.plural.as_str(),
+            "services"
+                | "nodes"
+                | "persistentvolumes"
+                | "persistentvolumeclaims"
+                | "volumeattachments"
+                | "leases"
+        ) {
+            kind.has_generation = false;
         }
     }
     // `kubectl get all` lists the kinds in the "all" category.
@@ -571,7 +581,7 @@ fn crd_types(crd: &Value) -> Vec<ResourceType> {
             namespaced: spec["scope"].as_str() == Some("Namespaced"),
             short_names: short_names.clone(),
             has_status: version["subresources"]["status"].is_object(),
-            has_spec: true,
+            has_generation: true,
             categories: categories.clone(),
             custom: true,
             scale: version["subresources"]["scale"]

@@ -437,17 +437,18 @@ async fn a_deleted_pod_held_by_a_finalizer_finishes_and_waits() -> Result<()> {
 async fn attached_pod(sim: &KubeSim, node: &str) -> Result<String> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(sim.client(), "default");
     claims.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1", "resources": {"requests": {"storage": "1Gi"}}}}))?).await?;
-    attached_pod_with(sim, node, json!({"persistentVolumeClaim": {"claimName": "data"}})).await
+    attached_pod_with(
+        sim,
+        node,
+        json!({"persistentVolumeClaim": {"claimName": "data"}}),
+    )
+    .await
 }
 
 /// A pod `db` on `node` whose volume `data` is `source` (a claim's, or a generic ephemeral
 /// volume); returns the VolumeAttachment's name once it is attached and the kubelet reports
 /// it in use.
-async fn attached_pod_with(
-    sim: &KubeSim,
-    node: &str,
-    source: serde_json::Value,
-) -> Result<String> {
+async fn attached_pod_with(sim: &KubeSim, node: &str, source: serde_json::Value) -> Result<String> {
     let client = sim.client();
     let mut volume = json!({"name": "data"});
     json_patch::merge(&mut volume, &source);
@@ -771,9 +772,8 @@ async fn a_kubelet_back_unmounts_what_was_deleted_while_it_was_cut_off() -> Resu
     let name = attached_pod(&sim, "node-0").await?;
     let client = sim.client();
     let nodes: Api<Node> = Api::all(client.clone());
-    let kubelet = |state: &str| {
-        json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": state}}})
-    };
+    let kubelet =
+        |state: &str| json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": state}}});
     nodes
         .patch(
             "node-0",

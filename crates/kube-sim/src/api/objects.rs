@@ -513,13 +513,6 @@ pub fn delete(
         app.audit
             .pod_leaving(&app.store, &current, crate::audit::Disruption::Delete, user);
     }
-    if options.propagation_policy.as_deref() == Some("Orphan") {
-        let current = app.store.get(kind, namespace, name)?;
-        crate::world::orphan_dependents(
-            &app.store,
-            current["metadata"]["uid"].as_str().unwrap_or_default(),
-        );
-    }
     let deletion = app.store.delete(kind, namespace, name, &options)?;
     app.audit.deleting(
         &app.store,

@@ -124,9 +124,56 @@ pub enum Plan {
     Mark(Value),
 }
 
+/// The garbage collector's finalizer that holds an object until its dependents are orphaned.
+pub const ORPHAN_FINALIZER: &str = "orphan";
+/// The garbage collector's finalizer that holds an object until its blocking dependents are
+/// gone (foreground deletion).
+pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+
+/// The object's finalizers as this deletion leaves them (store.go's
+/// `deletionFinalizersForGarbageCollection`): an explicit policy replaces the garbage
+/// collector's finalizer the object carries (`orphan` for Orphan, `foregroundDeletion` for
+/// Foreground, neither for Background); without one, the object's own choice stands.
+fn finalizers_for_propagation(current: &Value, options: &DeleteOptions) -> Vec<String> {
+    let own = finalizers(current);
+    let carries = |finalizer: &str| own.iter().any(|f| f == finalizer);
+    let (orphan, foreground) = match (
+        options.orphan_dependents,
+        options.propagation_policy.as_deref(),
+    ) {
+        (Some(orphan), _) => (orphan, false),
+        (None, Some(policy)) => (policy == "Orphan", policy == "Foreground"),
+        (None, None) => (carries(ORPHAN_FINALIZER), carries(FOREGROUND_FINALIZER)),
+    };
+    let mut wanted: Vec<String> = own
+        .iter()
+        .filter(|f| *f != ORPHAN_FINALIZER && *f != FOREGROUND_FINALIZER)
+        .cloned()
+        .collect();
+    if orphan {
+        wanted.push(ORPHAN_FINALIZER.to_owned());
+    }
+    if foreground {
+        wanted.push(FOREGROUND_FINALIZER.to_owned());
+    }
+    wanted
+}
+
 /// Decides between removing the object now and marking it for deletion.
 pub fn plan(kind: &ResourceType, current: &Value, options: &DeleteOptions) -> Plan {
     let mut marked = current.clone();
+    let wanted = finalizers_for_propagation(current, options);
+    let unchanged = {
+        let mut before = finalizers(current);
+        let mut after = wanted.clone();
+        before.sort();
+        after.sort();
+        before == after
+    };
+    if !unchanged {
+        marked["metadata"]["finalizers"] = json!(wanted);
+    }
+    let current = &marked.clone();
     let meta = &current["metadata"];
     let already_deleting = meta["deletionTimestamp"].is_string();
     if kind.group.is_empty() && kind.plural == "pods" {

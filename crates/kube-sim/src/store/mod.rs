@@ -7,6 +7,7 @@
 mod bootstrap;
 mod delete;
 pub(crate) mod names;
+mod omit_empty;
 mod pod_defaults;
 pub(crate) mod strategy;
 pub mod timestamps;
@@ -21,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-pub use delete::{DeleteOptions, Preconditions};
+pub use delete::{DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER, Preconditions};
 
 use crate::error::ApiError;
 use crate::resources::{Registry, ResourceType};

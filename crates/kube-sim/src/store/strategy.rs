@@ -93,7 +93,7 @@ pub fn prepare_create(
     }
     map.insert("uid".to_owned(), Value::String(new_uid()));
     map.insert("creationTimestamp".to_owned(), Value::String(now_rfc3339()));
-    if kind.has_spec {
+    if kind.has_generation {
         map.insert("generation".to_owned(), json!(1));
     }
     if kind.has_status {
@@ -125,7 +125,7 @@ pub fn prepare_create(
         }
         _ => {}
     }
-    super::timestamps::normalize(kind, object)
+    as_stored(kind, object)
 }
 
 /// Every namespace carries its name as a label, so webhook namespaceSelectors can name it
@@ -163,6 +163,13 @@ fn reset_status(kind: &ResourceType, object: &mut Value) {
         }
     };
     object["status"] = status;
+}
+
+/// The object as the API server stores it: time fields as the Go types hold them, and empty
+/// `omitempty` fields not written.
+fn as_stored(kind: &ResourceType, object: &mut Value) -> Result<(), ApiError> {
+    super::omit_empty::omit_empty(kind, object);
+    super::timestamps::normalize(kind, object)
 }
 
 pub fn prepare_update(
@@ -207,7 +214,7 @@ pub fn prepare_update(
         } else {
             updated["metadata"]["managedFields"] = managed;
         }
-        return super::timestamps::normalize(kind, updated);
+        return as_stored(kind, updated);
     }
     if !updated["metadata"].is_object() {
         updated["metadata"] = json!({});
@@ -266,11 +273,11 @@ pub fn prepare_update(
         label_namespace(updated, name);
     }
     check_immutable(kind, current, updated)?;
-    if kind.has_spec && updated.get("spec") != current.get("spec") {
+    if kind.has_generation && updated.get("spec") != current.get("spec") {
         let generation = current["metadata"]["generation"].as_i64().unwrap_or(0);
         updated["metadata"]["generation"] = json!(generation + 1);
     }
-    super::timestamps::normalize(kind, updated)
+    as_stored(kind, updated)
 }
 
 /// Whether a PUT without `metadata.resourceVersion` may update: each kind's strategy
@@ -407,7 +414,7 @@ mod tests {
         let current = json!({"metadata": {"name": "n", "uid": "u", "generation": 1}, "spec": {"unschedulable": false}, "status": {"phase": "Running"}});
         let mut forged = json!({"metadata": {"name": "n", "uid": "forged"}, "spec": {}});
         let error = prepare_update(
-            &kind("nodes"),
+            &kind("pods"),
             &current,
             &mut forged,
             super::super::Part::Status,
@@ -416,7 +423,7 @@ mod tests {
         assert_eq!(error.code, 422, "another object's uid: {error:?}");
         let mut updated = json!({"metadata": {"name": "n"}, "spec": {"unschedulable": true}, "status": {"phase": "Gone"}});
         prepare_update(
-            &kind("nodes"),
+            &kind("pods"),
             &current,
             &mut updated,
             super::super::Part::Main,
@@ -428,7 +435,7 @@ mod tests {
         let mut status =
             json!({"metadata": {}, "spec": {"unschedulable": false}, "status": {"phase": "Gone"}});
         prepare_update(
-            &kind("nodes"),
+            &kind("pods"),
             &current,
             &mut status,
             super::super::Part::Status,

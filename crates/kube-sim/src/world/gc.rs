@@ -1,16 +1,31 @@
-//! Garbage collection: dependents of a deleted owner are deleted (background propagation) or
-//! freed of the owner reference (orphan), and a deleting namespace is emptied, then removed.
+//! Garbage collection (pkg/controller/garbagecollector): dependents of a deleted owner are
+//! deleted (background propagation); an owner deleted in the foreground (finalizer
+//! `foregroundDeletion`) has its dependents deleted first and stays until those that block
+//! its deletion (`blockOwnerDeletion: true`) are gone; an owner deleted with the orphan policy
+//! (finalizer `orphan`) has its dependents freed of its reference first. A deleting namespace
+//! is emptied, then removed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use crate::resources::ResourceType;
-use crate::store::{Change, DeleteOptions, Part, Store};
+use crate::store::strategy::finalizers;
+use crate::store::{Change, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER, Part, Store};
 
 pub fn concerns(change: &Change) -> bool {
-    change.kind == crate::store::ChangeKind::Deleted || change.collection == "/namespaces"
+    change.kind == crate::store::ChangeKind::Deleted
+        || change.collection == "/namespaces"
+        || awaits_collector(&change.object)
+}
+
+/// Deleting, and held by one of the garbage collector's own finalizers.
+fn awaits_collector(object: &Value) -> bool {
+    object["metadata"]["deletionTimestamp"].is_string()
+        && finalizers(object)
+            .iter()
+            .any(|f| f == ORPHAN_FINALIZER || f == FOREGROUND_FINALIZER)
 }
 
 fn owners(object: &Value) -> Vec<String> {
@@ -22,53 +37,162 @@ fn owners(object: &Value) -> Vec<String> {
         .collect()
 }
 
+fn uid(object: &Value) -> &str {
+    object["metadata"]["uid"].as_str().unwrap_or_default()
+}
+
+/// What a dependent's owner reference points at (the collector's `classifyReferences`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// Exists and is not being deleted in the foreground.
+    Solid,
+    /// Being deleted in the foreground: waits for its dependents.
+    Waiting,
+    /// Gone (or never existed).
+    Dangling,
+}
+
 pub fn reconcile(store: &Store) {
     let kinds = store.registry().all();
-    // Runs after every deletion, over the whole store: only objects with owners are kept, and
-    // liveness is checked only for the UIDs they name (most objects — Events, say — own nothing
-    // and are named by nothing, and cost one lookup).
+    // Runs after every deletion, over the whole store: only objects with owners, or held by the
+    // collector's finalizers, are kept, and liveness is checked only for the UIDs they name
+    // (most objects — Events, say — own nothing and are named by nothing, and cost one lookup).
     let mut dependents = Vec::new();
+    let mut held = Vec::new();
     let mut named: HashSet<String> = HashSet::new();
     for kind in &kinds {
         for object in store
             .list(kind, None, None, 0, &|object| {
-                object["metadata"]["ownerReferences"]
-                    .as_array()
-                    .is_some_and(|owners| !owners.is_empty())
+                awaits_collector(object)
+                    || object["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|owners| !owners.is_empty())
             })
             .items
         {
+            if awaits_collector(&object) {
+                held.push((kind, object.clone()));
+            }
             let owners = owners(&object);
-            named.extend(owners.iter().cloned());
-            dependents.push((kind, object, owners));
+            if !owners.is_empty() {
+                named.extend(owners.iter().cloned());
+                dependents.push((kind, object));
+            }
         }
     }
-    if dependents.is_empty() {
-        return collect_namespaces(store, &kinds);
-    }
-    let mut live: HashSet<String> = HashSet::new();
-    for kind in &kinds {
-        let owners = store.list(kind, None, None, 0, &|object| {
-            object["metadata"]["uid"]
-                .as_str()
-                .is_some_and(|uid| named.contains(uid))
-        });
-        live.extend(
-            owners
+    let mut states: HashMap<String, Owner> = HashMap::new();
+    if !named.is_empty() {
+        for kind in &kinds {
+            for owner in store
+                .list(kind, None, None, 0, &|object| named.contains(uid(object)))
                 .items
-                .iter()
-                .filter_map(|owner| owner["metadata"]["uid"].as_str().map(str::to_owned)),
-        );
-    }
-    for (kind, object, owners) in &dependents {
-        if owners.iter().any(|uid| live.contains(uid)) {
-            continue;
+            {
+                let state = if owner["metadata"]["deletionTimestamp"].is_string()
+                    && finalizers(&owner).iter().any(|f| f == FOREGROUND_FINALIZER)
+                {
+                    Owner::Waiting
+                } else {
+                    Owner::Solid
+                };
+                states.insert(uid(&owner).to_owned(), state);
+            }
         }
-        let namespace = object["metadata"]["namespace"].as_str();
-        let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        let _ = store.delete(kind, namespace, name, &DeleteOptions::default());
+    }
+    for (kind, dependent) in &dependents {
+        collect_dependent(store, kind, dependent, &states, &named);
+    }
+    for (kind, object) in &held {
+        release(store, &kinds, kind, object);
     }
     collect_namespaces(store, &kinds);
+}
+
+/// The collector's `attemptToDeleteItem` for one dependent.
+fn collect_dependent(
+    store: &Store,
+    kind: &ResourceType,
+    dependent: &Value,
+    states: &HashMap<String, Owner>,
+    named: &HashSet<String>,
+) {
+    let state = |owner: &String| states.get(owner).copied().unwrap_or(Owner::Dangling);
+    let owners = owners(dependent);
+    let namespace = dependent["metadata"]["namespace"].as_str();
+    let name = dependent["metadata"]["name"].as_str().unwrap_or_default();
+    if owners.iter().any(|owner| state(owner) == Owner::Solid) {
+        // Kept by a live owner: the references to the others go, so a foreground deletion
+        // does not wait for an object it will never delete.
+        if owners.iter().all(|owner| state(owner) == Owner::Solid) {
+            return;
+        }
+        let _ = store.update(kind, namespace, name, Part::Main, |current| {
+            let mut updated = current.clone();
+            if let Some(references) = updated["metadata"]["ownerReferences"].as_array_mut() {
+                references.retain(|r| {
+                    r["uid"]
+                        .as_str()
+                        .is_some_and(|owner| states.get(owner) == Some(&Owner::Solid))
+                });
+            }
+            Ok(updated)
+        });
+        return;
+    }
+    let waited_for = owners.iter().any(|owner| state(owner) == Owner::Waiting);
+    let policy = if waited_for && named.contains(uid(dependent)) {
+        // An owner of its own dependents, deleted for an owner that waits: it waits for them too.
+        "Foreground"
+    } else if finalizers(dependent).iter().any(|f| f == ORPHAN_FINALIZER) {
+        "Orphan"
+    } else if finalizers(dependent)
+        .iter()
+        .any(|f| f == FOREGROUND_FINALIZER)
+    {
+        "Foreground"
+    } else {
+        "Background"
+    };
+    let options = DeleteOptions {
+        propagation_policy: Some(policy.to_owned()),
+        ..DeleteOptions::default()
+    };
+    let _ = store.delete(kind, namespace, name, &options);
+}
+
+/// Lets an owner held by the collector's finalizer go: once its dependents are orphaned
+/// (`orphan`), or once no dependent blocking its deletion is left (`foregroundDeletion`).
+/// Dependents are read afresh: this pass may have removed some, or dropped their reference.
+fn release(store: &Store, kinds: &[Arc<ResourceType>], kind: &ResourceType, owner: &Value) {
+    let owner_uid = uid(owner);
+    let held = finalizers(owner);
+    if held.iter().any(|f| f == ORPHAN_FINALIZER) {
+        orphan_dependents(store, owner_uid);
+    }
+    let blocks = |dependent: &Value| {
+        dependent["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|references| {
+                references
+                    .iter()
+                    .any(|r| r["uid"] == owner_uid && r["blockOwnerDeletion"] == true)
+            })
+    };
+    let blocked = held.iter().any(|f| f == FOREGROUND_FINALIZER)
+        && kinds
+            .iter()
+            .any(|kind| !store.list(kind, None, None, 1, &blocks).items.is_empty());
+    let namespace = owner["metadata"]["namespace"].as_str();
+    let name = owner["metadata"]["name"].as_str().unwrap_or_default();
+    let _ = store.update(kind, namespace, name, Part::Main, |current| {
+        let mut updated = current.clone();
+        if uid(current) != owner_uid {
+            return Ok(updated);
+        }
+        if let Some(list) = updated["metadata"]["finalizers"].as_array_mut() {
+            list.retain(|f| f != ORPHAN_FINALIZER && (blocked || f != FOREGROUND_FINALIZER));
+        }
+        Ok(updated)
+    });
 }
 
 /// A deleting namespace is emptied, then removed.
@@ -104,7 +228,7 @@ fn collect_namespaces(store: &Store, kinds: &[Arc<ResourceType>]) {
 }
 
 /// Orphan propagation: the dependents keep running without the owner reference.
-pub fn orphan_dependents(store: &Store, owner_uid: &str) {
+fn orphan_dependents(store: &Store, owner_uid: &str) {
     for kind in store.registry().all() {
         for object in store.all(&kind) {
             if !owners(&object).iter().any(|uid| uid == owner_uid) {

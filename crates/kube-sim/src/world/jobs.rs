@@ -52,7 +52,10 @@ pub fn reconcile(store: &Store) {
     let pods_kind = store.kind("", "pods");
     let pods = store.all(&pods_kind);
     for job in store.all(&store.kind("batch", "jobs")) {
-        if finished(&job) || job["spec"]["suspend"] == true {
+        if finished(&job)
+            || job["spec"]["suspend"] == true
+            || job["metadata"]["deletionTimestamp"].is_string()
+        {
             continue;
         }
         reconcile_job(store, &job, &owned_by(&pods, text(&job["metadata"]["uid"])));

@@ -33,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use attach_detach::{DRIVER as CSI_DRIVER, attachment_name, unique_volume_name};
 pub use cloud::{Call, Cloud, Instance};
-pub use gc::orphan_dependents;
 pub use launch::InCluster;
 pub use runtime::{ImageRule, Logs};
 

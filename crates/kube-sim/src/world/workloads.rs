@@ -149,7 +149,13 @@ fn replicasets(store: &Store, by_owner: &HashMap<String, Vec<Arc<Value>>>) {
             .get(uid)
             .map(|pods| pods.iter().filter(|p| live(p)).collect())
             .unwrap_or_default();
-        for _ in owned.len()..desired {
+        // A ReplicaSet being deleted (its pods first, in the foreground) replaces none.
+        let missing = if replicaset["metadata"]["deletionTimestamp"].is_string() {
+            0
+        } else {
+            desired.saturating_sub(owned.len())
+        };
+        for _ in 0..missing {
             let _ = store.create(
                 &pods_kind,
                 Some(namespace),
@@ -185,6 +191,9 @@ fn daemonsets(store: &Store, by_owner: &HashMap<String, Vec<Arc<Value>>>, nodes:
     let pods_kind = store.kind("", "pods");
     let kind = store.kind("apps", "daemonsets");
     for daemonset in store.all(&kind) {
+        if daemonset["metadata"]["deletionTimestamp"].is_string() {
+            continue;
+        }
         let uid = text(&daemonset["metadata"]["uid"]);
         let namespace = text(&daemonset["metadata"]["namespace"]);
         let spec = &daemonset["spec"]["template"]["spec"];
@@ -273,9 +282,12 @@ fn schedule(store: &Store, pods: &[Arc<Value>], nodes: &[Arc<Value>]) {
             text(&pod["metadata"]["name"]),
         );
         let Some(node) = chosen else {
+            // Written only when the condition changes, as the scheduler's failure handler does:
+            // attempt after attempt on a pod that still fits nowhere writes nothing.
             let _ = store.update(&pods_kind, Some(namespace), name, Part::Status, |current| {
                 let mut updated = current.clone();
-                updated["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0 nodes are available for the pod", "lastTransitionTime": now_rfc3339()}]);
+                let unschedulable = json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0 nodes are available for the pod"});
+                crate::conditions::set_condition(&mut updated, unschedulable, &now_rfc3339());
                 Ok(updated)
             });
             continue;

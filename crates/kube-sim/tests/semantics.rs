@@ -1,0 +1,157 @@
+//! The API server's and the control plane's semantics where they decide a controller's result,
+//! checked with the real kubectl against the simulator binary. Skips (loudly) only where kubectl
+//! is missing.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+
+#[path = "common/kubectl_sim.rs"]
+mod kubectl_sim;
+use kubectl_sim::{Sim, kubectl_missing};
+
+/// A Deployment whose pods take 3 s to stop, so a deletion is seen under way.
+fn slow_deployment(name: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}}}\nspec:\n  replicas: 2\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n      annotations: {{sim.nodegrace.io/stop-seconds: \"3\"}}\n    spec:\n      containers: [{{name: c, image: nginx}}]\n"
+    )
+}
+
+/// garbagecollector.go: a foreground deletion keeps the owner, with its `deletionTimestamp`
+/// and the `foregroundDeletion` finalizer, until the dependents that block it are gone — the
+/// ReplicaSet in turn waits for its pods; an orphan deletion leaves the dependents without the
+/// owner's reference.
+#[test]
+fn cascading_deletion_in_the_foreground_and_orphaning() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    sim.apply(&slow_deployment("web"))?;
+    sim.apply(&slow_deployment("kept"))?;
+    for deployment in ["deployment/web", "deployment/kept"] {
+        sim.ok(&["rollout", "status", deployment, "--timeout=60s"])?;
+    }
+    sim.ok(&[
+        "delete",
+        "deployment",
+        "web",
+        "--cascade=foreground",
+        "--wait=false",
+    ])?;
+    let held = sim.jsonpath(
+        &["deployment", "web"],
+        "{.metadata.finalizers} {.metadata.deletionTimestamp}",
+    )?;
+    ensure!(
+        held.starts_with(r#"["foregroundDeletion"] "#) && held.len() > 25,
+        "the owner is not held for its dependents: {held}"
+    );
+    sim.wait_for(
+        "the ReplicaSet to wait for its pods",
+        "replicasets",
+        Duration::from_secs(30),
+        |sim| {
+            let finalizers =
+                sim.jsonpath(&["rs", "-l", "app=web"], "{.items[*].metadata.finalizers}")?;
+            Ok(finalizers.contains("foregroundDeletion"))
+        },
+    )?;
+    sim.ok(&["wait", "--for=delete", "deployment/web", "--timeout=60s"])?;
+    let left = sim.ok(&["get", "rs,pods", "-l", "app=web", "-o", "name"])?;
+    ensure!(
+        left.is_empty(),
+        "the owner went before its dependents: {left}"
+    );
+
+    sim.ok(&["delete", "deployment", "kept", "--cascade=orphan"])?;
+    let owners = sim.jsonpath(
+        &["rs", "-l", "app=kept"],
+        "{.items[*].metadata.ownerReferences}",
+    )?;
+    ensure!(
+        owners.is_empty(),
+        "the ReplicaSet still names its owner: {owners}"
+    );
+    let pods = sim.jsonpath(&["pods", "-l", "app=kept"], "{.items[*].status.phase}")?;
+    ensure!(pods == "Running Running", "{pods}");
+    Ok(())
+}
+
+/// Go's encoding: a Lease or a Node has no `metadata.generation` (their strategies set none);
+/// list and map fields tagged `omitempty` are not written when empty — `ownerReferences: []`
+/// sent, or the last taint removed.
+#[test]
+fn generation_only_where_the_kind_has_one_and_empty_fields_omitted() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    sim.apply("apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: held, namespace: default}\nspec: {holderIdentity: me, leaseDurationSeconds: 15}\n")?;
+    let generations = sim.jsonpath(&["lease", "held"], "{.metadata.generation}")?
+        + &sim.jsonpath(&["node", "node-0"], "{.metadata.generation}")?;
+    ensure!(generations.is_empty(), "generation: {generations}");
+    sim.apply(&slow_deployment("web"))?;
+    let generation = sim.jsonpath(&["deployment", "web"], "{.metadata.generation}")?;
+    ensure!(generation == "1", "a Deployment has one: {generation}");
+
+    sim.apply("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: plain, namespace: default, ownerReferences: [], finalizers: [], labels: {}}\ndata: {}\n")?;
+    let stored: serde_json::Value =
+        serde_json::from_str(&sim.ok(&["get", "configmap", "plain", "-o", "json"])?)?;
+    for field in ["ownerReferences", "finalizers", "labels"] {
+        ensure!(
+            stored["metadata"].get(field).is_none(),
+            "{field} written empty: {stored}"
+        );
+    }
+    ensure!(stored.get("data").is_none(), "data written empty: {stored}");
+
+    sim.ok(&["taint", "node", "node-0", "dedicated=db:NoSchedule"])?;
+    sim.ok(&["taint", "node", "node-0", "dedicated-"])?;
+    let node: serde_json::Value =
+        serde_json::from_str(&sim.ok(&["get", "node", "node-0", "-o", "json"])?)?;
+    ensure!(
+        node["spec"].get("taints").is_none(),
+        "taints written empty: {}",
+        node["spec"]
+    );
+    Ok(())
+}
+
+/// The scheduler writes a pod's `PodScheduled=False` when it changes, not on every failed
+/// attempt: a later pass, seen by a pod it binds, leaves the unschedulable pod untouched.
+#[test]
+fn an_unschedulable_pod_is_not_rewritten_on_every_attempt() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    let pod = |name: &str, selector: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  nodeSelector: {{{selector}}}\n  containers: [{{name: c, image: nginx}}]\n"
+        )
+    };
+    sim.apply(&pod("nowhere", "disk: tape"))?;
+    let condition = "{.status.conditions[?(@.type==\"PodScheduled\")].reason}";
+    sim.wait_for(
+        "nowhere to be unschedulable",
+        "pods",
+        Duration::from_secs(30),
+        |sim| Ok(sim.jsonpath(&["pod", "nowhere"], condition)? == "Unschedulable"),
+    )?;
+    let before = sim.jsonpath(&["pod", "nowhere"], "{.metadata.resourceVersion}")?;
+    sim.apply(&pod("witness", "kubernetes.io/hostname: node-0"))?;
+    sim.wait_for(
+        "witness to be bound",
+        "pods",
+        Duration::from_secs(30),
+        |sim| {
+            Ok(!sim
+                .jsonpath(&["pod", "witness"], "{.spec.nodeName}")?
+                .is_empty())
+        },
+    )?;
+    let after = sim.jsonpath(&["pod", "nowhere"], "{.metadata.resourceVersion}")?;
+    ensure!(before == after, "rewritten: {before} -> {after}");
+    Ok(())
+}
