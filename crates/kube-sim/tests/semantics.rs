@@ -155,3 +155,50 @@ fn an_unschedulable_pod_is_not_rewritten_on_every_attempt() -> Result<()> {
     ensure!(before == after, "rewritten: {before} -> {after}");
     Ok(())
 }
+
+/// A server-side dry run of a create is judged as the create would be — a namesake answers
+/// 409 AlreadyExists, an invalid object 422 — and stores nothing.
+#[test]
+fn a_dry_run_create_is_judged_as_the_create() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    let config = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: default}\ndata: {level: debug}\n";
+    sim.apply(config)?;
+    let path = sim.dir.path().join("settings.yaml");
+    std::fs::write(&path, config)?;
+    let file = path.to_str().unwrap_or_default();
+    let namesake = sim.kubectl(&["create", "--dry-run=server", "-f", file])?;
+    let said = String::from_utf8_lossy(&namesake.stderr);
+    ensure!(
+        !namesake.status.success() && said.contains("already exists"),
+        "a dry run over a namesake: {said}"
+    );
+    let fresh = config.replace("name: settings", "name: other");
+    std::fs::write(&path, &fresh)?;
+    let judged = sim.ok(&[
+        "create",
+        "--dry-run=server",
+        "-f",
+        file,
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ])?;
+    ensure!(
+        !judged.is_empty(),
+        "a dry run returns the object as created"
+    );
+    let stored = sim.kubectl(&["get", "configmap", "other"])?;
+    ensure!(!stored.status.success(), "a dry run stored the object");
+    let mismatched =
+        slow_deployment("web").replace("matchLabels: {app: web}", "matchLabels: {app: other}");
+    std::fs::write(&path, mismatched)?;
+    let invalid = sim.kubectl(&["create", "--dry-run=server", "-f", file])?;
+    let said = String::from_utf8_lossy(&invalid.stderr);
+    ensure!(
+        !invalid.status.success() && said.contains("`selector` does not match template `labels`"),
+        "an invalid dry run: {said}"
+    );
+    Ok(())
+}

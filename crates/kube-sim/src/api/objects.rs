@@ -255,9 +255,6 @@ pub fn create(
     let mut object = parse_json(body)?;
     let schema = Schema::of(app, kind)?;
     schema.admit(kind, &mut object, None, query)?;
-    if query.dry_run() {
-        return Ok(json_response(StatusCode::CREATED, &object));
-    }
     let manager = manager(query, headers);
     let writer = Writer {
         manager: &manager,
@@ -265,6 +262,10 @@ pub fn create(
         scope: scope(kind, Part::Main),
     };
     managed_fields::record_update(None, &mut object, &writer, schema.shape());
+    if query.dry_run() {
+        let judged = app.store.create_dry_run(kind, namespace, object)?;
+        return Ok(json_response(StatusCode::CREATED, &judged));
+    }
     let created = app.store.create(kind, namespace, object)?;
     Ok(bytes_response(
         StatusCode::CREATED,

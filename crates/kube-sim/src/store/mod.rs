@@ -255,14 +255,37 @@ impl Store {
         object: Value,
     ) -> Result<Arc<Value>, ApiError> {
         let mut state = self.lock();
+        let (key, object) = self.prepare_create(&state, kind, namespace, object)?;
+        Ok(self.commit(&mut state, kind, key, ChangeKind::Added, object))
+    }
+
+    /// A create judged as `create` judges it (defaults, validation, a namesake's 409) but not
+    /// stored: the object as it would be, without a resourceVersion (a dry run).
+    pub fn create_dry_run(
+        &self,
+        kind: &ResourceType,
+        namespace: Option<&str>,
+        object: Value,
+    ) -> Result<Value, ApiError> {
+        let state = self.lock();
+        Ok(self.prepare_create(&state, kind, namespace, object)?.1)
+    }
+
+    fn prepare_create(
+        &self,
+        state: &State,
+        kind: &ResourceType,
+        namespace: Option<&str>,
+        object: Value,
+    ) -> Result<(ObjectKey, Value), ApiError> {
         let namespace = namespace.unwrap_or_default();
         if kind.namespaced {
-            check_namespace_open(&state, namespace)?;
+            check_namespace_open(state, namespace)?;
         }
         let mut object = object;
         let context = strategy::CreateContext {
-            priority_of_class: &|class| priority_of_class(&state, class),
-            account_automount: &|namespace, name| account_automount(&state, namespace, name),
+            priority_of_class: &|class| priority_of_class(state, class),
+            account_automount: &|namespace, name| account_automount(state, namespace, name),
             default_toleration_seconds: self
                 .inner
                 .default_toleration_seconds
@@ -281,7 +304,7 @@ impl Store {
         {
             return Err(ApiError::already_exists(&kind.group, &kind.plural, &name));
         }
-        Ok(self.commit(&mut state, kind, key, ChangeKind::Added, object))
+        Ok((key, object))
     }
 
     /// Replaces an object with what `change` makes of the current one, atomically. A
