@@ -126,6 +126,9 @@ impl Admission<'_> {
         let mut unknown = Vec::new();
         if let Value::Object(fields) = object {
             for (field, value) in fields.iter_mut() {
+                if field == "metadata" {
+                    crate::typed::prune_object_meta(value, "metadata", &mut unknown);
+                }
                 if matches!(field.as_str(), "apiVersion" | "kind" | "metadata") {
                     continue;
                 }
@@ -196,8 +199,17 @@ fn prune_and_default(schema: &Value, value: &mut Value, path: &str, unknown: &mu
                     }
                 }
             }
+            // An embedded resource (x-kubernetes-embedded-resource) carries apiVersion, kind
+            // and an ObjectMeta whether its schema names them or not.
+            let embedded = schema["x-kubernetes-embedded-resource"] == true;
             let mut dropped = Vec::new();
             for (field, child) in fields.iter_mut() {
+                if embedded && field == "metadata" {
+                    crate::typed::prune_object_meta(child, &format!("{path}.metadata"), unknown);
+                }
+                if embedded && matches!(field.as_str(), "apiVersion" | "kind" | "metadata") {
+                    continue;
+                }
                 let child_schema = properties.and_then(|p| p.get(field)).unwrap_or(additional);
                 if child_schema.is_null() || child_schema == &Value::Bool(false) {
                     if !preserve && !additional.is_object() && additional != &Value::Bool(true) {

@@ -25,6 +25,7 @@ pub mod server;
 pub mod store;
 pub mod tls;
 pub mod tokens;
+pub(crate) mod typed;
 pub mod world;
 
 pub use server::{KubeSim, SimError, SimOptions};

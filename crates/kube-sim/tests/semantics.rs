@@ -202,3 +202,84 @@ fn a_dry_run_create_is_judged_as_the_create() -> Result<()> {
     );
     Ok(())
 }
+
+/// Built-in kinds decode as their Go types: kubectl's default `fieldValidation=Strict` refuses
+/// an unknown field with a 400 naming it, `--validate=false` has it dropped, a value of the
+/// wrong type is refused either way, and a quantity may be a number. A custom resource's
+/// metadata is an ObjectMeta too: a field it does not have is unknown.
+#[test]
+fn bodies_decode_as_the_go_types() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    let path = sim.dir.path().join("body.yaml");
+    let file = path.to_str().unwrap_or_default().to_owned();
+    let attempt = |yaml: &str, extra: &[&str]| -> Result<(bool, String)> {
+        std::fs::write(&path, yaml)?;
+        let mut args = vec!["apply", "-f", file.as_str()];
+        args.extend_from_slice(extra);
+        let output = sim.kubectl(&args)?;
+        Ok((
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ))
+    };
+    let typo = "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: typo, namespace: default}\nspec: {holderIdentiy: me}\n";
+    let (created, said) = attempt(typo, &[])?;
+    ensure!(
+        !created
+            && said.contains("Lease in version \"v1\" cannot be handled as a Lease: strict decoding error: unknown field \"spec.holderIdentiy\""),
+        "an unknown field under Strict: {said}"
+    );
+    let (created, said) = attempt(typo, &["--validate=false"])?;
+    ensure!(created, "an unknown field without validation: {said}");
+    let spec = sim.jsonpath(&["lease", "typo"], "{.spec}")?;
+    ensure!(spec == "{}", "the unknown field was kept: {spec}");
+
+    let quoted = "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: quoted, namespace: default}\nspec: {leaseDurationSeconds: \"15\"}\n";
+    let (created, said) = attempt(quoted, &["--validate=false"])?;
+    ensure!(
+        !created
+            && said.contains("cannot be handled as a Lease")
+            && said.contains("spec.leaseDurationSeconds"),
+        "a string where an int32 belongs: {said}"
+    );
+
+    let sized = "apiVersion: v1\nkind: Pod\nmetadata: {name: sized, namespace: default}\nspec:\n  containers: [{name: c, image: nginx, resources: {requests: {cpu: 1, memory: 64Mi}}}]\n";
+    let (created, said) = attempt(sized, &[])?;
+    ensure!(created, "a number as a quantity: {said}");
+    let cpu = sim.jsonpath(
+        &["pod", "sized"],
+        "{.spec.containers[0].resources.requests.cpu}",
+    )?;
+    ensure!(cpu == "1", "{cpu}");
+
+    sim.apply("apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets.example.com}\nspec:\n  group: example.com\n  names: {kind: Widget, plural: widgets, singular: widget, listKind: WidgetList}\n  scope: Namespaced\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema:\n      openAPIV3Schema:\n        type: object\n        properties:\n          spec:\n            type: object\n            properties:\n              size: {type: integer}\n              template: {type: object, x-kubernetes-embedded-resource: true, x-kubernetes-preserve-unknown-fields: true}\n")?;
+    sim.wait_for(
+        "widgets to be served",
+        "customresourcedefinitions",
+        Duration::from_secs(30),
+        |sim| Ok(sim.kubectl(&["get", "widgets"])?.status.success()),
+    )?;
+    let widget = "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w, namespace: default, colour: red}\nspec:\n  size: 1\n  template: {apiVersion: v1, kind: Pod, metadata: {name: p, shade: blue}, spec: {any: 1}}\n";
+    let (created, said) = attempt(widget, &[])?;
+    ensure!(
+        !created && said.contains("unknown field \"metadata.colour\""),
+        "an unknown metadata field of a custom resource under Strict: {said}"
+    );
+    let (created, said) = attempt(widget, &["--validate=false"])?;
+    ensure!(created, "{said}");
+    let stored: serde_json::Value =
+        serde_json::from_str(&sim.ok(&["get", "widget", "w", "-o", "json"])?)?;
+    ensure!(
+        stored["metadata"].get("colour").is_none()
+            && stored["spec"]["template"]["metadata"]
+                .get("shade")
+                .is_none()
+            && stored["spec"]["template"]["apiVersion"] == "v1"
+            && stored["spec"]["template"]["spec"]["any"] == 1,
+        "metadata kept a field ObjectMeta does not have: {stored}"
+    );
+    Ok(())
+}

@@ -184,8 +184,9 @@ impl Schema {
             .map_or(Self::None, |schema| Self::Custom(schema.clone())))
     }
 
-    /// Checks (and for custom objects prunes and defaults) what a write stores. `old` is the
-    /// stored object an update replaces; `fieldValidation=Strict` refuses unknown fields.
+    /// Checks what a write stores: a built-in object decodes as its Go type, a custom one is
+    /// pruned, defaulted and validated against its schema. `old` is the stored object an update
+    /// replaces; `fieldValidation=Strict` refuses unknown fields, otherwise they are dropped.
     fn admit(
         &self,
         kind: &ResourceType,
@@ -193,6 +194,10 @@ impl Schema {
         old: Option<&Value>,
         query: &Query,
     ) -> Result<(), ApiError> {
+        let strict = query.get("fieldValidation") == Some("Strict");
+        if !kind.custom {
+            crate::typed::decode_builtin(kind, object, strict)?;
+        }
         match self {
             Self::None => Ok(()),
             Self::Crd => crate::crd_schema::validate_crd(object),
@@ -214,7 +219,7 @@ impl Schema {
                 kind: &kind.kind,
                 version: &kind.version,
                 schema,
-                strict: query.get("fieldValidation") == Some("Strict"),
+                strict,
             }
             .admit(object, old),
         }
