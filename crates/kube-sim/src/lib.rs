@@ -26,6 +26,7 @@ pub mod store;
 pub mod tls;
 pub mod tokens;
 pub(crate) mod typed;
+pub(crate) mod webhook_configuration;
 pub mod world;
 
 pub use server::{KubeSim, SimError, SimOptions};

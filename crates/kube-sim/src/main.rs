@@ -63,6 +63,10 @@ enum Command {
         /// --default-unreachable-toleration-seconds).
         #[arg(long, default_value_t = 300)]
         default_toleration_seconds: u32,
+        /// The API server's feature gates, as `NAME=true|false` (kube-apiserver's flag). Known:
+        /// `WatchList` (watches that send their initial events; off by default, as in 1.33).
+        #[arg(long, value_name = "NAME=BOOL", value_parser = feature_gate, value_delimiter = ',')]
+        feature_gates: Vec<(String, bool)>,
     },
     /// The container init the kubelet starts a container process through: mounts the volumes
     /// the spec names in a mount namespace of its own, then runs the program. Not for people.
@@ -93,6 +97,7 @@ fn main() -> Result<()> {
             node_roots,
             probe_period_max,
             default_toleration_seconds,
+            feature_gates,
         } => {
             let options = SimOptions {
                 listen,
@@ -109,6 +114,11 @@ fn main() -> Result<()> {
                     default_toleration_seconds: i64::from(default_toleration_seconds),
                     ..kube_sim::WorldOptions::default()
                 },
+                watch_list: feature_gates
+                    .iter()
+                    .rev()
+                    .find(|(gate, _)| gate == "WatchList")
+                    .is_some_and(|(_, on)| *on),
                 ..SimOptions::default()
             };
             tokio::runtime::Runtime::new()?.block_on(serve(options, &kubeconfig_out))
@@ -134,6 +144,21 @@ async fn serve(options: SimOptions, kubeconfig_out: &std::path::Path) -> Result<
 }
 
 /// `500ms`, `10s`, `2m`: a whole number above zero and a unit.
+fn feature_gate(text: &str) -> Result<(String, bool), String> {
+    let (gate, value) = text.split_once('=').ok_or_else(|| {
+        format!("{text:?}: expected NAME=true or NAME=false, like WatchList=true")
+    })?;
+    if gate != "WatchList" {
+        return Err(format!(
+            "{gate:?}: not a feature gate kube-sim knows (it knows WatchList)"
+        ));
+    }
+    let on = value
+        .parse()
+        .map_err(|_| format!("{text:?}: the value must be true or false"))?;
+    Ok((gate.to_owned(), on))
+}
+
 fn duration(text: &str) -> Result<Duration, String> {
     let split = text
         .find(|c: char| !c.is_ascii_digit())

@@ -82,7 +82,8 @@ pub(crate) fn list_strategy(field: &str) -> Option<&'static str> {
         | "ephemeralContainers"
         | "volumes"
         | "env"
-        | "imagePullSecrets" => Some("name"),
+        | "imagePullSecrets"
+        | "webhooks" => Some("name"),
         "conditions" | "addresses" => Some("type"),
         "ownerReferences" => Some("uid"),
         "ports" => Some("containerPort"),

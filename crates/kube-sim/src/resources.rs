@@ -326,7 +326,7 @@ pub fn builtins() -> Vec<ResourceType> {
             false,
             &[],
             false,
-            false,
+            true,
         ),
         builtin(
             "admissionregistration.k8s.io",
@@ -336,7 +336,7 @@ pub fn builtins() -> Vec<ResourceType> {
             false,
             &[],
             false,
-            false,
+            true,
         ),
         builtin(
             "apiextensions.k8s.io",

@@ -60,6 +60,10 @@ pub struct SimOptions {
     /// How often watches that allow bookmarks get one. The real server sends them about once
     /// a minute; the default here is shorter so resumed watches stay short.
     pub bookmark_interval: std::time::Duration,
+    /// The API server's `WatchList` feature gate: watches may send their initial events
+    /// (`sendInitialEvents`). Off, as in 1.33 by default: such a watch is a 422, and client-go's
+    /// reflectors fall back to a list and a watch.
+    pub watch_list: bool,
 }
 
 impl Default for SimOptions {
@@ -72,6 +76,7 @@ impl Default for SimOptions {
             kubeconfig: None,
             world: WorldOptions::default(),
             bookmark_interval: std::time::Duration::from_secs(5),
+            watch_list: false,
         }
     }
 }
@@ -145,6 +150,7 @@ impl KubeSim {
             logs: world.logs().clone(),
             tokens,
             bookmark_interval: options.bookmark_interval,
+            watch_list: options.watch_list,
             without_credentials: if tls.is_some() {
                 crate::auth::User::anonymous()
             } else {

@@ -746,12 +746,18 @@ async fn writes_that_name_another_uid_are_refused() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A watch list (client-go's reflectors send one by default since 1.35): the current objects
-/// as ADDED, then a bookmark marking their end, then changes; without
-/// `resourceVersionMatch=NotOlderThan` it is refused as upstream refuses it.
+/// A watch list (client-go's reflectors send one by default since 1.35), with the WatchList
+/// feature gate on: the current objects as ADDED, then a bookmark marking their end, then
+/// changes; without `resourceVersionMatch=NotOlderThan` it is refused as upstream refuses it.
 #[tokio::test]
 async fn a_watch_list_sends_the_current_objects_then_marks_their_end() -> Result<()> {
-    let sim = bare().await?;
+    let sim = KubeSim::start(SimOptions {
+        world: WorldOptions::none(),
+        bookmark_interval: Duration::from_millis(200),
+        watch_list: true,
+        ..SimOptions::default()
+    })
+    .await?;
     let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
     for name in ["a", "b"] {
         leases.create(&PostParams::default(), &lease(name)?).await?;
@@ -794,8 +800,42 @@ async fn a_watch_list_sends_the_current_objects_then_marks_their_end() -> Result
     ensure!(status.code == 422, "{status:?}");
     ensure!(
         status.message
-            == "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            == "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
         "{status:?}"
     );
     Ok(())
+}
+
+/// 1.33's default: the WatchList feature gate is off, so a watch asking for its initial events
+/// is a 422 (client-go's reflectors then list and watch); a watcher that lists first works.
+#[tokio::test]
+async fn without_the_watch_list_gate_initial_events_are_forbidden() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    leases.create(&PostParams::default(), &lease("a")?).await?;
+    let refused = sim
+        .client()
+        .request_text(
+            http::Request::get("/apis/coordination.k8s.io/v1/namespaces/default/leases?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan")
+                .body(Vec::new())?,
+        )
+        .await
+        .unwrap_err();
+    let status = api_error(refused)?;
+    ensure!(
+        status.code == 422
+            && status.message
+                == "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+        "{status:?}"
+    );
+    let mut events = watcher(leases, watcher::Config::default()).boxed();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.try_next())
+            .await
+            .context("the list and watch never synced")??
+            .context("the stream ended")?;
+        if matches!(event, watcher::Event::InitDone) {
+            return Ok(());
+        }
+    }
 }

@@ -283,3 +283,109 @@ fn bodies_decode_as_the_go_types() -> Result<()> {
     );
     Ok(())
 }
+
+/// Paginated lists without selectors say how many items are left
+/// (`metadata.remainingItemCount`), lists with one do not; a watch from a version older than
+/// the server's window (`resourceVersion=1`) answers 410 Expired.
+#[test]
+fn lists_count_what_is_left_and_old_watches_expire() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(1)?;
+    sim.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: paged}\n")?;
+    for name in ["a", "b", "c"] {
+        sim.apply(&format!("apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {{name: {name}, namespace: paged, labels: {{team: x}}}}\n"))?;
+    }
+    let page = |path: &str| -> Result<serde_json::Value> {
+        Ok(serde_json::from_str(&sim.ok(&["get", "--raw", path])?)?)
+    };
+    let first = page("/apis/coordination.k8s.io/v1/namespaces/paged/leases?limit=1")?;
+    ensure!(
+        first["metadata"]["remainingItemCount"] == 2,
+        "{}",
+        first["metadata"]
+    );
+    let token = first["metadata"]["continue"].as_str().unwrap_or_default();
+    let second = page(&format!(
+        "/apis/coordination.k8s.io/v1/namespaces/paged/leases?limit=1&continue={token}"
+    ))?;
+    ensure!(
+        second["metadata"]["remainingItemCount"] == 1,
+        "{}",
+        second["metadata"]
+    );
+    let all = page("/apis/coordination.k8s.io/v1/leases")?;
+    let total = all["items"].as_array().map_or(0, Vec::len);
+    let everywhere = page("/apis/coordination.k8s.io/v1/leases?limit=2")?;
+    ensure!(
+        everywhere["metadata"]["remainingItemCount"] == total - 2,
+        "{total} leases: {}",
+        everywhere["metadata"]
+    );
+    let selected = page(
+        "/apis/coordination.k8s.io/v1/namespaces/paged/leases?limit=1&labelSelector=team%3Dx",
+    )?;
+    ensure!(
+        selected["metadata"].get("remainingItemCount").is_none()
+            && selected["metadata"]["continue"].is_string(),
+        "{}",
+        selected["metadata"]
+    );
+
+    let expired = sim.ok(&[
+        "get",
+        "--raw",
+        "/api/v1/namespaces?watch=true&resourceVersion=1&timeoutSeconds=5",
+    ])?;
+    let event: serde_json::Value =
+        serde_json::from_str(expired.lines().next().unwrap_or_default())?;
+    ensure!(
+        event["type"] == "ERROR"
+            && event["object"]["code"] == 410
+            && event["object"]["reason"] == "Expired",
+        "{expired}"
+    );
+    Ok(())
+}
+
+/// Webhook configurations are validated as admissionregistration/v1 validates them: without
+/// `sideEffects` and `admissionReviewVersions` the 422 names both; a valid one has a generation
+/// its webhooks' changes bump.
+#[test]
+fn webhook_configurations_are_validated() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start(0)?;
+    let path = sim.dir.path().join("webhooks.yaml");
+    let configuration = |extra: &str, timeout: u32| {
+        format!(
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {{name: guard}}\nwebhooks:\n- name: guard.example.com\n  clientConfig: {{url: \"https://guard.example.com/\"}}\n  timeoutSeconds: {timeout}\n{extra}"
+        )
+    };
+    std::fs::write(&path, configuration("", 5))?;
+    let refused = sim.kubectl(&["apply", "-f", path.to_str().unwrap_or_default()])?;
+    let said = String::from_utf8_lossy(&refused.stderr);
+    ensure!(
+        !refused.status.success()
+            && said.contains("The ValidatingWebhookConfiguration \"guard\" is invalid")
+            && said.contains("* webhooks[0].sideEffects: Required value: must specify one of None, NoneOnDryRun")
+            && said.contains("* webhooks[0].admissionReviewVersions: Required value: must specify one of v1, v1beta1"),
+        "{said}"
+    );
+    let complete = "  sideEffects: None\n  admissionReviewVersions: [v1]\n";
+    sim.apply(&configuration(complete, 5))?;
+    let generation = sim.jsonpath(
+        &["validatingwebhookconfiguration", "guard"],
+        "{.metadata.generation}",
+    )?;
+    ensure!(generation == "1", "{generation}");
+    sim.apply(&configuration(complete, 10))?;
+    let generation = sim.jsonpath(
+        &["validatingwebhookconfiguration", "guard"],
+        "{.metadata.generation}",
+    )?;
+    ensure!(generation == "2", "{generation}");
+    Ok(())
+}

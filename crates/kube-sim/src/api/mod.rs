@@ -44,6 +44,8 @@ pub struct App {
     pub tokens: crate::tokens::TokenIssuer,
     /// How often watches that allow bookmarks get one.
     pub bookmark_interval: std::time::Duration,
+    /// The `WatchList` feature gate (`sendInitialEvents`).
+    pub watch_list: bool,
     /// Who a request without credentials is: over plain HTTP the cluster admin, as on the
     /// API server's old insecure port (kubectl sends no token over HTTP), over TLS anonymous.
     pub without_credentials: crate::auth::User,

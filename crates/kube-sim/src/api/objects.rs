@@ -68,22 +68,23 @@ pub fn get(
     ))
 }
 
-/// Continue tokens carry the key the next page starts after.
-fn encode_continue(key: &ObjectKey) -> String {
+/// Continue tokens carry the key the next page starts after, and how many items the pages
+/// before it returned.
+fn encode_continue(key: &ObjectKey, returned: u64) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .encode(serde_json::to_vec(&json!([key.0, key.1])).unwrap_or_default())
+        .encode(serde_json::to_vec(&json!([key.0, key.1, returned])).unwrap_or_default())
 }
 
-fn decode_continue(token: &str) -> Result<ObjectKey, ApiError> {
+fn decode_continue(token: &str) -> Result<(ObjectKey, u64), ApiError> {
     let invalid = || {
         ApiError::bad_request("continue key is not valid: the token was not issued by this server")
     };
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)
         .map_err(|_| invalid())?;
-    let (namespace, name): (String, String) =
+    let (namespace, name, returned): (String, String, u64) =
         serde_json::from_slice(&bytes).map_err(|_| invalid())?;
-    Ok((namespace, name))
+    Ok(((namespace, name), returned))
 }
 
 pub fn list(
@@ -95,11 +96,24 @@ pub fn list(
 ) -> Result<Response, ApiError> {
     let matches = filter(kind, query)?;
     let after = query.get("continue").map(decode_continue).transpose()?;
-    let page = app
-        .store
-        .list(kind, namespace, after.as_ref(), query.limit()?, &matches);
+    let page = app.store.list(
+        kind,
+        namespace,
+        after.as_ref().map(|(key, _)| key),
+        query.limit()?,
+        &matches,
+    );
     let revision = page.resource_version.to_string();
-    let next = page.next.as_ref().map(encode_continue);
+    let returned = after.map_or(0, |(_, returned)| returned) + page.items.len() as u64;
+    let next = page.next.as_ref().map(|key| encode_continue(key, returned));
+    // The etcd3 store counts what is left only for a list without selectors.
+    let selected = query.get("labelSelector").is_some_and(|s| !s.is_empty())
+        || query.get("fieldSelector").is_some_and(|s| !s.is_empty());
+    let remaining = page
+        .next
+        .as_ref()
+        .filter(|_| !selected)
+        .map(|last| app.store.count_after(kind, namespace, last, returned));
     if rendering == Rendering::Table {
         return Ok(json_response(
             StatusCode::OK,
@@ -120,6 +134,9 @@ pub fn list(
     let mut metadata = json!({"resourceVersion": revision});
     if let Some(next) = next {
         metadata["continue"] = Value::String(next);
+    }
+    if let Some(remaining) = remaining {
+        metadata["remainingItemCount"] = json!(remaining);
     }
     body.extend_from_slice(
         format!(
@@ -197,6 +214,9 @@ impl Schema {
         let strict = query.get("fieldValidation") == Some("Strict");
         if !kind.custom {
             crate::typed::decode_builtin(kind, object, strict)?;
+        }
+        if crate::webhook_configuration::is_webhook_configuration(kind) {
+            crate::webhook_configuration::validate(kind, object)?;
         }
         match self {
             Self::None => Ok(()),

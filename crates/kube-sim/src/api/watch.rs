@@ -1,9 +1,10 @@
 //! Watches: a chunked stream of `{"type": …, "object": …}` lines, from a resourceVersion (the
 //! kept history is replayed) or from now (the current objects come first as ADDED), with
 //! bookmarks, `timeoutSeconds`, and 410 Gone as an ERROR event for versions too old. A watch
-//! list (`sendInitialEvents=true`, what client-go's reflectors send by default since 1.35)
-//! starts with the current objects as ADDED and then a BOOKMARK annotated
-//! `k8s.io/initial-events-end`, which is when the client's cache counts as synced.
+//! list (`sendInitialEvents=true`, what client-go's reflectors send by default since 1.35), with
+//! the `WatchList` feature gate on (off by default in 1.33), starts with the current objects as
+//! ADDED and then a BOOKMARK annotated `k8s.io/initial-events-end`, which is when the client's
+//! cache counts as synced.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -31,7 +32,7 @@ pub fn serve(
 ) -> Result<Response, ApiError> {
     let matches = objects::filter(kind, query)?;
     let from = query.resource_version()?;
-    let watch_list = initial_events(query)?;
+    let watch_list = initial_events(query, app.watch_list)?;
     let (initial, subscription) = if from == 0 || watch_list {
         let (objects, subscription) = app.store.snapshot_and_subscribe(kind, namespace);
         let initial: Vec<(ChangeKind, Arc<Value>)> = objects
@@ -71,33 +72,38 @@ pub fn serve(
 }
 
 /// Whether the watch sends its initial events then marks their end (apimachinery's
-/// ValidateListOptions: both `sendInitialEvents` values need `resourceVersionMatch=NotOlderThan`
-/// and bookmarks).
-fn initial_events(query: &Query) -> Result<bool, ApiError> {
+/// `validateWatchOptions`: either `sendInitialEvents` value needs
+/// `resourceVersionMatch=NotOlderThan`, bookmarks, and the `WatchList` feature gate).
+fn initial_events(query: &Query, watch_list: bool) -> Result<bool, ApiError> {
     let Some(send) = query.get("sendInitialEvents") else {
         return Ok(false);
     };
-    let forbidden = |message: &str| {
-        ApiError::invalid(
-            "meta.k8s.io",
-            "ListOptions",
-            "",
-            &[Cause {
-                reason: "FieldValueForbidden",
-                field: "sendInitialEvents".to_owned(),
-                message: format!("Forbidden: {message}"),
-            }],
-        )
+    let forbidden = |field: &str, message: &str| Cause {
+        reason: "FieldValueForbidden",
+        field: field.to_owned(),
+        message: format!("Forbidden: {message}"),
     };
+    let mut causes = Vec::new();
     if query.get("resourceVersionMatch") != Some("NotOlderThan") {
-        return Err(forbidden(
+        causes.push(forbidden(
+            "resourceVersionMatch",
             "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
         ));
     }
+    if !watch_list {
+        causes.push(forbidden(
+            "sendInitialEvents",
+            "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+        ));
+    }
     if !query.flag("allowWatchBookmarks") {
-        return Err(forbidden(
+        causes.push(forbidden(
+            "allowWatchBookmarks",
             "sendInitialEvents requires setting allowWatchBookmarks to true",
         ));
+    }
+    if !causes.is_empty() {
+        return Err(ApiError::invalid("meta.k8s.io", "ListOptions", "", &causes));
     }
     Ok(matches!(send, "true" | "1"))
 }

@@ -11,7 +11,7 @@ mod omit_empty;
 mod pod_defaults;
 pub(crate) mod strategy;
 pub mod timestamps;
-mod validation;
+pub(crate) mod validation;
 mod workload_defaults;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -162,6 +162,12 @@ impl Store {
                 .expect("the initial namespaces are valid");
         }
         bootstrap::bootstrap(&store);
+        // The watch cache's window opens where its first list was taken, at the server's start:
+        // a watch from an older version (`resourceVersion=1`) is too old, as on a real server.
+        let mut state = store.lock();
+        state.history.clear();
+        state.compacted = state.revision;
+        drop(state);
         store
     }
 
@@ -245,6 +251,29 @@ impl Store {
             items,
             next,
             resource_version,
+        }
+    }
+
+    /// How many objects of the collection (in `namespace`, when given) follow `last`: for a
+    /// list of every namespace, the collection's size less the `returned` items of the pages so
+    /// far, as the pages do not look at the rest.
+    pub fn count_after(
+        &self,
+        kind: &ResourceType,
+        namespace: Option<&str>,
+        last: &ObjectKey,
+        returned: u64,
+    ) -> u64 {
+        let state = self.lock();
+        let Some(objects) = state.collections.get(&kind.key()) else {
+            return 0;
+        };
+        match namespace {
+            None => (objects.len() as u64).saturating_sub(returned),
+            Some(namespace) => objects
+                .range((Bound::Excluded(last.clone()), Bound::Unbounded))
+                .take_while(|(key, _)| key.0 == namespace)
+                .count() as u64,
         }
     }
 
@@ -524,7 +553,9 @@ impl Store {
         if state.history.len() == state.history_limit
             && let Some(dropped) = state.history.pop_front()
         {
-            state.compacted = dropped.resource_version + 1;
+            // A watch from the dropped version still misses nothing (cacher: older than the
+            // oldest event kept, less one, is too old).
+            state.compacted = dropped.resource_version;
         }
         state.history.push_back(Arc::clone(&change));
         // No receivers is fine: nobody is watching.

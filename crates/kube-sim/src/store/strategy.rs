@@ -273,7 +273,14 @@ pub fn prepare_update(
         label_namespace(updated, name);
     }
     check_immutable(kind, current, updated)?;
-    if kind.has_generation && updated.get("spec") != current.get("spec") {
+    // The desired state: a webhook configuration's is its webhooks (its strategy bumps the
+    // generation when they change).
+    let desired = if crate::webhook_configuration::is_webhook_configuration(kind) {
+        "webhooks"
+    } else {
+        "spec"
+    };
+    if kind.has_generation && updated.get(desired) != current.get(desired) {
         let generation = current["metadata"]["generation"].as_i64().unwrap_or(0);
         updated["metadata"]["generation"] = json!(generation + 1);
     }
