@@ -11,6 +11,7 @@ mod image;
 mod kind;
 mod logind;
 mod peer_tests;
+mod protobuf_schema;
 mod setup;
 mod test;
 
@@ -61,6 +62,8 @@ enum Task {
     /// Rewrites the generated reference sections of docs/<program>.md (flags, chart values,
     /// metrics) from the programs and their charts.
     Docs,
+    /// Writes kube-sim's table of the protobuf messages it reads, from k8s-pb and k8s-openapi.
+    ProtobufSchema,
     /// Writes the NodeDisruptionBudget CRD, generated from its Rust types, into the
     /// termination-controller chart (a test fails while the chart's copy is stale).
     Crd,
@@ -79,6 +82,7 @@ fn main() -> Result<()> {
         Task::Workflows => actionlint::check_workflows(),
         Task::PeerTests => peer_tests::run(),
         Task::Crd => write_crd(),
+        Task::ProtobufSchema => protobuf_schema::write(),
         Task::Docs => write_docs(),
     }
 }

@@ -131,6 +131,13 @@ impl ApiError {
         )
     }
 
+    /// The same error, its message followed by why.
+    #[must_use]
+    pub fn because(mut self, why: &str) -> Self {
+        self.message = format!("{}: {why}", self.message);
+        self
+    }
+
     /// 429; a positive `retry_after_seconds` becomes the `Retry-After` header, as
     /// apiserver's responsewriters.ErrorNegotiated writes it.
     pub fn too_many_requests(

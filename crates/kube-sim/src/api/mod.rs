@@ -79,28 +79,18 @@ async fn handle(State(app): State<App>, request: Request) -> Response {
     {
         // A SelfSubjectReview asks nothing: its body does not matter.
         (Bytes::from_static(b"{}"), "application/json")
-    } else if protobuf_post
-        && parts.uri.path() == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+    } else if content_type.contains("protobuf") && parts.method != Method::PATCH && !body.is_empty()
     {
-        let Some(review) = protobuf::self_subject_access_review(&body) else {
-            return error_response(&ApiError::bad_request(
-                "the protobuf body is not a SelfSubjectAccessReview",
-            ));
-        };
-        (
-            Bytes::from(serde_json::to_vec(&review).unwrap_or_default()),
-            "application/json",
-        )
-    } else if protobuf_post || (content_type.contains("protobuf") && parts.method != Method::PATCH)
-    {
-        // helm's release records (Secrets, ConfigMaps) and their deletion, through client-go's
-        // typed clients.
         match protobuf::object(&body) {
-            Some(object) => (
+            Ok(object) => (
                 Bytes::from(serde_json::to_vec(&object).unwrap_or_default()),
                 "application/json",
             ),
-            None => (body, content_type),
+            Err(why) => {
+                return error_response(
+                    &ApiError::unsupported_media_type(content_type).because(&why),
+                );
+            }
         }
     } else {
         (body, content_type)
