@@ -166,6 +166,8 @@ enum Schema {
     Crd,
     /// A ValidatingAdmissionPolicy: its expressions must compile.
     Policy,
+    /// A validating or mutating webhook configuration: its webhooks must be well formed.
+    WebhookConfiguration,
     Custom(Value),
 }
 
@@ -174,7 +176,7 @@ impl Schema {
     fn shape(&self) -> Shape<'_> {
         match self {
             Self::Custom(schema) => Shape::Schema(schema),
-            Self::None | Self::Crd | Self::Policy => Shape::Builtin,
+            Self::None | Self::Crd | Self::Policy | Self::WebhookConfiguration => Shape::Builtin,
         }
     }
 
@@ -186,6 +188,9 @@ impl Schema {
             && kind.plural == "validatingadmissionpolicies"
         {
             return Ok(Self::Policy);
+        }
+        if crate::webhook_configuration::is_webhook_configuration(kind) {
+            return Ok(Self::WebhookConfiguration);
         }
         if !kind.custom {
             return Ok(Self::None);
@@ -215,11 +220,9 @@ impl Schema {
         if !kind.custom {
             crate::typed::decode_builtin(kind, object, strict)?;
         }
-        if crate::webhook_configuration::is_webhook_configuration(kind) {
-            crate::webhook_configuration::validate(kind, object)?;
-        }
         match self {
             Self::None => Ok(()),
+            Self::WebhookConfiguration => crate::webhook_configuration::validate(kind, object),
             Self::Crd => crate::crd_schema::validate_crd(object),
             Self::Policy => crate::admission_policy::check_policy(object).map_err(|message| {
                 let name = object["metadata"]["name"].as_str().unwrap_or_default();

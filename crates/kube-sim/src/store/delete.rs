@@ -173,7 +173,6 @@ pub fn plan(kind: &ResourceType, current: &Value, options: &DeleteOptions) -> Pl
     if !unchanged {
         marked["metadata"]["finalizers"] = json!(wanted);
     }
-    let current = &marked.clone();
     let meta = &current["metadata"];
     let already_deleting = meta["deletionTimestamp"].is_string();
     if kind.group.is_empty() && kind.plural == "pods" {
@@ -195,7 +194,7 @@ pub fn plan(kind: &ResourceType, current: &Value, options: &DeleteOptions) -> Pl
         let content_finalizers = current["spec"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
-        if content_finalizers || !finalizers(current).is_empty() {
+        if content_finalizers || !wanted.is_empty() {
             // The namespace controller empties it, then drops the `kubernetes` finalizer.
             if !already_deleting {
                 marked["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
@@ -204,7 +203,7 @@ pub fn plan(kind: &ResourceType, current: &Value, options: &DeleteOptions) -> Pl
             return Plan::Mark(marked);
         }
     }
-    if finalizers(current).is_empty() {
+    if wanted.is_empty() {
         return Plan::Remove;
     }
     if !already_deleting {

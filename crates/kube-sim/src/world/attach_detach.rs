@@ -311,13 +311,8 @@ fn report_volumes_attached(store: &Store) {
         }
         let _ = store.update(&nodes, None, name, Part::Status, |current| {
             let mut updated = current.clone();
-            if attached.is_empty() {
-                updated["status"]
-                    .as_object_mut()
-                    .map(|status| status.remove("volumesAttached"));
-            } else {
-                updated["status"]["volumesAttached"] = json!(attached);
-            }
+            // None left: the store leaves the empty list out.
+            updated["status"]["volumesAttached"] = json!(attached);
             Ok(updated)
         });
     }

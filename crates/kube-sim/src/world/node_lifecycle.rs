@@ -179,16 +179,8 @@ fn sync_taints(store: &Store, name: &str) {
             }
         }
         if changed {
-            updated["spec"]["taints"] = if taints.is_empty() {
-                Value::Null
-            } else {
-                json!(taints)
-            };
-            if taints.is_empty() {
-                updated["spec"]
-                    .as_object_mut()
-                    .map(|spec| spec.remove("taints"));
-            }
+            // The store leaves an emptied list out, as Go's omitempty does.
+            updated["spec"]["taints"] = json!(taints);
         }
         Ok(updated)
     });

@@ -19,12 +19,15 @@ impl Kubelets {
         if crate::world::attach_detach::pod_claims(changed).is_empty() {
             return;
         }
+        self.report_volumes_in_use(node, &self.bound_to(node));
+    }
+
+    /// The pods bound to `node`.
+    fn bound_to(&self, node: &str) -> Vec<Arc<Value>> {
         let pods = self.store.kind("", "pods");
-        let bound = self
-            .store
+        self.store
             .list(&pods, None, None, 0, &|pod| pod["spec"]["nodeName"] == node)
-            .items;
-        self.report_volumes_in_use(node, &bound);
+            .items
     }
 
     /// `node.status.volumesInUse` from the pods bound to `node`: the volumes of those that have
@@ -44,13 +47,8 @@ impl Kubelets {
             .store
             .update(&nodes, None, node, Part::Status, |current| {
                 let mut updated = current.clone();
-                if in_use.is_empty() {
-                    updated["status"]
-                        .as_object_mut()
-                        .map(|status| status.remove("volumesInUse"));
-                } else {
-                    updated["status"]["volumesInUse"] = json!(in_use);
-                }
+                // None left: the store leaves the empty list out.
+                updated["status"]["volumesInUse"] = json!(in_use);
                 Ok(updated)
             });
     }
@@ -60,13 +58,7 @@ impl Kubelets {
     /// again the containers of its running pods that have no process.
     pub(super) fn node_changed(&mut self, node: &Arc<Value>) {
         let name = text(&node["metadata"]["name"]);
-        let pods = self.store.kind("", "pods");
-        let bound: Vec<Arc<Value>> = self
-            .store
-            .list(&pods, None, None, 0, &|pod| {
-                pod["spec"]["nodeName"] == name.as_str()
-            })
-            .items;
+        let bound = self.bound_to(&name);
         match node["metadata"]["annotations"][KUBELET_ANNOTATION].as_str() {
             // Cut off, not dead: its containers run on, unseen.
             Some("partitioned") => {}
