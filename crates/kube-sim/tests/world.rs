@@ -719,7 +719,7 @@ async fn a_dead_nodes_volume_detaches_after_the_unmount_wait() -> Result<()> {
 
 /// A machine that loses power while a pod of it is being deleted gracefully finishes nothing:
 /// the pod stays Terminating and its volume mounted, while a live node's pod deleted after it,
-/// with the same stop time, is gone.
+/// with the same stop time, is gone. Powered again, it finishes the deletion.
 #[tokio::test]
 async fn a_machine_powered_off_mid_deletion_finishes_nothing() -> Result<()> {
     let sim = sim(2).await?;
@@ -761,7 +761,26 @@ async fn a_machine_powered_off_mid_deletion_finishes_nothing() -> Result<()> {
             .is_none(),
         "detached while still mounted on a machine without power"
     );
-    Ok(())
+    // Back, the machine's kubelet begins the deletion again and finishes it: the pod goes and
+    // its volume is detached.
+    let nodes: Api<Node> = Api::all(sim.client());
+    nodes
+        .patch(
+            "node-0",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "running"}}}),
+            ),
+        )
+        .await?;
+    wait_until(
+        &sim,
+        "the deletion to finish once the machine is back",
+        || async {
+            Ok(pods.get_opt("db").await?.is_none() && attachments.get_opt(&name).await?.is_none())
+        },
+    )
+    .await
 }
 
 /// A kubelet cut off while its pod was force-deleted unmounts the orphaned volume once it

@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 
 use crate::resources::ResourceType;
 use crate::store::strategy::finalizers;
-use crate::store::{Change, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER, Part, Store};
+use crate::store::{
+    Change, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER, Part, Preconditions, Store,
+};
 
 pub fn concerns(change: &Change) -> bool {
     change.kind == crate::store::ChangeKind::Deleted
@@ -127,6 +129,10 @@ fn collect_dependent(
         }
         let _ = store.update(kind, namespace, name, Part::Main, |current| {
             let mut updated = current.clone();
+            // A namesake created since the pass listed is not the object judged.
+            if uid(current) != uid(dependent) {
+                return Ok(updated);
+            }
             if let Some(references) = updated["metadata"]["ownerReferences"].as_array_mut() {
                 references.retain(|r| {
                     r["uid"]
@@ -152,8 +158,13 @@ fn collect_dependent(
     } else {
         "Background"
     };
+    // As the collector's deleteObject: only the object judged, never a namesake made since.
     let options = DeleteOptions {
         propagation_policy: Some(policy.to_owned()),
+        preconditions: Preconditions {
+            uid: Some(uid(dependent).to_owned()),
+            resource_version: None,
+        },
         ..DeleteOptions::default()
     };
     let _ = store.delete(kind, namespace, name, &options);
@@ -244,5 +255,57 @@ fn orphan_dependents(store: &Store, owner_uid: &str) {
                 Ok(updated)
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use serde_json::json;
+
+    use super::{Owner, collect_dependent};
+    use crate::resources::Registry;
+    use crate::store::Store;
+
+    /// A pass judges the dependent it listed; a namesake created since, owned by a live owner,
+    /// is neither deleted nor stripped of its references.
+    #[test]
+    fn a_namesake_of_a_judged_dependent_is_left_alone() {
+        let store = Store::new(Registry::default(), 100);
+        let maps = store.kind("", "configmaps");
+        let reference =
+            |uid: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": uid, "uid": uid});
+        let namesake = store
+            .create(
+                &maps,
+                Some("default"),
+                json!({"metadata": {"name": "dependent", "ownerReferences": [reference("other-owner")]}}),
+            )
+            .unwrap();
+        let judged = |references: Vec<serde_json::Value>| {
+            let mut judged = (*namesake).clone();
+            judged["metadata"]["uid"] = json!("gone-dependent");
+            judged["metadata"]["ownerReferences"] = json!(references);
+            judged
+        };
+        // Its only owner gone: the pass would delete it.
+        collect_dependent(
+            &store,
+            &maps,
+            &judged(vec![reference("gone-owner")]),
+            &HashMap::new(),
+            &HashSet::new(),
+        );
+        // Kept by a live owner: the pass would drop its other references.
+        collect_dependent(
+            &store,
+            &maps,
+            &judged(vec![reference("live-owner"), reference("gone-owner")]),
+            &HashMap::from([("live-owner".to_owned(), Owner::Solid)]),
+            &HashSet::new(),
+        );
+        let kept = store.get(&maps, Some("default"), "dependent").unwrap();
+        assert_eq!(kept, namesake);
     }
 }
