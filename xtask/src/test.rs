@@ -6,8 +6,7 @@ use std::process::Command;
 use anyhow::{Result, bail};
 
 use crate::{
-    actionlint, cargo, disk, e2e, explore, helm, image, peer_tests, project_root, run_command,
-    setup,
+    actionlint, cargo, disk, e2e, explore, helm, image, peer_tests, run_command, setup, target_dir,
 };
 
 pub fn run() -> Result<()> {
@@ -97,7 +96,7 @@ fn check_no_stray_processes() -> Result<()> {
         "nodegrace-demo",
         "nodegrace-explore",
     ];
-    let target = project_root().join("target");
+    let target = target_dir();
     let out = Command::new("ps").args(["-eo", "pid,args"]).output()?;
     let listing = String::from_utf8_lossy(&out.stdout);
     let strays: Vec<&str> = listing
