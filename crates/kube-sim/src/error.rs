@@ -22,6 +22,63 @@ pub struct Cause {
     pub message: String,
 }
 
+/// The causes in apimachinery's field.Error wording (`field.Required`, `field.Invalid`, …).
+impl Cause {
+    fn at(reason: &'static str, field: &str, message: String) -> Self {
+        Self {
+            reason,
+            field: field.to_owned(),
+            message,
+        }
+    }
+
+    /// `Required value`, followed by `detail` when there is one.
+    pub fn required(field: &str, detail: &str) -> Self {
+        let message = if detail.is_empty() {
+            "Required value".to_owned()
+        } else {
+            format!("Required value: {detail}")
+        };
+        Self::at("FieldValueRequired", field, message)
+    }
+
+    /// `Invalid value: <value>: <detail>`, `value` written as Go's field errors quote it.
+    pub fn invalid(field: &str, value: &str, detail: &str) -> Self {
+        Self::at(
+            "FieldValueInvalid",
+            field,
+            format!("Invalid value: {value}: {detail}"),
+        )
+    }
+
+    /// `Unsupported value: "<value>": supported values: "a", "b"`.
+    pub fn not_supported(field: &str, value: &str, supported: &[&str]) -> Self {
+        let listed: Vec<String> = supported.iter().map(|s| format!("\"{s}\"")).collect();
+        Self::at(
+            "FieldValueNotSupported",
+            field,
+            format!(
+                "Unsupported value: \"{value}\": supported values: {}",
+                listed.join(", ")
+            ),
+        )
+    }
+
+    /// `Duplicate value: "<value>"`.
+    pub fn duplicate(field: &str, value: &str) -> Self {
+        Self::at(
+            "FieldValueDuplicate",
+            field,
+            format!("Duplicate value: \"{value}\""),
+        )
+    }
+
+    /// `Forbidden: <detail>`.
+    pub fn forbidden(field: &str, detail: &str) -> Self {
+        Self::at("FieldValueForbidden", field, format!("Forbidden: {detail}"))
+    }
+}
+
 fn details(group: &str, kind: &str, name: &str) -> Value {
     json!({"name": name, "group": group, "kind": kind})
 }

@@ -143,7 +143,7 @@ async fn serve(options: SimOptions, kubeconfig_out: &std::path::Path) -> Result<
     Ok(())
 }
 
-/// `500ms`, `10s`, `2m`: a whole number above zero and a unit.
+/// `WatchList=true`: a gate kube-sim knows, and its setting.
 fn feature_gate(text: &str) -> Result<(String, bool), String> {
     let (gate, value) = text.split_once('=').ok_or_else(|| {
         format!("{text:?}: expected NAME=true or NAME=false, like WatchList=true")
@@ -159,6 +159,7 @@ fn feature_gate(text: &str) -> Result<(String, bool), String> {
     Ok((gate.to_owned(), on))
 }
 
+/// `500ms`, `10s`, `2m`: a whole number above zero and a unit.
 fn duration(text: &str) -> Result<Duration, String> {
     let split = text
         .find(|c: char| !c.is_ascii_digit())

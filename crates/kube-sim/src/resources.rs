@@ -185,7 +185,7 @@ pub fn builtins() -> Vec<ResourceType> {
             true,
             true,
         ),
-        builtin("", "v1", "Node", "nodes", false, &["no"], true, true),
+        builtin("", "v1", "Node", "nodes", false, &["no"], true, false),
         builtin("", "v1", "Pod", "pods", true, &["po"], true, true),
         builtin("", "v1", "Event", "events", true, &["ev"], false, false),
         builtin(
@@ -196,7 +196,7 @@ pub fn builtins() -> Vec<ResourceType> {
             true,
             &["pvc"],
             true,
-            true,
+            false,
         ),
         builtin(
             "",
@@ -206,7 +206,7 @@ pub fn builtins() -> Vec<ResourceType> {
             false,
             &["pv"],
             true,
-            true,
+            false,
         ),
         builtin(
             "",
@@ -236,7 +236,7 @@ pub fn builtins() -> Vec<ResourceType> {
             true,
             &[],
             false,
-            true,
+            false,
         ),
         builtin(
             "policy",
@@ -256,7 +256,7 @@ pub fn builtins() -> Vec<ResourceType> {
             false,
             &[],
             true,
-            true,
+            false,
         ),
         builtin(
             "events.k8s.io",
@@ -358,7 +358,9 @@ pub fn builtins() -> Vec<ResourceType> {
             false,
             false,
         ),
-        workload("", "Service", "services", &["svc"]),
+        // A spec but no generation: the strategy sets none, as those of nodes, volumes,
+        // claims, attachments and leases do not either.
+        builtin("", "v1", "Service", "services", true, &["svc"], true, false),
         plain("", "Secret", "secrets", true, &[]),
         plain("", "Endpoints", "endpoints", true, &["ep"]),
         workload("apps", "StatefulSet", "statefulsets", &["sts"]),
@@ -439,21 +441,6 @@ pub fn builtins() -> Vec<ResourceType> {
             true,
         ),
     ];
-    // Kinds with a spec but no generation: their registry strategies never set one (services,
-    // nodes, volumes and claims, volume attachments, leases).
-    for kind in &mut all {
-        if matches!(
-            kind.plural.as_str(),
-            "services"
-                | "nodes"
-                | "persistentvolumes"
-                | "persistentvolumeclaims"
-                | "volumeattachments"
-                | "leases"
-        ) {
-            kind.has_generation = false;
-        }
-    }
     // `kubectl get all` lists the kinds in the "all" category.
     for kind in &mut all {
         if matches!(

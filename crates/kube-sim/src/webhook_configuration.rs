@@ -39,7 +39,7 @@ pub fn validate(kind: &ResourceType, configuration: &Value) -> Result<(), ApiErr
         if let Some(name) = webhook["name"].as_str().filter(|n| !n.is_empty())
             && !names.insert(name)
         {
-            causes.push(duplicate(&format!("{path}.name"), name));
+            causes.push(Cause::duplicate(&format!("{path}.name"), name));
         }
     }
     if causes.is_empty() {
@@ -95,7 +95,7 @@ fn validate_webhook(webhook: &Value, mutating: bool, path: &str, causes: &mut Ve
     }
     let side_effects = &webhook["sideEffects"];
     if side_effects.is_null() {
-        causes.push(required(
+        causes.push(Cause::required(
             &format!("{path}.sideEffects"),
             "must specify one of None, NoneOnDryRun",
         ));
@@ -110,7 +110,7 @@ fn validate_webhook(webhook: &Value, mutating: bool, path: &str, causes: &mut Ve
     if let Some(timeout) = webhook["timeoutSeconds"].as_i64()
         && !(1..=30).contains(&timeout)
     {
-        causes.push(invalid(
+        causes.push(Cause::invalid(
             &format!("{path}.timeoutSeconds"),
             &timeout.to_string(),
             "the timeout value must be between 1 and 30 seconds",
@@ -118,14 +118,14 @@ fn validate_webhook(webhook: &Value, mutating: bool, path: &str, causes: &mut Ve
     }
     let client = &webhook["clientConfig"];
     if client["url"].is_null() == client["service"].is_null() {
-        causes.push(required(
+        causes.push(Cause::required(
             &format!("{path}.clientConfig"),
             "exactly one of url or service is required",
         ));
     } else if let Some(url) = client["url"].as_str() {
         let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
         if scheme != "https" {
-            causes.push(invalid(
+            causes.push(Cause::invalid(
                 &format!("{path}.clientConfig.url"),
                 &format!("\"{scheme}\""),
                 "'https' is the only allowed URL scheme",
@@ -138,11 +138,11 @@ fn validate_webhook(webhook: &Value, mutating: bool, path: &str, causes: &mut Ve
 fn validate_name(name: &Value, path: &str, causes: &mut Vec<Cause>) {
     let name = name.as_str().unwrap_or_default();
     if name.is_empty() {
-        causes.push(required(path, ""));
+        causes.push(Cause::required(path, ""));
         return;
     }
     if !crate::store::validation::is_dns_subdomain(name) {
-        causes.push(invalid(
+        causes.push(Cause::invalid(
             path,
             &format!("\"{name}\""),
             "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
@@ -150,7 +150,7 @@ fn validate_name(name: &Value, path: &str, causes: &mut Vec<Cause>) {
         return;
     }
     if name.split('.').count() < 3 {
-        causes.push(invalid(
+        causes.push(Cause::invalid(
             path,
             &format!("\"{name}\""),
             "should be a domain with at least three segments separated by dots",
@@ -167,7 +167,10 @@ fn validate_review_versions(versions: &Value, path: &str, causes: &mut Vec<Cause
         .collect();
     let accepted = ACCEPTED_REVIEW_VERSIONS.join(", ");
     if versions.is_empty() {
-        causes.push(required(path, &format!("must specify one of {accepted}")));
+        causes.push(Cause::required(
+            path,
+            &format!("must specify one of {accepted}"),
+        ));
         return;
     }
     if !versions
@@ -175,7 +178,7 @@ fn validate_review_versions(versions: &Value, path: &str, causes: &mut Vec<Cause
         .any(|v| ACCEPTED_REVIEW_VERSIONS.contains(v))
     {
         let listed: Vec<String> = versions.iter().map(|v| format!("\"{v}\"")).collect();
-        causes.push(invalid(
+        causes.push(Cause::invalid(
             path,
             &format!("[]string{{{}}}", listed.join(", ")),
             &format!("must include at least one of {accepted}"),
@@ -192,43 +195,7 @@ fn optional_one_of(value: &Value, supported: &[&str], path: &str, causes: &mut V
 fn one_of(value: &Value, supported: &[&str], path: &str, causes: &mut Vec<Cause>) {
     let text = value.as_str().unwrap_or_default();
     if !supported.contains(&text) {
-        let listed: Vec<String> = supported.iter().map(|s| format!("\"{s}\"")).collect();
-        causes.push(Cause {
-            reason: "FieldValueNotSupported",
-            field: path.to_owned(),
-            message: format!(
-                "Unsupported value: \"{text}\": supported values: {}",
-                listed.join(", ")
-            ),
-        });
-    }
-}
-
-fn required(path: &str, detail: &str) -> Cause {
-    Cause {
-        reason: "FieldValueRequired",
-        field: path.to_owned(),
-        message: if detail.is_empty() {
-            "Required value".to_owned()
-        } else {
-            format!("Required value: {detail}")
-        },
-    }
-}
-
-fn invalid(path: &str, value: &str, detail: &str) -> Cause {
-    Cause {
-        reason: "FieldValueInvalid",
-        field: path.to_owned(),
-        message: format!("Invalid value: {value}: {detail}"),
-    }
-}
-
-fn duplicate(path: &str, value: &str) -> Cause {
-    Cause {
-        reason: "FieldValueDuplicate",
-        field: path.to_owned(),
-        message: format!("Duplicate value: \"{value}\""),
+        causes.push(Cause::not_supported(path, text, supported));
     }
 }
 

@@ -136,15 +136,7 @@ async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted()
             .all(ready))
     })
     .await?;
-    nodes
-        .patch(
-            "node-0",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
-            ),
-        )
-        .await?;
+    set_kubelet(&nodes, "node-0", "stopped").await?;
     wait_until(&sim, "node-0 to turn Unknown", || async {
         Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))
     })
@@ -211,15 +203,7 @@ async fn a_stopped_kubelet_makes_its_node_unknown_tainted_and_its_pods_evicted()
     .await?;
     ensure!(node_ready(&nodes.get("node-1").await?).as_deref() == Some("True"));
 
-    nodes
-        .patch(
-            "node-0",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "running"}}}),
-            ),
-        )
-        .await?;
+    set_kubelet(&nodes, "node-0", "running").await?;
     wait_until(&sim, "node-0 to recover", || async {
         let node = nodes.get("node-0").await?;
         Ok(node_ready(&node).as_deref() == Some("True")
@@ -503,22 +487,18 @@ async fn attached_pod_with(sim: &KubeSim, node: &str, source: serde_json::Value)
 
 /// The node dies under its pod, whose object is then force-deleted (the KEP-2268 sequence).
 async fn kill_node_and_force_delete_pod(sim: &KubeSim, node: &str) -> Result<()> {
-    stop_kubelet(&Api::all(sim.client()), node).await?;
+    set_kubelet(&Api::all(sim.client()), node, "stopped").await?;
     let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
     pods.delete("db", &DeleteParams::default().grace_period(0))
         .await?;
     Ok(())
 }
 
-async fn stop_kubelet(nodes: &Api<Node>, node: &str) -> Result<()> {
+/// Sets the node's kubelet to `state` (`stopped`, `partitioned`, `running`).
+async fn set_kubelet(nodes: &Api<Node>, node: &str, state: &str) -> Result<()> {
+    let annotation = json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": state}}});
     nodes
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "stopped"}}}),
-            ),
-        )
+        .patch(node, &PatchParams::default(), &Patch::Merge(annotation))
         .await?;
     Ok(())
 }
@@ -739,7 +719,7 @@ async fn a_machine_powered_off_mid_deletion_finishes_nothing() -> Result<()> {
     })
     .await?;
     pods.delete("db", &DeleteParams::default()).await?;
-    stop_kubelet(&Api::all(client.clone()), "node-0").await?;
+    set_kubelet(&Api::all(client.clone()), "node-0", "stopped").await?;
     pods.delete("witness", &DeleteParams::default()).await?;
     wait_until(&sim, "the witness to be gone", || async {
         Ok(pods.get_opt("witness").await?.is_none())
@@ -764,15 +744,7 @@ async fn a_machine_powered_off_mid_deletion_finishes_nothing() -> Result<()> {
     // Back, the machine's kubelet begins the deletion again and finishes it: the pod goes and
     // its volume is detached.
     let nodes: Api<Node> = Api::all(sim.client());
-    nodes
-        .patch(
-            "node-0",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": "running"}}}),
-            ),
-        )
-        .await?;
+    set_kubelet(&nodes, "node-0", "running").await?;
     wait_until(
         &sim,
         "the deletion to finish once the machine is back",
@@ -791,15 +763,7 @@ async fn a_kubelet_back_unmounts_what_was_deleted_while_it_was_cut_off() -> Resu
     let name = attached_pod(&sim, "node-0").await?;
     let client = sim.client();
     let nodes: Api<Node> = Api::all(client.clone());
-    let kubelet =
-        |state: &str| json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": state}}});
-    nodes
-        .patch(
-            "node-0",
-            &PatchParams::default(),
-            &Patch::Merge(kubelet("partitioned")),
-        )
-        .await?;
+    set_kubelet(&nodes, "node-0", "partitioned").await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     pods.delete("db", &DeleteParams::default().grace_period(0))
         .await?;
@@ -812,13 +776,7 @@ async fn a_kubelet_back_unmounts_what_was_deleted_while_it_was_cut_off() -> Resu
         attachments.get_opt(&name).await?.is_some(),
         "detached while the cut-off kubelet still had it mounted"
     );
-    nodes
-        .patch(
-            "node-0",
-            &PatchParams::default(),
-            &Patch::Merge(kubelet("running")),
-        )
-        .await?;
+    set_kubelet(&nodes, "node-0", "running").await?;
     wait_until(&sim, "the detach after the unmount", || async {
         Ok(attachments.get_opt(&name).await?.is_none())
     })
@@ -869,7 +827,7 @@ async fn a_read_write_once_volume_moves_only_after_its_old_attachment_is_gone() 
     let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
     volumes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pv-1"}, "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "csi": {"driver": kube_sim::world::CSI_DRIVER, "volumeHandle": "pv-1"}}}))?).await?;
     let old = attached_pod(&sim, "node-0").await?;
-    stop_kubelet(&Api::all(client.clone()), "node-0").await?;
+    set_kubelet(&Api::all(client.clone()), "node-0", "stopped").await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let volume = json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}});
     pods.create(
@@ -959,7 +917,7 @@ async fn the_pod_gc_sweep_finishes_terminating_pods_on_out_of_service_nodes() ->
     })
     .await?;
     let nodes: Api<Node> = Api::all(client.clone());
-    stop_kubelet(&nodes, "node-0").await?;
+    set_kubelet(&nodes, "node-0", "stopped").await?;
     pods.delete("stuck", &DeleteParams::default()).await?;
     wait_until(&sim, "node-0 to turn Unknown", || async {
         Ok(node_ready(&nodes.get("node-0").await?).as_deref() == Some("Unknown"))

@@ -78,26 +78,21 @@ fn initial_events(query: &Query, watch_list: bool) -> Result<bool, ApiError> {
     let Some(send) = query.get("sendInitialEvents") else {
         return Ok(false);
     };
-    let forbidden = |field: &str, message: &str| Cause {
-        reason: "FieldValueForbidden",
-        field: field.to_owned(),
-        message: format!("Forbidden: {message}"),
-    };
     let mut causes = Vec::new();
     if query.get("resourceVersionMatch") != Some("NotOlderThan") {
-        causes.push(forbidden(
+        causes.push(Cause::forbidden(
             "resourceVersionMatch",
             "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
         ));
     }
     if !watch_list {
-        causes.push(forbidden(
+        causes.push(Cause::forbidden(
             "sendInitialEvents",
             "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
         ));
     }
     if !query.flag("allowWatchBookmarks") {
-        causes.push(forbidden(
+        causes.push(Cause::forbidden(
             "allowWatchBookmarks",
             "sendInitialEvents requires setting allowWatchBookmarks to true",
         ));

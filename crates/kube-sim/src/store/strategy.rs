@@ -349,6 +349,13 @@ pub fn finalizers(object: &Value) -> Vec<String> {
     crate::json::owned_strings(&object["metadata"]["finalizers"])
 }
 
+/// Whether `object` carries the finalizer `name`.
+pub fn has_finalizer(object: &Value, name: &str) -> bool {
+    object["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|list| list.iter().any(|f| f == name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

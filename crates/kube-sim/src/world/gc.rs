@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::resources::ResourceType;
-use crate::store::strategy::finalizers;
+use crate::store::strategy::has_finalizer;
 use crate::store::{
     Change, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER, Part, Preconditions, Store,
 };
@@ -25,9 +25,7 @@ pub fn concerns(change: &Change) -> bool {
 /// Deleting, and held by one of the garbage collector's own finalizers.
 fn awaits_collector(object: &Value) -> bool {
     object["metadata"]["deletionTimestamp"].is_string()
-        && finalizers(object)
-            .iter()
-            .any(|f| f == ORPHAN_FINALIZER || f == FOREGROUND_FINALIZER)
+        && (has_finalizer(object, ORPHAN_FINALIZER) || has_finalizer(object, FOREGROUND_FINALIZER))
 }
 
 fn owners(object: &Value) -> Vec<String> {
@@ -90,7 +88,7 @@ pub fn reconcile(store: &Store) {
                 .items
             {
                 let state = if owner["metadata"]["deletionTimestamp"].is_string()
-                    && finalizers(&owner).iter().any(|f| f == FOREGROUND_FINALIZER)
+                    && has_finalizer(&owner, FOREGROUND_FINALIZER)
                 {
                     Owner::Waiting
                 } else {
@@ -148,12 +146,9 @@ fn collect_dependent(
     let policy = if waited_for && named.contains(uid(dependent)) {
         // An owner of its own dependents, deleted for an owner that waits: it waits for them too.
         "Foreground"
-    } else if finalizers(dependent).iter().any(|f| f == ORPHAN_FINALIZER) {
+    } else if has_finalizer(dependent, ORPHAN_FINALIZER) {
         "Orphan"
-    } else if finalizers(dependent)
-        .iter()
-        .any(|f| f == FOREGROUND_FINALIZER)
-    {
+    } else if has_finalizer(dependent, FOREGROUND_FINALIZER) {
         "Foreground"
     } else {
         "Background"
@@ -175,8 +170,7 @@ fn collect_dependent(
 /// Dependents are read afresh: this pass may have removed some, or dropped their reference.
 fn release(store: &Store, kinds: &[Arc<ResourceType>], kind: &ResourceType, owner: &Value) {
     let owner_uid = uid(owner);
-    let held = finalizers(owner);
-    if held.iter().any(|f| f == ORPHAN_FINALIZER) {
+    if has_finalizer(owner, ORPHAN_FINALIZER) {
         orphan_dependents(store, owner_uid);
     }
     let blocks = |dependent: &Value| {
@@ -188,7 +182,7 @@ fn release(store: &Store, kinds: &[Arc<ResourceType>], kind: &ResourceType, owne
                     .any(|r| r["uid"] == owner_uid && r["blockOwnerDeletion"] == true)
             })
     };
-    let blocked = held.iter().any(|f| f == FOREGROUND_FINALIZER)
+    let blocked = has_finalizer(owner, FOREGROUND_FINALIZER)
         && kinds
             .iter()
             .any(|kind| !store.list(kind, None, None, 1, &blocks).items.is_empty());
