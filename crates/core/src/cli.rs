@@ -14,7 +14,8 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::duration::parse_go_duration;
-use crate::instances::{ExecInstances, InstanceProvider, SimInstances};
+use crate::instances::aws::{AwsOptions, AwsSetupError};
+use crate::instances::{AwsInstances, ExecInstances, InstanceProvider, SimInstances};
 use crate::leader::LeaderConfig;
 use crate::logind::{LogindSource, SharedLogind};
 
@@ -197,26 +198,42 @@ pub enum InstanceProviderKind {
     None,
     /// kube-sim's cloud (`/sim/v1/instances` on the API server's address).
     Sim,
-    /// A command: `<command> state <providerID> <node>` prints running, stopped or
-    /// terminated; `<command> terminate <providerID> <node>` exits 0 once the cloud accepted.
+    /// A command: `<command> state <providerID> <node>` prints running, stopping, stopped,
+    /// terminated or not-found; `<command> terminate <providerID> <node>` exits 0 once the cloud
+    /// accepted.
     Exec,
+    /// AWS EC2 (`aws:///<zone>/<instance-id>`), with the credentials a pod gets (IRSA, EKS Pod
+    /// Identity, or static keys).
+    Aws,
 }
 
 /// For the controllers that ask a cloud about machines (`spec.providerID`).
 #[derive(Debug, Clone, Args)]
 pub struct InstanceArgs {
-    /// Who answers for the machines behind nodes: none, sim, or exec (runs
-    /// --instance-provider-command).
+    /// Who answers for the machines behind nodes: none, sim, exec (runs
+    /// --instance-provider-command) or aws (EC2).
     #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER", value_enum, default_value_t = InstanceProviderKind::None)]
     pub instance_provider: InstanceProviderKind,
     /// For --instance-provider=exec: the command, run as `<command> state|terminate
     /// <providerID> <node>`.
     #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER_COMMAND")]
     pub instance_provider_command: Option<PathBuf>,
-    /// For --instance-provider=exec: how long one call may take before it is killed (a
-    /// duration, e.g. 30s).
+    /// How long one call to the provider may take before it counts as failed (a duration,
+    /// e.g. 30s); an exec command is killed then.
     #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER_TIMEOUT", default_value = "30s", value_parser = duration_flag)]
     pub instance_provider_timeout: Duration,
+    /// For --instance-provider=aws: one EC2 endpoint for every call (a VPC endpoint, another
+    /// partition); it serves --aws-region only. Default: https://ec2.<region>.amazonaws.com.
+    #[arg(long, env = "NODEGRACE_AWS_ENDPOINT_URL", value_parser = url_flag)]
+    pub aws_endpoint_url: Option<http::Uri>,
+    /// For --instance-provider=aws: the region of machines whose providerID names no zone, and
+    /// the one --aws-endpoint-url serves (default: AWS_REGION).
+    #[arg(long, env = "NODEGRACE_AWS_REGION")]
+    pub aws_region: Option<String>,
+    /// For --instance-provider=aws with a web identity (IRSA): the STS endpoint. Default:
+    /// https://sts.<--aws-region>.amazonaws.com.
+    #[arg(long, env = "NODEGRACE_AWS_STS_ENDPOINT_URL", value_parser = url_flag)]
+    pub aws_sts_endpoint_url: Option<http::Uri>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -231,6 +248,10 @@ pub enum InstanceArgsError {
          neither"
     )]
     CommandWithoutExec,
+    #[error("{flag} is only used with --instance-provider=aws; set both, or neither")]
+    AwsFlagWithoutAws { flag: &'static str },
+    #[error("--instance-provider=aws")]
+    Aws(#[source] AwsSetupError),
 }
 
 impl InstanceArgs {
@@ -240,6 +261,18 @@ impl InstanceArgs {
         client: &kube::Client,
     ) -> Result<Option<std::sync::Arc<dyn InstanceProvider>>, InstanceArgsError> {
         use std::sync::Arc;
+        if self.instance_provider != InstanceProviderKind::Aws {
+            let stray = [
+                ("--aws-endpoint-url", self.aws_endpoint_url.is_some()),
+                (
+                    "--aws-sts-endpoint-url",
+                    self.aws_sts_endpoint_url.is_some(),
+                ),
+            ];
+            if let Some((flag, _)) = stray.into_iter().find(|(_, set)| *set) {
+                return Err(InstanceArgsError::AwsFlagWithoutAws { flag });
+            }
+        }
         match (self.instance_provider, &self.instance_provider_command) {
             (InstanceProviderKind::Exec, None) => Err(InstanceArgsError::MissingCommand),
             (InstanceProviderKind::Exec, Some(command)) => Ok(Some(Arc::new(ExecInstances::new(
@@ -250,8 +283,36 @@ impl InstanceArgs {
             (InstanceProviderKind::Sim, None) => {
                 Ok(Some(Arc::new(SimInstances::new(client.clone()))))
             }
+            (InstanceProviderKind::Aws, None) => {
+                let options = AwsOptions {
+                    endpoint_url: self.aws_endpoint_url.clone(),
+                    region: self
+                        .aws_region
+                        .clone()
+                        .or_else(|| std::env::var("AWS_REGION").ok()),
+                    sts_endpoint_url: self.aws_sts_endpoint_url.clone(),
+                    timeout: self.instance_provider_timeout,
+                };
+                let aws = AwsInstances::new(&options, |name| std::env::var(name).ok())
+                    .map_err(InstanceArgsError::Aws)?;
+                tracing::info!(credentials = aws.credentials(), endpoint = ?self.aws_endpoint_url, region = ?self.aws_region, "EC2 instance provider");
+                Ok(Some(Arc::new(aws)))
+            }
             (InstanceProviderKind::None, None) => Ok(None),
         }
+    }
+}
+
+/// A clap value parser for endpoint URLs: http or https, with a host.
+pub fn url_flag(text: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|error| format!("{text:?} is not a URL: {error}"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(_)) => Ok(uri),
+        _ => Err(format!(
+            "{text:?} is not an http(s) URL with a host, e.g. https://ec2.eu-west-1.amazonaws.com"
+        )),
     }
 }
 

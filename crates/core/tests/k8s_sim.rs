@@ -289,7 +289,7 @@ async fn the_sim_instance_provider_reads_and_terminates_machines() -> Result<()>
         .map(|instance| instance.terminate_calls);
     ensure!(calls == Some(2), "{calls:?}");
     let unknown = ProviderId::new("sim:///no-such-node");
-    ensure!(provider.state(&unknown).await? == InstanceState::Terminated);
+    ensure!(provider.state(&unknown).await? == InstanceState::NotFound);
     let other = provider.state(&ProviderId::new("aws:///i-1")).await;
     ensure!(other.is_err_and(|error| error.to_string().contains("unknown scheme")));
     Ok(())

@@ -258,6 +258,10 @@ mod tests {
     struct Machine(Result<InstanceState, String>);
 
     impl InstanceProvider for Machine {
+        fn name(&self) -> &'static str {
+            "test"
+        }
+
         fn state<'a>(
             &'a self,
             _: &'a ProviderId,
@@ -316,6 +320,7 @@ mod tests {
             (InstanceState::Stopped, true),
             (InstanceState::Terminated, true),
             (InstanceState::Running, false),
+            (InstanceState::NotFound, false),
         ] {
             let answer = with(Some(Machine(Ok(state))))
                 .confirm(&identity(&plain), &plain)

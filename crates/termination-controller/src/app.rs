@@ -200,6 +200,7 @@ pub async fn start_with_clock(
         not_ready_timeout,
         stuck_terminating_after,
         not_ready_max_fraction,
+        instance_not_found_confirm,
         webhook,
     } = args;
     let webhook = webhook_settings(webhook)?;
@@ -243,6 +244,7 @@ pub async fn start_with_clock(
         not_ready_timeout,
         stuck_terminating_after,
         not_ready_max_fraction,
+        instance_not_found_confirm,
     };
     let mut frame = Frame::new(PROGRAM, controller);
     let metrics = Metrics::register(frame.registry());

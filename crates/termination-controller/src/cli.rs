@@ -73,6 +73,11 @@ pub struct Args {
     /// Karpenter's node repair does: that many dead at once is a partition, not dead machines.
     #[arg(long, env = "NODEGRACE_NOT_READY_MAX_FRACTION", default_value_t = 0.2)]
     pub not_ready_max_fraction: f64,
+    /// A machine the instance provider does not know counts as gone (its node released) only
+    /// once every answer for this long said so: an eventually consistent cloud answers "not
+    /// found" for a machine just launched.
+    #[arg(long, env = "NODEGRACE_INSTANCE_NOT_FOUND_CONFIRM", default_value = "30s", value_parser = duration_flag)]
+    pub instance_not_found_confirm: Duration,
     #[command(flatten)]
     pub webhook: WebhookArgs,
 }

@@ -31,6 +31,7 @@ pub struct Settings {
     pub not_ready_timeout: Option<Duration>,
     pub stuck_terminating_after: Duration,
     pub not_ready_max_fraction: f64,
+    pub instance_not_found_confirm: Duration,
 }
 
 impl Settings {

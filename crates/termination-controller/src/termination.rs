@@ -77,6 +77,8 @@ pub struct NodeTermination {
     /// writes nothing more.
     reported: HashMap<&'static str, (String, String)>,
     announced: HashSet<String>,
+    /// Since when every provider answer said the machine is not found.
+    not_found_since: Option<tokio::time::Instant>,
 }
 
 impl NodeTermination {
@@ -86,6 +88,7 @@ impl NodeTermination {
             node,
             reported: HashMap::new(),
             announced: HashSet::new(),
+            not_found_since: None,
         }
     }
 
@@ -410,15 +413,12 @@ impl NodeTermination {
         let provider = self.shared.provider.as_ref()?;
         let id = self.node.machine(node).ok()?;
         match provider.state(&id).await {
-            Ok(state @ (InstanceState::Stopped | InstanceState::Terminated)) => Some(format!(
-                "Node is NotReady and its machine {id} is {}",
-                if state == InstanceState::Stopped {
-                    "stopped"
-                } else {
-                    "terminated"
-                }
+            Ok(state) if state.powered_off() => Some(format!(
+                "Node is NotReady and its machine {id} is {state} (instance provider {})",
+                provider.name()
             )),
-            Ok(InstanceState::Running) => None,
+            // Not found may be a cloud's eventual consistency: drain as for a live machine.
+            Ok(_) => None,
             Err(error) => {
                 tracing::warn!(node = %self.node, error = %error, "cannot ask the provider whether the NotReady node's machine is stopped; draining");
                 None
@@ -604,6 +604,10 @@ impl NodeTermination {
                 }
             };
             let state = provider.state(&id).await;
+            if !matches!(state, Ok(InstanceState::NotFound)) {
+                self.not_found_since = None;
+            }
+            let through = provider.name();
             match state {
                 Ok(InstanceState::Terminated) => {
                     if !self.announced.contains("terminated") {
@@ -613,9 +617,37 @@ impl NodeTermination {
                         "terminated",
                         false,
                         "InstanceTerminated",
-                        format!("Machine {id} is terminated"),
+                        format!("Machine {id} is terminated (instance provider {through})"),
                     );
                     return Ok(StepEnd::Done);
+                }
+                Ok(InstanceState::NotFound) => {
+                    let since = *self
+                        .not_found_since
+                        .get_or_insert_with(tokio::time::Instant::now);
+                    let confirm = self.shared.settings.instance_not_found_confirm;
+                    if since.elapsed() >= confirm {
+                        self.announce(
+                            "not-found",
+                            false,
+                            "InstanceNotFound",
+                            format!(
+                                "Machine {id} is not known to instance provider {through} (every \
+                                 answer for {} said so); released as gone",
+                                format_args!("{} s", confirm.as_secs_f64())
+                            ),
+                        );
+                        return Ok(StepEnd::Done);
+                    }
+                    self.condition(
+                        "TerminatingInstance",
+                        format!(
+                            "Machine {id} is not known to instance provider {through}; released \
+                             as gone once that holds for {} (a machine just launched can read \
+                             as unknown)",
+                            format_args!("{} s", confirm.as_secs_f64())
+                        ),
+                    );
                 }
                 Ok(_) => {
                     let requested = requested_at(&node);
@@ -623,7 +655,10 @@ impl NodeTermination {
                         Timestamp::now().duration_since(at).unsigned_abs() >= TERMINATE_RESEND
                     });
                     if resend {
-                        self.condition("TerminatingInstance", format!("Terminating machine {id}"));
+                        self.condition(
+                            "TerminatingInstance",
+                            format!("Terminating machine {id} through instance provider {through}"),
+                        );
                         match provider.terminate(&id).await {
                             Ok(()) => {
                                 if self.mark_requested().await? == Updated::Gone {
@@ -635,26 +670,44 @@ impl NodeTermination {
                     } else {
                         self.condition(
                             "TerminatingInstance",
-                            format!("Waiting for machine {id} to be terminated"),
+                            format!(
+                                "Waiting for machine {id} to be terminated (instance provider \
+                                 {through})"
+                            ),
                         );
                     }
                 }
                 Err(error) => self.provider_failed(&error),
             }
             polls += 1;
+            let pause = PROVIDER_POLL.delay(polls);
+            let pause = match self.not_found_since {
+                // The confirmation is read when it is due, not a backoff step later.
+                Some(since) => pause.min(
+                    (since + self.shared.settings.instance_not_found_confirm)
+                        .saturating_duration_since(tokio::time::Instant::now())
+                        .max(Duration::from_millis(100)),
+                ),
+                None => pause,
+            };
             tokio::select! {
                 () = stop.cancelled() => return Ok(StepEnd::Stopped),
-                () = tokio::time::sleep(PROVIDER_POLL.delay(polls)) => {}
+                () = tokio::time::sleep(pause) => {}
             }
         }
     }
 
     fn provider_failed(&mut self, error: &InstanceError) {
         self.shared.metrics.error("provider");
-        tracing::warn!(node = %self.node, error = %error, "instance provider call failed; retrying");
+        let through = self
+            .shared
+            .provider
+            .as_ref()
+            .map_or("none", |provider| provider.name());
+        tracing::warn!(node = %self.node, provider = through, error = %error, "instance provider call failed; retrying");
         self.condition(
             "TerminatingInstance",
-            format!("The instance provider failed: {error}; retrying"),
+            format!("Instance provider {through} failed: {error}; the node is held, retrying"),
         );
         // One Warning per kind of failure, not per text: a request ID in the provider's
         // message would make one per poll.
@@ -662,7 +715,10 @@ impl NodeTermination {
             &format!("provider-error:{}", error.kind()),
             true,
             "InstanceTerminationFailed",
-            format!("The instance provider failed: {error}; retrying with backoff"),
+            format!(
+                "Instance provider {through} failed: {error}; the node is held, retrying with \
+                 backoff"
+            ),
         );
     }
 

@@ -1,5 +1,5 @@
 //! Any cloud through a command the operator provides: `<command> state <providerID> [<node>]`
-//! prints `running`, `stopped` or `terminated`; `<command> terminate <providerID> [<node>]`
+//! prints `running`, `stopping`, `stopped`, `terminated` or `not-found`; `<command> terminate <providerID> [<node>]`
 //! exits 0 once the cloud accepted the request (the node's name comes last when the id was
 //! read from a Node, so a script can look the machine up by either). A non-zero exit is a transient failure (tried again later), with
 //! the command's stderr in the error; a command that does not finish within the timeout is
@@ -58,6 +58,10 @@ impl ExecInstances {
 }
 
 impl InstanceProvider for ExecInstances {
+    fn name(&self) -> &'static str {
+        "exec"
+    }
+
     fn state<'a>(
         &'a self,
         id: &'a ProviderId,
@@ -66,8 +70,8 @@ impl InstanceProvider for ExecInstances {
             let printed = self.run("state", id).await?;
             InstanceState::parse(&printed).ok_or_else(|| {
                 InstanceError::Refused(format!(
-                    "{} state {id} printed {printed:?}; it must print running, stopped or \
-                     terminated",
+                    "{} state {id} printed {printed:?}; it must print running, stopping, \
+                     stopped, terminated or not-found",
                     self.command.display()
                 ))
             })

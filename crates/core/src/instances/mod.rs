@@ -1,11 +1,16 @@
 //! The machines behind nodes. A controller asks an `InstanceProvider` about the machine named
 //! by a Node's `spec.providerID`: whether it is powered off (the out-of-service GC taints a
-//! node only then), and to terminate it (the termination controller). Providers here: kube-sim's
-//! cloud (`sim`), and any cloud through a command of the operator's (`exec`).
+//! node only then), and to terminate it (the termination controller). Providers here: AWS EC2
+//! (`aws`), kube-sim's cloud (`sim`), and any cloud through a command of the operator's
+//! (`exec`). The contract is written down in docs/core.md.
 
+pub mod aws;
+mod batch;
 mod exec;
+mod http;
 mod sim;
 
+pub use aws::AwsInstances;
 pub use exec::ExecInstances;
 pub use sim::SimInstances;
 
@@ -103,6 +108,16 @@ pub enum InstanceError {
     /// The provider will never do it as asked (e.g. permission denied).
     #[error("instance provider refused: {0}")]
     Refused(String),
+    /// The providerID cannot name a machine of this provider (a malformed id, no region).
+    #[error("node {node}: {reason}")]
+    BadProviderId { node: String, reason: String },
+    /// This provider has no such call (power control on a provider without power states).
+    #[error("instance provider {provider} cannot {call}: {reason}")]
+    Unsupported {
+        provider: &'static str,
+        call: &'static str,
+        reason: &'static str,
+    },
 }
 
 impl InstanceError {
@@ -114,6 +129,8 @@ impl InstanceError {
             Self::UnknownScheme(_) => "unknown-scheme",
             Self::Transient(_) => "transient",
             Self::Refused(_) => "refused",
+            Self::BadProviderId { .. } => "bad-provider-id",
+            Self::Unsupported { .. } => "unsupported",
         }
     }
 }
@@ -121,42 +138,107 @@ impl InstanceError {
 /// What a provider knows of a machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InstanceState {
+    /// Running, or on its way there (EC2 `pending`).
     Running,
+    /// On its way to stopped or terminated (EC2 `stopping`, `shutting-down`; Redfish
+    /// `PoweringOff`).
+    Stopping,
     /// Powered off, but still there.
     Stopped,
-    /// Gone (a machine the provider no longer knows counts as terminated).
+    /// Terminated: the provider still lists it, as ended.
     Terminated,
+    /// The provider does not know the machine. Not the same as terminated: a cloud that is
+    /// eventually consistent answers so for a machine just launched, so a controller counts it
+    /// as gone only once it has persisted (`--instance-not-found-confirm`).
+    NotFound,
 }
 
 impl InstanceState {
     /// Whether nothing can run on the machine: the confirmation the KEP asks an operator for
-    /// before the out-of-service taint.
+    /// before the out-of-service taint. A machine the provider cannot find is not confirmed off.
     pub fn powered_off(self) -> bool {
         matches!(self, Self::Stopped | Self::Terminated)
     }
 
-    /// The words the providers use: `running`, `stopped`, `terminated`.
+    /// The words the providers use: `running`, `stopping`, `stopped`, `terminated`, `not-found`.
     pub fn parse(word: &str) -> Option<Self> {
         match word {
             "running" => Some(Self::Running),
+            "stopping" => Some(Self::Stopping),
             "stopped" => Some(Self::Stopped),
             "terminated" => Some(Self::Terminated),
+            "not-found" => Some(Self::NotFound),
             _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Stopping => "stopping",
+            Self::Stopped => "stopped",
+            Self::Terminated => "terminated",
+            Self::NotFound => "not-found",
         }
     }
 }
 
-/// What the controllers need from a cloud. Both calls are idempotent: terminating a machine
-/// that is already gone succeeds, so a controller that crashed after the call can repeat it.
+impl std::fmt::Display for InstanceState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The power changes a fencing agent asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Power {
+    /// Off at once, without the OS's shutdown (EC2 `StopInstances` with `Force`, Redfish
+    /// `ForceOff`): the machine is presumed hung.
+    Off,
+    On,
+}
+
+/// What the controllers need from a cloud. `terminate` and `power` are idempotent: a machine
+/// already gone counts as terminated, so a controller that crashed after the call can repeat it.
+/// A wrong region, an endpoint out of reach or rejected credentials are errors, never
+/// [`InstanceState::NotFound`].
 pub trait InstanceProvider: Send + Sync + std::fmt::Debug {
+    /// The provider's name as the flag spells it (`aws`, `sim`, `exec`), for messages and metrics.
+    fn name(&self) -> &'static str;
+
     /// The machine's state now.
     fn state<'a>(
         &'a self,
         id: &'a ProviderId,
     ) -> BoxFuture<'a, Result<InstanceState, InstanceError>>;
 
-    /// Asks for the machine to be terminated; returns once the provider accepted the request.
+    /// Asks for the machine to be terminated; returns once the provider accepted the request,
+    /// or answered that it does not know the machine.
     fn terminate<'a>(&'a self, id: &'a ProviderId) -> BoxFuture<'a, Result<(), InstanceError>>;
+
+    /// Why this provider cannot change a machine's power, if it cannot; asked at start by a
+    /// program that would fence.
+    fn power_unsupported(&self) -> Option<&'static str> {
+        Some("it has no power control")
+    }
+
+    /// Asks for a power change; returns once the provider accepted it (poll [`Self::state`]
+    /// for the outcome).
+    fn power<'a>(
+        &'a self,
+        id: &'a ProviderId,
+        power: Power,
+    ) -> BoxFuture<'a, Result<(), InstanceError>> {
+        let _ = (id, power);
+        let reason = self
+            .power_unsupported()
+            .unwrap_or("it has no power control");
+        Box::pin(std::future::ready(Err(InstanceError::Unsupported {
+            provider: self.name(),
+            call: "change power",
+            reason,
+        })))
+    }
 }
 
 #[cfg(test)]
@@ -201,10 +283,17 @@ mod tests {
         assert!(!InstanceState::Running.powered_off());
         assert!(InstanceState::Stopped.powered_off());
         assert!(InstanceState::Terminated.powered_off());
-        assert_eq!(
-            InstanceState::parse("stopped"),
-            Some(InstanceState::Stopped)
-        );
+        assert!(!InstanceState::NotFound.powered_off());
+        assert!(!InstanceState::Stopping.powered_off());
+        for state in [
+            InstanceState::Running,
+            InstanceState::Stopping,
+            InstanceState::Stopped,
+            InstanceState::Terminated,
+            InstanceState::NotFound,
+        ] {
+            assert_eq!(InstanceState::parse(state.as_str()), Some(state));
+        }
         assert_eq!(InstanceState::parse("Stopped"), None);
     }
 }

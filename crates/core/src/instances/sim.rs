@@ -4,7 +4,7 @@
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::{InstanceError, InstanceProvider, InstanceState, ProviderId};
+use super::{InstanceError, InstanceProvider, InstanceState, Power, ProviderId};
 
 const SCHEME: &str = "sim";
 
@@ -52,6 +52,10 @@ impl SimInstances {
 }
 
 impl InstanceProvider for SimInstances {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
     fn state<'a>(
         &'a self,
         id: &'a ProviderId,
@@ -59,7 +63,7 @@ impl InstanceProvider for SimInstances {
         async move {
             let path = Self::path(id)?;
             let Some(body) = self.call(http::Method::GET, &path).await? else {
-                return Ok(InstanceState::Terminated);
+                return Ok(InstanceState::NotFound);
             };
             let instance: serde_json::Value = serde_json::from_str(&body)
                 .map_err(|error| InstanceError::Transient(format!("{path}: {error}")))?;
@@ -76,6 +80,29 @@ impl InstanceProvider for SimInstances {
             let path = Self::path(id)?;
             // Gone already is what was asked for.
             self.call(http::Method::DELETE, &path).await.map(drop)
+        }
+        .boxed()
+    }
+
+    fn power_unsupported(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn power<'a>(
+        &'a self,
+        id: &'a ProviderId,
+        power: Power,
+    ) -> BoxFuture<'a, Result<(), InstanceError>> {
+        async move {
+            let verb = match power {
+                Power::Off => "power-off",
+                Power::On => "power-on",
+            };
+            let path = format!("{}/{verb}", Self::path(id)?);
+            match self.call(http::Method::POST, &path).await? {
+                Some(_) => Ok(()),
+                None => Err(InstanceError::Refused(format!("{path}: no such machine"))),
+            }
         }
         .boxed()
     }
