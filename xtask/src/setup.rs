@@ -30,8 +30,36 @@ pub fn ensure_system_packages() -> Result<()> {
     if !missing.is_empty() {
         install_packages(&missing)?;
     }
+    ensure_python_packages()?;
     if !on_path("kubectl") {
         println!("warning: kubectl is not on PATH; the kubectl conformance tests will skip");
+    }
+    Ok(())
+}
+
+/// The servers that speak the clouds' real protocols to the instance providers' tests: moto's
+/// EC2 and STS. Installed for the user running the tests, from PyPI, when not importable.
+const PYTHON_PACKAGES: &[(&str, &str)] = &[("moto.server, flask_cors", "moto[server]>=5.2,<5.3")];
+
+fn ensure_python_packages() -> Result<()> {
+    if !on_path("python3") {
+        install_packages(&["python3", "python3-pip"])?;
+    }
+    for (modules, requirement) in PYTHON_PACKAGES {
+        let importable = Command::new("python3")
+            .args(["-c", &format!("import {modules}")])
+            .output()
+            .is_ok_and(|out| out.status.success());
+        if !importable {
+            run_command(Command::new("python3").args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                requirement,
+            ]))?;
+        }
     }
     Ok(())
 }

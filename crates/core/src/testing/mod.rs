@@ -6,6 +6,7 @@ mod alerts;
 mod binary;
 mod dashboard;
 mod fake_logind;
+pub mod interposer;
 pub mod moto;
 pub mod proxy;
 pub mod reference;

@@ -60,8 +60,8 @@ impl Moto {
     /// Starts `moto_server` on a free loopback port, recording requests.
     pub async fn start() -> Result<Self> {
         let recording = tempfile::tempdir()?;
-        let mut server = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", "0"])
+        let mut server = Command::new("python3")
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", "0"])
             .env("MOTO_ENABLE_RECORDING", "True")
             .env(
                 "MOTO_RECORDER_FILEPATH",
@@ -72,7 +72,9 @@ impl Moto {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .context("start moto_server (pip install 'moto[server]'; cargo xtask test does)")?;
+            .context(
+                "start python3 -m moto.server (pip install 'moto[server]'; cargo xtask test does)",
+            )?;
         let mut lines = BufReader::new(server.stderr.take().context("moto's stderr")?).lines();
         let url = tokio::time::timeout(Duration::from_secs(60), async {
             while let Some(line) = lines.next_line().await? {
