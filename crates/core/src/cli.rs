@@ -223,7 +223,7 @@ pub struct InstanceArgs {
     #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER_TIMEOUT", default_value = "30s", value_parser = duration_flag)]
     pub instance_provider_timeout: Duration,
     /// For --instance-provider=aws: one EC2 endpoint for every call (a VPC endpoint, another
-    /// partition); it serves --aws-region only. Default: https://ec2.<region>.amazonaws.com.
+    /// partition); it serves --aws-region only. Default: `https://ec2.<region>.amazonaws.com`.
     #[arg(long, env = "NODEGRACE_AWS_ENDPOINT_URL", value_parser = url_flag)]
     pub aws_endpoint_url: Option<http::Uri>,
     /// For --instance-provider=aws: the region of machines whose providerID names no zone, and
@@ -231,7 +231,7 @@ pub struct InstanceArgs {
     #[arg(long, env = "NODEGRACE_AWS_REGION")]
     pub aws_region: Option<String>,
     /// For --instance-provider=aws with a web identity (IRSA): the STS endpoint. Default:
-    /// https://sts.<--aws-region>.amazonaws.com.
+    /// `https://sts.<--aws-region>.amazonaws.com`.
     #[arg(long, env = "NODEGRACE_AWS_STS_ENDPOINT_URL", value_parser = url_flag)]
     pub aws_sts_endpoint_url: Option<http::Uri>,
 }
