@@ -19,6 +19,8 @@ const SYSTEM_COMMANDS: &[(&str, &str)] = &[
     ("npm", "npm"),
     // An independent reader of our OCI images: `cargo xtask image --check` verifies with it.
     ("skopeo", "skopeo"),
+    // The reference Redfish client the redfish provider's tests check their readings against.
+    ("fence_redfish", "fence-agents"),
 ];
 
 pub fn ensure_system_packages() -> Result<()> {
@@ -38,8 +40,12 @@ pub fn ensure_system_packages() -> Result<()> {
 }
 
 /// The servers that speak the clouds' real protocols to the instance providers' tests: moto's
-/// EC2 and STS. Installed for the user running the tests, from PyPI, when not importable.
-const PYTHON_PACKAGES: &[(&str, &str)] = &[("moto.server, flask_cors", "moto[server]>=5.2,<5.3")];
+/// EC2 and STS, sushy-tools' Redfish emulator. Installed for the user running the tests, from
+/// PyPI, when not importable.
+const PYTHON_PACKAGES: &[(&str, &str)] = &[
+    ("moto.server, flask_cors", "moto[server]>=5.2,<5.3"),
+    ("sushy_tools.emulator.main, bcrypt", "sushy-tools>=2.2,<2.3"),
+];
 
 fn ensure_python_packages() -> Result<()> {
     if !on_path("python3") {

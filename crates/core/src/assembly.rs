@@ -183,7 +183,8 @@ impl Connected {
             .await
             .map_err(AssemblyError::Client)?;
         let provider = instances
-            .provider(&client)
+            .provider(&client, &kube)
+            .await
             .map_err(AssemblyError::Instances)?;
         let reporting = client::client(&kube, program)
             .await

@@ -15,7 +15,11 @@ use clap::{Args, ValueEnum};
 
 use crate::duration::parse_go_duration;
 use crate::instances::aws::{AwsOptions, AwsSetupError};
-use crate::instances::{AwsInstances, ExecInstances, InstanceProvider, SimInstances};
+use crate::instances::redfish::RedfishSetupError;
+use crate::instances::{
+    AwsInstances, ClusterApiInstances, ExecInstances, InstanceProvider, RedfishInstances,
+    SimInstances,
+};
 use crate::leader::LeaderConfig;
 use crate::logind::{LogindSource, SharedLogind};
 
@@ -205,13 +209,19 @@ pub enum InstanceProviderKind {
     /// AWS EC2 (`aws:///<zone>/<instance-id>`), with the credentials a pod gets (IRSA, EKS Pod
     /// Identity, or static keys).
     Aws,
+    /// Cluster API: the Machine a node's annotations name, deleted in the management cluster
+    /// (--cluster-api-kubeconfig).
+    #[value(name = "cluster-api")]
+    ClusterApi,
+    /// Bare metal through Redfish BMCs, as --redfish-config maps nodes to them.
+    Redfish,
 }
 
 /// For the controllers that ask a cloud about machines (`spec.providerID`).
 #[derive(Debug, Clone, Args)]
 pub struct InstanceArgs {
     /// Who answers for the machines behind nodes: none, sim, exec (runs
-    /// --instance-provider-command) or aws (EC2).
+    /// --instance-provider-command), aws (EC2), cluster-api (Machines) or redfish (BMCs).
     #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER", value_enum, default_value_t = InstanceProviderKind::None)]
     pub instance_provider: InstanceProviderKind,
     /// For --instance-provider=exec: the command, run as `<command> state|terminate
@@ -234,6 +244,14 @@ pub struct InstanceArgs {
     /// `https://sts.<--aws-region>.amazonaws.com`.
     #[arg(long, env = "NODEGRACE_AWS_STS_ENDPOINT_URL", value_parser = url_flag)]
     pub aws_sts_endpoint_url: Option<http::Uri>,
+    /// For --instance-provider=cluster-api: the management cluster's kubeconfig, where the
+    /// Machines are. Default: this cluster.
+    #[arg(long, env = "NODEGRACE_CLUSTER_API_KUBECONFIG")]
+    pub cluster_api_kubeconfig: Option<PathBuf>,
+    /// For --instance-provider=redfish: the map of nodes to BMCs (YAML: `machines:` with node
+    /// or providerID, endpoint, system, credentials, caBundle; see docs/providers/redfish.md).
+    #[arg(long, env = "NODEGRACE_REDFISH_CONFIG")]
+    pub redfish_config: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -248,42 +266,45 @@ pub enum InstanceArgsError {
          neither"
     )]
     CommandWithoutExec,
-    #[error("{flag} is only used with --instance-provider=aws; set both, or neither")]
-    AwsFlagWithoutAws { flag: &'static str },
+    #[error("{flag} is only used with --instance-provider={kind}; set both, or neither")]
+    FlagOfAnotherProvider {
+        flag: &'static str,
+        kind: &'static str,
+    },
     #[error("--instance-provider=aws")]
     Aws(#[source] AwsSetupError),
+    #[error(
+        "--instance-provider=redfish needs --redfish-config: the map of nodes to their BMCs \
+         (docs/providers/redfish.md)"
+    )]
+    MissingRedfishConfig,
+    #[error("--instance-provider=redfish")]
+    Redfish(#[source] RedfishSetupError),
+    #[error("--cluster-api-kubeconfig")]
+    ClusterApi(#[source] crate::k8s::client::ClientError),
 }
 
 impl InstanceArgs {
-    /// The provider the flags ask for; `None` for `none`.
-    pub fn provider(
+    /// The provider the flags ask for; `None` for `none`. `kube` builds the management
+    /// cluster's client for `cluster-api` (this cluster's `client` without its own kubeconfig).
+    pub async fn provider(
         &self,
         client: &kube::Client,
+        kube: &KubeArgs,
     ) -> Result<Option<std::sync::Arc<dyn InstanceProvider>>, InstanceArgsError> {
         use std::sync::Arc;
-        if self.instance_provider != InstanceProviderKind::Aws {
-            let stray = [
-                ("--aws-endpoint-url", self.aws_endpoint_url.is_some()),
-                (
-                    "--aws-sts-endpoint-url",
-                    self.aws_sts_endpoint_url.is_some(),
-                ),
-            ];
-            if let Some((flag, _)) = stray.into_iter().find(|(_, set)| *set) {
-                return Err(InstanceArgsError::AwsFlagWithoutAws { flag });
+        self.refuse_stray_flags()?;
+        let provider: Arc<dyn InstanceProvider> = match self.instance_provider {
+            InstanceProviderKind::None => return Ok(None),
+            InstanceProviderKind::Exec => {
+                let command = self
+                    .instance_provider_command
+                    .clone()
+                    .ok_or(InstanceArgsError::MissingCommand)?;
+                Arc::new(ExecInstances::new(command, self.instance_provider_timeout))
             }
-        }
-        match (self.instance_provider, &self.instance_provider_command) {
-            (InstanceProviderKind::Exec, None) => Err(InstanceArgsError::MissingCommand),
-            (InstanceProviderKind::Exec, Some(command)) => Ok(Some(Arc::new(ExecInstances::new(
-                command.clone(),
-                self.instance_provider_timeout,
-            )))),
-            (_, Some(_)) => Err(InstanceArgsError::CommandWithoutExec),
-            (InstanceProviderKind::Sim, None) => {
-                Ok(Some(Arc::new(SimInstances::new(client.clone()))))
-            }
-            (InstanceProviderKind::Aws, None) => {
+            InstanceProviderKind::Sim => Arc::new(SimInstances::new(client.clone())),
+            InstanceProviderKind::Aws => {
                 let options = AwsOptions {
                     endpoint_url: self.aws_endpoint_url.clone(),
                     region: self
@@ -295,11 +316,83 @@ impl InstanceArgs {
                 };
                 let aws = AwsInstances::new(&options, |name| std::env::var(name).ok())
                     .map_err(InstanceArgsError::Aws)?;
-                tracing::info!(credentials = aws.credentials(), endpoint = ?self.aws_endpoint_url, region = ?self.aws_region, "EC2 instance provider");
-                Ok(Some(Arc::new(aws)))
+                tracing::info!(credentials = aws.credentials(), endpoint = ?self.aws_endpoint_url, region = ?options.region, "EC2 instance provider");
+                Arc::new(aws)
             }
-            (InstanceProviderKind::None, None) => Ok(None),
+            InstanceProviderKind::ClusterApi => {
+                let management = match &self.cluster_api_kubeconfig {
+                    Some(path) => {
+                        let args = KubeArgs {
+                            kubeconfig: Some(path.clone()),
+                            context: None,
+                            ..kube.clone()
+                        };
+                        crate::k8s::client::client(&args, "nodegrace-cluster-api")
+                            .await
+                            .map_err(InstanceArgsError::ClusterApi)?
+                    }
+                    None => client.clone(),
+                };
+                Arc::new(ClusterApiInstances::new(management))
+            }
+            InstanceProviderKind::Redfish => {
+                let path = self
+                    .redfish_config
+                    .as_ref()
+                    .ok_or(InstanceArgsError::MissingRedfishConfig)?;
+                Arc::new(
+                    RedfishInstances::from_file(path, self.instance_provider_timeout)
+                        .map_err(InstanceArgsError::Redfish)?,
+                )
+            }
+        };
+        Ok(Some(provider))
+    }
+
+    /// A flag of one provider given with another is a mistake the operator should hear of.
+    fn refuse_stray_flags(&self) -> Result<(), InstanceArgsError> {
+        use InstanceProviderKind::{Aws, ClusterApi, Exec, Redfish};
+        let flags = [
+            (
+                "--instance-provider-command",
+                Exec,
+                "exec",
+                self.instance_provider_command.is_some(),
+            ),
+            (
+                "--aws-endpoint-url",
+                Aws,
+                "aws",
+                self.aws_endpoint_url.is_some(),
+            ),
+            (
+                "--aws-sts-endpoint-url",
+                Aws,
+                "aws",
+                self.aws_sts_endpoint_url.is_some(),
+            ),
+            (
+                "--cluster-api-kubeconfig",
+                ClusterApi,
+                "cluster-api",
+                self.cluster_api_kubeconfig.is_some(),
+            ),
+            (
+                "--redfish-config",
+                Redfish,
+                "redfish",
+                self.redfish_config.is_some(),
+            ),
+        ];
+        for (flag, owner, kind, set) in flags {
+            if set && self.instance_provider != owner {
+                if owner == Exec {
+                    return Err(InstanceArgsError::CommandWithoutExec);
+                }
+                return Err(InstanceArgsError::FlagOfAnotherProvider { flag, kind });
+            }
         }
+        Ok(())
     }
 }
 

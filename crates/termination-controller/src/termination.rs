@@ -609,7 +609,7 @@ impl NodeTermination {
             }
             let through = provider.name();
             match state {
-                Ok(InstanceState::Terminated) => {
+                Ok(state) if state == provider.terminated_as() => {
                     if !self.announced.contains("terminated") {
                         self.shared.metrics.instances_terminated.inc();
                     }
@@ -617,7 +617,9 @@ impl NodeTermination {
                         "terminated",
                         false,
                         "InstanceTerminated",
-                        format!("Machine {id} is terminated (instance provider {through})"),
+                        format!(
+                            "Machine {id} is {state}: terminated (instance provider {through})"
+                        ),
                     );
                     return Ok(StepEnd::Done);
                 }

@@ -19,6 +19,9 @@ pub enum Trust {
     PublicRoots,
     /// The PEM certificates of a file (a BMC's own CA).
     Bundle(std::path::PathBuf),
+    /// Any certificate: an operator's explicit, logged opt-in for a BMC whose certificate
+    /// cannot be verified.
+    Insecure,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +82,20 @@ impl HttpClient {
                         reason: error.to_string(),
                     })?
                     .with_root_certificates(roots_from(path)?)
+                    .with_no_client_auth();
+                builder.with_tls_config(config)
+            }
+            Trust::Insecure => {
+                let verifier =
+                    std::sync::Arc::new(AnyCertificate(std::sync::Arc::clone(&provider)));
+                let config = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|error| HttpError::Bundle {
+                        path: "(none)".to_owned(),
+                        reason: error.to_string(),
+                    })?
+                    .dangerous()
+                    .with_custom_certificate_verifier(verifier)
                     .with_no_client_auth();
                 builder.with_tls_config(config)
             }
@@ -144,4 +161,54 @@ fn roots_from(path: &Path) -> Result<rustls::RootCertStore, HttpError> {
             .map_err(|error| failed(error.to_string()))?;
     }
     Ok(roots)
+}
+
+/// Accepts any server certificate, still checking that the handshake is signed by the key the
+/// certificate holds: `Trust::Insecure` only.
+#[derive(Debug)]
+struct AnyCertificate(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }

@@ -1,18 +1,25 @@
 //! The machines behind nodes. A controller asks an `InstanceProvider` about the machine named
 //! by a Node's `spec.providerID`: whether it is powered off (the out-of-service GC taints a
 //! node only then), and to terminate it (the termination controller). Providers here: AWS EC2
-//! (`aws`), kube-sim's cloud (`sim`), and any cloud through a command of the operator's
-//! (`exec`). The contract is written down in docs/core.md.
+//! (`aws`), Cluster API Machines (`cluster-api`), bare metal through Redfish BMCs (`redfish`),
+//! kube-sim's cloud (`sim`), and any cloud through a command of the operator's (`exec`). The
+//! contract is written down in docs/core.md.
 
 pub mod aws;
 mod batch;
+pub mod cluster_api;
 mod exec;
 mod http;
+pub mod redfish;
 mod sim;
 
 pub use aws::AwsInstances;
+pub use cluster_api::ClusterApiInstances;
 pub use exec::ExecInstances;
+pub use redfish::RedfishInstances;
 pub use sim::SimInstances;
+
+use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Node;
@@ -23,7 +30,13 @@ use k8s_openapi::api::core::v1::Node;
 pub struct ProviderId {
     id: String,
     node: Option<String>,
+    /// The node's annotations a provider finds its machine by (Cluster API's
+    /// `cluster.x-k8s.io/…`), as read with the id.
+    node_annotations: BTreeMap<String, String>,
 }
+
+/// The annotation prefix of the node annotations kept with a providerID.
+const KEPT_ANNOTATIONS: &str = "cluster.x-k8s.io/";
 
 impl ProviderId {
     /// The machine of `node`; an error names the missing field, since nothing can be
@@ -36,10 +49,34 @@ impl ProviderId {
             .map(|id| Self {
                 id: id.to_owned(),
                 node: node.metadata.name.clone(),
+                node_annotations: BTreeMap::new(),
             })
+            .map(|id| id.with_annotations_of(node))
             .ok_or_else(|| InstanceError::NoProviderId {
                 node: node.metadata.name.clone().unwrap_or_default(),
             })
+    }
+
+    /// The id with the annotations of `node` a provider finds machines by.
+    #[must_use]
+    pub fn with_annotations_of(self, node: &Node) -> Self {
+        let node_annotations = node
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(key, _)| key.starts_with(KEPT_ANNOTATIONS))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        Self {
+            node_annotations,
+            ..self
+        }
+    }
+
+    /// A node annotation read with the id (only `cluster.x-k8s.io/…` ones are kept).
+    pub fn node_annotation(&self, key: &str) -> Option<&str> {
+        self.node_annotations.get(key).map(String::as_str)
     }
 
     /// The scheme before `://`, which says which provider owns the machine.
@@ -80,6 +117,7 @@ impl ProviderId {
         Self {
             id: id.into(),
             node: None,
+            node_annotations: BTreeMap::new(),
         }
     }
 }
@@ -215,6 +253,12 @@ pub trait InstanceProvider: Send + Sync + std::fmt::Debug {
     /// Asks for the machine to be terminated; returns once the provider accepted the request,
     /// or answered that it does not know the machine.
     fn terminate<'a>(&'a self, id: &'a ProviderId) -> BoxFuture<'a, Result<(), InstanceError>>;
+
+    /// The state a terminated machine of this provider reads as: `Terminated` for clouds,
+    /// `Stopped` for bare metal, which a termination powers off and leaves off.
+    fn terminated_as(&self) -> InstanceState {
+        InstanceState::Terminated
+    }
 
     /// Why this provider cannot change a machine's power, if it cannot; asked at start by a
     /// program that would fence.

@@ -119,13 +119,19 @@ impl RedfishInstances {
                 .ok_or_else(|| {
                     invalid(
                         "endpoint",
-                        format!("{:?} is not an http(s) URL, e.g. https://bmc-7.example.com", entry.endpoint),
+                        format!(
+                            "{:?} is not an http(s) URL, e.g. https://bmc-7.example.com",
+                            entry.endpoint
+                        ),
                     )
                 })?;
             if !entry.system.starts_with("/redfish/v1/Systems/") {
                 return Err(invalid(
                     "system",
-                    format!("{:?} is not a system's path, e.g. /redfish/v1/Systems/1", entry.system),
+                    format!(
+                        "{:?} is not a system's path, e.g. /redfish/v1/Systems/1",
+                        entry.system
+                    ),
                 ));
             }
             read_credentials(&entry.credentials)
@@ -140,19 +146,18 @@ impl RedfishInstances {
                 tracing::warn!(endpoint = %entry.endpoint, "redfish: the BMC's certificate is not verified (insecureSkipVerify)");
             }
             let trust_key = (entry.ca_bundle.clone(), entry.insecure_skip_verify);
-            let client = match clients.get(&trust_key) {
-                Some(client) => client.clone(),
-                None => {
-                    let trust = match (&entry.ca_bundle, entry.insecure_skip_verify) {
-                        (_, true) => Trust::Insecure,
-                        (Some(bundle), false) => Trust::Bundle(bundle.clone()),
-                        (None, false) => Trust::PublicRoots,
-                    };
-                    let client = HttpClient::new(&trust, timeout)
-                        .map_err(|error| invalid("caBundle", error.to_string()))?;
-                    clients.insert(trust_key, client.clone());
-                    client
-                }
+            let client = if let Some(client) = clients.get(&trust_key) {
+                client.clone()
+            } else {
+                let trust = match (&entry.ca_bundle, entry.insecure_skip_verify) {
+                    (_, true) => Trust::Insecure,
+                    (Some(bundle), false) => Trust::Bundle(bundle.clone()),
+                    (None, false) => Trust::PublicRoots,
+                };
+                let client = HttpClient::new(&trust, timeout)
+                    .map_err(|error| invalid("caBundle", error.to_string()))?;
+                clients.insert(trust_key, client.clone());
+                client
             };
             machines.push(Machine {
                 config: entry,
@@ -167,18 +172,24 @@ impl RedfishInstances {
         self.machines
             .iter()
             .find(|machine| {
-                machine.config.node.as_deref().is_some_and(|node| id.node() == Some(node))
+                machine
+                    .config
+                    .node
+                    .as_deref()
+                    .is_some_and(|node| id.node() == Some(node))
                     || machine
                         .config
                         .provider_id
                         .as_deref()
                         .is_some_and(|pattern| matches_pattern(pattern, id.as_str()))
             })
-            .ok_or_else(|| InstanceError::Refused(format!(
-                "node {} (spec.providerID {id}) matches no machine in --redfish-config; add it \
+            .ok_or_else(|| {
+                InstanceError::Refused(format!(
+                    "node {} (spec.providerID {id}) matches no machine in --redfish-config; add it \
                  there (node or providerID)",
-                id.node().unwrap_or("(none)")
-            )))
+                    id.node().unwrap_or("(none)")
+                ))
+            })
     }
 }
 
@@ -222,7 +233,8 @@ impl Machine {
     ) -> Result<Answer, InstanceError> {
         let (username, password) = read_credentials(&self.config.credentials)
             .map_err(|problem| InstanceError::Refused(format!("{}: {problem}", self.describe())))?;
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
+        let basic =
+            base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
         let mut request = http::Request::builder()
             .method(method)
             .uri(self.url(path))
@@ -238,11 +250,10 @@ impl Machine {
         let request = request
             .body(Full::new(payload))
             .map_err(|error| InstanceError::Refused(format!("{}: {error}", self.describe())))?;
-        let answer = self
-            .client
-            .send(request)
-            .await
-            .map_err(|error| InstanceError::Transient(format!("{}: {error}", self.describe())))?;
+        let answer =
+            self.client.send(request).await.map_err(|error| {
+                InstanceError::Transient(format!("{}: {error}", self.describe()))
+            })?;
         let body = serde_json::from_slice(&answer.body).unwrap_or(serde_json::Value::Null);
         let failure = |what: String| format!("{}: {what}", self.describe());
         match answer.status.as_u16() {
@@ -386,19 +397,28 @@ mod tests {
     }
 
     fn setup(machines: Vec<MachineConfig>) -> Result<RedfishInstances, String> {
-        RedfishInstances::new(RedfishConfig { machines }, "map.yaml", Duration::from_secs(1))
-            .map_err(|error| error.to_string())
+        RedfishInstances::new(
+            RedfishConfig { machines },
+            "map.yaml",
+            Duration::from_secs(1),
+        )
+        .map_err(|error| error.to_string())
     }
+
+    type Spoil = fn(&mut MachineConfig);
 
     #[test]
     fn the_map_is_checked_at_start_naming_the_entry_and_field() {
         let dir = credentials();
         assert!(setup(vec![entry(dir.path())]).is_ok());
-        let cases: [(fn(&mut MachineConfig), &str); 5] = [
+        let cases: [(Spoil, &str); 5] = [
             (|m| m.node = None, "machines[0].node: set node"),
             (|m| m.endpoint = "bmc-1".to_owned(), "machines[0].endpoint"),
             (|m| m.system = "/Systems/1".to_owned(), "machines[0].system"),
-            (|m| m.credentials = PathBuf::from("/no/such"), "machines[0].credentials: cannot read /no/such/username"),
+            (
+                |m| m.credentials = PathBuf::from("/no/such"),
+                "machines[0].credentials: cannot read /no/such/username",
+            ),
             (
                 |m| {
                     m.insecure_skip_verify = true;
@@ -425,13 +445,19 @@ mod tests {
         };
         let redfish = setup(vec![entry(dir.path()), by_id]).unwrap();
         let by_name = ProviderId::new("redfish:///x").read_from("bm-1");
-        assert_eq!(redfish.machine(&by_name).unwrap().config.node.as_deref(), Some("bm-1"));
+        assert_eq!(
+            redfish.machine(&by_name).unwrap().config.node.as_deref(),
+            Some("bm-1")
+        );
         let by_pattern = ProviderId::new("metal3://rack-2/host-9").read_from("other");
         assert!(redfish.machine(&by_pattern).unwrap().config.node.is_none());
         let unknown = redfish
             .machine(&ProviderId::new("metal3://rack-3/h").read_from("lost"))
             .unwrap_err()
             .to_string();
-        assert!(unknown.contains("node lost") && unknown.contains("matches no machine"), "{unknown}");
+        assert!(
+            unknown.contains("node lost") && unknown.contains("matches no machine"),
+            "{unknown}"
+        );
     }
 }

@@ -116,7 +116,9 @@ impl NodeIdentity {
             });
         }
         match &self.provider_id {
-            Some(id) => Ok(ProviderId::new(id.clone()).read_from(&self.name)),
+            Some(id) => Ok(ProviderId::new(id.clone())
+                .read_from(&self.name)
+                .with_annotations_of(fresh)),
             None => ProviderId::of(fresh),
         }
     }

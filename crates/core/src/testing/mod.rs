@@ -4,12 +4,14 @@
 
 mod alerts;
 mod binary;
+pub mod cluster_api;
 mod dashboard;
 mod fake_logind;
 pub mod interposer;
 pub mod moto;
 pub mod proxy;
 pub mod reference;
+pub mod sushy;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,0 +1,233 @@
+//! Any infrastructure Cluster API manages, through its Machines. A Node's machine is the Machine
+//! its annotations name (`cluster.x-k8s.io/machine` in `cluster.x-k8s.io/cluster-namespace`),
+//! confirmed by the Machine's `spec.providerID`. Terminating it is deleting that Machine, by
+//! its UID, after telling Cluster API that the node is drained and its volumes waited for
+//! already; Cluster API then deletes the infrastructure, the Node, and the Machine last. A
+//! MachineSet replacing the Machine is the expected outcome.
+//!
+//! Cluster API has no power state: a Machine is there, being deleted, or gone, so this
+//! provider cannot fence.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::discovery::ApiResource;
+use serde_json::json;
+
+use super::{InstanceError, InstanceProvider, InstanceState, ProviderId};
+
+pub const MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/machine";
+pub const NAMESPACE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-namespace";
+/// Set before the delete: the node was drained and its volumes waited for by us.
+pub const EXCLUDE_DRAINING: &str = "machine.cluster.x-k8s.io/exclude-node-draining";
+pub const EXCLUDE_VOLUME_WAIT: &str =
+    "machine.cluster.x-k8s.io/exclude-wait-for-node-volume-detach";
+const EXCLUDED_BY: &str =
+    "nodegrace termination-controller drained the node and waited for its volumes";
+
+/// `cluster.x-k8s.io/v1beta2` `Machine`.
+pub fn machine_resource() -> ApiResource {
+    ApiResource {
+        group: "cluster.x-k8s.io".to_owned(),
+        version: "v1beta2".to_owned(),
+        api_version: "cluster.x-k8s.io/v1beta2".to_owned(),
+        kind: "Machine".to_owned(),
+        plural: "machines".to_owned(),
+    }
+}
+
+pub struct ClusterApiInstances {
+    /// The management cluster, where the Machines are.
+    client: kube::Client,
+    /// The Machines (namespace, name) this process deleted or saw deleting: one gone after
+    /// that is terminated; one gone that we never saw counts as not found.
+    deleted: Mutex<HashSet<(String, String)>>,
+}
+
+impl std::fmt::Debug for ClusterApiInstances {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterApiInstances")
+            .finish_non_exhaustive()
+    }
+}
+
+/// The Machine a node names, as read now.
+struct Named<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    api: Api<DynamicObject>,
+}
+
+impl ClusterApiInstances {
+    pub fn new(management: kube::Client) -> Self {
+        Self {
+            client: management,
+            deleted: Mutex::default(),
+        }
+    }
+
+    fn named<'a>(&self, id: &'a ProviderId) -> Result<Named<'a>, InstanceError> {
+        let node = id.node().unwrap_or("(none)");
+        let (Some(name), Some(namespace)) = (
+            id.node_annotation(MACHINE_ANNOTATION),
+            id.node_annotation(NAMESPACE_ANNOTATION),
+        ) else {
+            return Err(InstanceError::Refused(format!(
+                "node {node} has no {MACHINE_ANNOTATION} and {NAMESPACE_ANNOTATION} annotations, \
+                 so its Machine is unknown: Cluster API writes them on the Nodes of its \
+                 Machines (is --instance-provider right?)"
+            )));
+        };
+        Ok(Named {
+            namespace,
+            name,
+            api: Api::namespaced_with(self.client.clone(), namespace, &machine_resource()),
+        })
+    }
+
+    /// The Machine, if there, after checking it is this node's.
+    async fn read(
+        &self,
+        id: &ProviderId,
+        named: &Named<'_>,
+    ) -> Result<Option<DynamicObject>, InstanceError> {
+        let machine = named.api.get_opt(named.name).await.map_err(|error| {
+            failure(
+                &format!("read Machine {}/{}", named.namespace, named.name),
+                &error,
+            )
+        })?;
+        let Some(machine) = machine else {
+            return Ok(None);
+        };
+        let names = machine.data["spec"]["providerID"]
+            .as_str()
+            .unwrap_or_default();
+        if names != id.as_str() {
+            return Err(InstanceError::Refused(format!(
+                "Machine {}/{} has spec.providerID {names:?}, not node {}'s {id}: it is not this \
+                 node's machine (re-created under the same name?)",
+                named.namespace,
+                named.name,
+                id.node().unwrap_or("(none)")
+            )));
+        }
+        Ok(Some(machine))
+    }
+
+    fn remember(&self, named: &Named<'_>) {
+        self.deleted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(Self::key(named));
+    }
+
+    fn key(named: &Named<'_>) -> (String, String) {
+        (named.namespace.to_owned(), named.name.to_owned())
+    }
+}
+
+fn failure(what: &str, error: &kube::Error) -> InstanceError {
+    match error {
+        kube::Error::Api(status) if matches!(status.code, 401 | 403) => {
+            InstanceError::Refused(format!(
+                "{what}: {} ({}); the management cluster's RBAC must allow get, patch and delete on machines.cluster.x-k8s.io",
+                status.message, status.code
+            ))
+        }
+        kube::Error::Api(status) if status.code == 404 => InstanceError::Refused(format!(
+            "{what}: the management cluster has no Machines (cluster.x-k8s.io/v1beta2): {}",
+            status.message
+        )),
+        other => InstanceError::Transient(format!("{what}: {other}")),
+    }
+}
+
+impl InstanceProvider for ClusterApiInstances {
+    fn name(&self) -> &'static str {
+        "cluster-api"
+    }
+
+    fn state<'a>(
+        &'a self,
+        id: &'a ProviderId,
+    ) -> BoxFuture<'a, Result<InstanceState, InstanceError>> {
+        async move {
+            let named = self.named(id)?;
+            match self.read(id, &named).await? {
+                Some(machine) if machine.metadata.deletion_timestamp.is_some() => {
+                    Ok(InstanceState::Stopping)
+                }
+                Some(_) => Ok(InstanceState::Running),
+                None => {
+                    let ours = self
+                        .deleted
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .contains(&Self::key(&named));
+                    Ok(if ours {
+                        InstanceState::Terminated
+                    } else {
+                        InstanceState::NotFound
+                    })
+                }
+            }
+        }
+        .boxed()
+    }
+
+    fn terminate<'a>(&'a self, id: &'a ProviderId) -> BoxFuture<'a, Result<(), InstanceError>> {
+        async move {
+            let named = self.named(id)?;
+            let shown = format!("Machine {}/{}", named.namespace, named.name);
+            let Some(machine) = self.read(id, &named).await? else {
+                return Ok(());
+            };
+            let uid = machine.metadata.uid.clone().unwrap_or_default();
+            if machine.metadata.deletion_timestamp.is_some() {
+                // Someone deleted it already: wait for it, never delete twice.
+                self.remember(&named);
+                return Ok(());
+            }
+            let excluded = json!({"metadata": {
+                "annotations": {EXCLUDE_DRAINING: EXCLUDED_BY, EXCLUDE_VOLUME_WAIT: EXCLUDED_BY},
+            }});
+            named
+                .api
+                .patch(
+                    named.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&excluded),
+                )
+                .await
+                .map_err(|error| failure(&format!("annotate {shown}"), &error))?;
+            let by_uid = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match named.api.delete(named.name, &by_uid).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    return Err(InstanceError::Refused(format!(
+                        "{shown} was replaced by a namesake before its delete; not deleted"
+                    )));
+                }
+                Err(error) => return Err(failure(&format!("delete {shown}"), &error)),
+            }
+            self.remember(&named);
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn power_unsupported(&self) -> Option<&'static str> {
+        Some("Cluster API has no power state: a Machine is there, being deleted, or gone")
+    }
+}

@@ -1,0 +1,159 @@
+//! sushy-tools' Redfish emulator (PyPI `sushy-tools`, installed by `cargo xtask test`) with its
+//! fake driver: systems whose power changes land 1 to 11 s after the request, behind basic
+//! auth and TLS with a CA of the test's own, for the `redfish` provider's tests.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub const USERNAME: &str = "admin";
+pub const PASSWORD: &str = "redfish-test-password";
+
+/// One system of the emulator.
+#[derive(Debug, Clone)]
+pub struct System {
+    pub uuid: String,
+    pub name: String,
+    pub on: bool,
+}
+
+impl System {
+    pub fn new(n: usize, on: bool) -> Self {
+        Self {
+            uuid: format!("7c3b1e2a-0000-4000-8000-{n:012}"),
+            name: format!("bm-{n}"),
+            on,
+        }
+    }
+
+    pub fn path(&self) -> String {
+        format!("/redfish/v1/Systems/{}", self.uuid)
+    }
+}
+
+#[derive(Debug)]
+pub struct Sushy {
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    pub dir: tempfile::TempDir,
+    _server: Child,
+}
+
+impl Sushy {
+    /// Starts the emulator with `systems`; `power_off_refused` sets its
+    /// `SUSHY_EMULATOR_DISABLE_POWER_OFF`.
+    pub async fn start(systems: &[System], power_off_refused: bool) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        write_tls(dir.path())?;
+        let hash = Command::new("python3")
+            .args([
+                "-c",
+                "import bcrypt, sys; print(bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt()).decode())",
+                PASSWORD,
+            ])
+            .output()
+            .await
+            .context("hash the password with python3's bcrypt (a dependency of sushy-tools)")?;
+        if !hash.status.success() {
+            bail!("bcrypt: {}", String::from_utf8_lossy(&hash.stderr));
+        }
+        std::fs::write(
+            dir.path().join("htpasswd"),
+            format!(
+                "{USERNAME}:{}",
+                String::from_utf8_lossy(&hash.stdout).trim()
+            ),
+        )?;
+        let listed: Vec<String> = systems
+            .iter()
+            .map(|system| {
+                format!(
+                    "{{'uuid': '{}', 'name': '{}', 'power_state': '{}', 'nics': []}}",
+                    system.uuid,
+                    system.name,
+                    if system.on { "On" } else { "Off" }
+                )
+            })
+            .collect();
+        let config = format!(
+            "SUSHY_EMULATOR_FAKE_DRIVER = True\n\
+             SUSHY_EMULATOR_LISTEN_PORT = 0\n\
+             SUSHY_EMULATOR_AUTH_FILE = {auth:?}\n\
+             SUSHY_EMULATOR_STATE_DIR = {state:?}\n\
+             SUSHY_EMULATOR_DISABLE_POWER_OFF = {refused}\n\
+             SUSHY_EMULATOR_FAKE_SYSTEMS = [{systems}]\n",
+            auth = dir.path().join("htpasswd").display().to_string(),
+            state = dir.path().join("state").display().to_string(),
+            refused = if power_off_refused { "True" } else { "False" },
+            systems = listed.join(", "),
+        );
+        std::fs::write(dir.path().join("emulator.conf"), config)?;
+        let mut server = Command::new("python3")
+            // The port comes from the config file: `-p 0` reads as no port, and 8000 is taken.
+            .args(["-m", "sushy_tools.emulator.main", "--fake", "-i", "127.0.0.1"])
+            .arg("--config")
+            .arg(dir.path().join("emulator.conf"))
+            .arg("--ssl-certificate")
+            .arg(dir.path().join("server.pem"))
+            .arg("--ssl-key")
+            .arg(dir.path().join("server.key"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("start python3 -m sushy_tools.emulator.main (pip install sushy-tools; cargo xtask test does)")?;
+        let mut lines =
+            BufReader::new(server.stderr.take().context("the emulator's stderr")?).lines();
+        let url = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(at) = line.find("Running on https://") {
+                    return Ok(line[at + "Running on ".len()..].trim().to_owned());
+                }
+            }
+            bail!("the emulator exited before it listened")
+        })
+        .await
+        .context("the emulator did not listen within 60 s")??;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        std::fs::create_dir_all(dir.path().join("credentials"))?;
+        std::fs::write(dir.path().join("credentials/username"), USERNAME)?;
+        std::fs::write(dir.path().join("credentials/password"), PASSWORD)?;
+        Ok(Self {
+            url,
+            dir,
+            _server: server,
+        })
+    }
+
+    /// The CA the emulator's certificate chains to.
+    pub fn ca_bundle(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// A directory with `username` and `password`, as a mounted Secret.
+    pub fn credentials(&self) -> PathBuf {
+        self.dir.path().join("credentials")
+    }
+}
+
+fn write_tls(dir: &Path) -> Result<()> {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "test BMC CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let key = KeyPair::generate()?;
+    let serving = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])?
+        .signed_by(&key, &ca)?;
+    std::fs::write(dir.join("ca.pem"), ca.pem())?;
+    std::fs::write(dir.join("server.pem"), serving.pem())?;
+    std::fs::write(dir.join("server.key"), key.serialize_pem())?;
+    Ok(())
+}
