@@ -2,12 +2,13 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::runtime::watcher;
 use nodegrace_core::assembly::Frame;
+use nodegrace_core::cli::InstanceProviderKind;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use nodegrace_core::k8s::{nodes, volumes};
 use nodegrace_core::program::Started;
@@ -45,6 +46,13 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         auto_untaint,
         auto_taint_after,
     } = args;
+    if controller.instances.instance_provider == InstanceProviderKind::ClusterApi {
+        bail!(
+            "--instance-provider=cluster-api cannot confirm that a machine is off: a Cluster API \
+             Machine has no power state. Use aws, redfish, exec or sim, or none with the \
+             nodegrace.io/fenced annotation"
+        );
+    }
     let mut frame = Frame::new(PROGRAM, controller);
     let metrics = Metrics::register(frame.registry());
     let started = frame.start(stop, move |cluster| async move {

@@ -65,6 +65,16 @@ fn bad_durations_and_provider_options_name_the_flag() -> anyhow::Result<()> {
         stderr.contains("--instance-provider=exec needs --instance-provider-command"),
         "{stderr}"
     );
+    let output = Command::new(BINARY)
+        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
+        .args([
+            "--admin-listen=127.0.0.1:0",
+            "--instance-provider=cluster-api",
+        ])
+        .output()?;
+    let stderr = String::from_utf8(output.stderr)?;
+    anyhow::ensure!(output.status.code() == Some(1), "{stderr}");
+    anyhow::ensure!(stderr.contains("has no power state"), "{stderr}");
     Ok(())
 }
 

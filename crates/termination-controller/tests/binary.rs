@@ -81,11 +81,52 @@ fn bad_flags_name_the_flag_and_the_fix() -> anyhow::Result<()> {
             &["--instance-provider=exec"][..],
             "--instance-provider=exec needs --instance-provider-command",
         ),
+        (
+            &["--instance-provider=aws"][..],
+            "no AWS credentials: set AWS_ACCESS_KEY_ID",
+        ),
+        (
+            &[
+                "--instance-provider=aws",
+                "--aws-endpoint-url=http://127.0.0.1:1",
+            ][..],
+            "--aws-endpoint-url needs the region it serves: set --aws-region",
+        ),
+        (
+            &[
+                "--instance-provider=sim",
+                "--aws-endpoint-url=http://127.0.0.1:1",
+            ][..],
+            "--aws-endpoint-url is only used with --instance-provider=aws",
+        ),
+        (
+            &["--instance-provider=redfish"][..],
+            "--instance-provider=redfish needs --redfish-config",
+        ),
+        (
+            &[
+                "--instance-provider=redfish",
+                "--redfish-config=/no/such/map.yaml",
+            ][..],
+            "cannot read the config file /no/such/map.yaml",
+        ),
+        (
+            &[
+                "--instance-provider=cluster-api",
+                "--cluster-api-kubeconfig=/no/such/kubeconfig",
+            ][..],
+            "--cluster-api-kubeconfig",
+        ),
     ] {
         let output = Command::new(BINARY)
             .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
             .arg("--admin-listen=127.0.0.1:0")
             .args(flags)
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_WEB_IDENTITY_TOKEN_FILE")
+            .env_remove("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+            .env_remove("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+            .env_remove("AWS_REGION")
             .output()?;
         let stderr = String::from_utf8(output.stderr)?;
         anyhow::ensure!(output.status.code() == Some(1), "{flags:?}: {stderr}");
