@@ -8,7 +8,10 @@
 //!   reached through its Service, leader failover by deleting the leader pod);
 //! - uninstall: termination-controller's pre-delete hook releases every node;
 //! - least privilege: every rule of every chart's Roles and ClusterRoles removed, one at a
-//!   time, in a fresh cluster: the chart's scenario must get the API server's 403 for it.
+//!   time, in a fresh cluster: the chart's scenario must get the API server's 403 for it;
+//! - real instance providers: the release termination-controller terminating the machines of
+//!   deleted nodes through `aws` (moto), `redfish` (sushy-tools' emulator) and `cluster-api` (a
+//!   management kube-sim), one line each.
 //!
 //! `--target kind` runs the scenarios a kind cluster can show instead (see `kind.rs`).
 
@@ -20,7 +23,7 @@ use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 
 use crate::demo::{self, Prepared};
-use crate::{kind, project_root};
+use crate::{cargo, kind, project_root, target_dir};
 
 const CHARTS: [&str; 4] = [
     "shutdown-inhibitor-agent",
@@ -125,11 +128,59 @@ fn sim() -> Result<()> {
         ],
     )?;
     outcomes.push(Outcome { scenario, took });
+    let providers = instance_providers()?;
     println!("\n==> e2e on kube-sim: every scenario passed");
     for outcome in &outcomes {
         println!("{:>7.1}s  {}", outcome.took.as_secs_f64(), outcome.scenario);
     }
+    for line in providers {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// The node-termination scenario per real instance provider against its protocol's server
+/// (termination-controller's `providers` tests), with the release binary; their lines.
+fn instance_providers() -> Result<Vec<String>> {
+    println!("\n==> e2e: termination through each real instance provider (release binary)");
+    let binary = target_dir().join("release/termination-controller");
+    let output = cargo()
+        .current_dir(project_root())
+        .args([
+            "nextest",
+            "run",
+            "--package",
+            "termination-controller",
+            "--test",
+            "providers",
+            "--no-fail-fast",
+            "--success-output",
+            "immediate",
+            "--failure-output",
+            "immediate",
+        ])
+        .env("NODEGRACE_E2E_TERMINATION_CONTROLLER", &binary)
+        .output()?;
+    // nextest shows a test's output on stderr, its own summary on stdout.
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    print!("{printed}");
+    if !output.status.success() {
+        bail!("the instance providers' scenario failed");
+    }
+    let lines: Vec<String> = printed
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with("provider "))
+        .map(str::to_owned)
+        .collect();
+    if lines.len() != 3 {
+        bail!("expected a line per provider (aws, redfish, cluster-api), got {lines:?}");
+    }
+    Ok(lines)
 }
 
 fn demo_command(prepared: &Prepared, args: &[&str]) -> Command {

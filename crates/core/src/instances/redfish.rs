@@ -71,7 +71,8 @@ pub enum RedfishSetupError {
 #[derive(Debug)]
 struct Machine {
     config: MachineConfig,
-    endpoint: http::Uri,
+    /// Scheme and authority, no trailing slash: paths are appended as the BMC gives them.
+    endpoint: String,
     client: HttpClient,
 }
 
@@ -108,14 +109,16 @@ impl RedfishInstances {
                     "set node (the Node's name) or providerID (its spec.providerID)".to_owned(),
                 ));
             }
-            let endpoint: http::Uri = entry
+            let endpoint = entry
                 .endpoint
-                .trim_end_matches('/')
-                .parse()
+                .parse::<http::Uri>()
                 .ok()
-                .filter(|uri: &http::Uri| {
-                    matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some()
+                .filter(|uri| {
+                    matches!(uri.scheme_str(), Some("http" | "https"))
+                        && uri.host().is_some()
+                        && uri.path() == "/"
                 })
+                .map(|_| entry.endpoint.trim_end_matches('/').to_owned())
                 .ok_or_else(|| {
                     invalid(
                         "endpoint",

@@ -27,11 +27,20 @@ pub enum Mode {
     Fail,
 }
 
+/// A request that reached the interposer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub body: String,
+}
+
 #[derive(Debug)]
 pub struct Interposer {
     pub address: SocketAddr,
     mode: Arc<Mutex<Mode>>,
     failed: Arc<Mutex<u64>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
     serving: JoinHandle<()>,
 }
 
@@ -51,31 +60,24 @@ impl Interposer {
         let address = listener.local_addr()?;
         let mode = Arc::new(Mutex::new(Mode::Forward));
         let failed = Arc::new(Mutex::new(0));
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let client: Client<HttpConnector, Full<Bytes>> =
             Client::builder(TokioExecutor::new()).build_http();
         let upstream = upstream.trim_end_matches('/').to_owned();
-        let (serving_mode, serving_failed) = (Arc::clone(&mode), Arc::clone(&failed));
+        let state = Arc::new(Relay {
+            mode: Arc::clone(&mode),
+            failed: Arc::clone(&failed),
+            seen: Arc::clone(&seen),
+            client,
+            upstream,
+        });
         let serving = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (mode, failed, client, upstream) = (
-                    Arc::clone(&serving_mode),
-                    Arc::clone(&serving_failed),
-                    client.clone(),
-                    upstream.clone(),
-                );
+                let state = Arc::clone(&state);
                 tokio::spawn(async move {
                     let service = service_fn(move |request| {
-                        let (mode, failed, client, upstream) = (
-                            Arc::clone(&mode),
-                            Arc::clone(&failed),
-                            client.clone(),
-                            upstream.clone(),
-                        );
-                        async move {
-                            Ok::<_, Infallible>(
-                                relay(request, &mode, &failed, &client, &upstream).await,
-                            )
-                        }
+                        let state = Arc::clone(&state);
+                        async move { Ok::<_, Infallible>(state.relay(request).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -87,6 +89,7 @@ impl Interposer {
             address,
             mode,
             failed,
+            seen,
             serving,
         })
     }
@@ -110,63 +113,88 @@ impl Interposer {
     pub fn failed(&self) -> u64 {
         *self.failed.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Every request that reached the interposer, forwarded or failed.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
-async fn relay(
-    request: http::Request<Incoming>,
-    mode: &Mutex<Mode>,
-    failed: &Mutex<u64>,
-    client: &Client<HttpConnector, Full<Bytes>>,
-    upstream: &str,
-) -> http::Response<Full<Bytes>> {
-    let unavailable = || {
-        *failed.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-        http::Response::builder()
-            .status(http::StatusCode::SERVICE_UNAVAILABLE)
-            .body(Full::new(Bytes::from_static(UNAVAILABLE.as_bytes())))
-            .expect("a valid response")
-    };
-    let current = mode.lock().unwrap_or_else(PoisonError::into_inner).clone();
-    if current == Mode::Fail {
-        return unavailable();
+struct Relay {
+    mode: Arc<Mutex<Mode>>,
+    failed: Arc<Mutex<u64>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    client: Client<HttpConnector, Full<Bytes>>,
+    upstream: String,
+}
+
+impl Relay {
+    async fn relay(&self, request: http::Request<Incoming>) -> http::Response<Full<Bytes>> {
+        let unavailable = || {
+            *self.failed.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+            http::Response::builder()
+                .status(http::StatusCode::SERVICE_UNAVAILABLE)
+                .body(Full::new(Bytes::from_static(UNAVAILABLE.as_bytes())))
+                .expect("a valid response")
+        };
+        let (parts, body) = request.into_parts();
+        let Ok(body) = body
+            .collect()
+            .await
+            .map(http_body_util::Collected::to_bytes)
+        else {
+            return unavailable();
+        };
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str)
+            .to_owned();
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Seen {
+                method: parts.method.to_string(),
+                path: path.clone(),
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        let current = self
+            .mode
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if current == Mode::Fail {
+            return unavailable();
+        }
+        let action = form_urlencoded::parse(&body)
+            .find(|(key, _)| key == "Action")
+            .map(|(_, value)| value.into_owned());
+        let mut forwarded = http::Request::builder()
+            .method(parts.method.clone())
+            .uri(format!("{}{path}", self.upstream));
+        for (name, value) in &parts.headers {
+            forwarded = forwarded.header(name, value);
+        }
+        let Ok(forwarded) = forwarded.body(Full::new(body)) else {
+            return unavailable();
+        };
+        let Ok(answer) = self.client.request(forwarded).await else {
+            return unavailable();
+        };
+        let (parts, body) = answer.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map(http_body_util::Collected::to_bytes)
+            .unwrap_or_default();
+        if let Mode::FailAfter(after) = current
+            && action.as_deref() == Some(after.as_str())
+        {
+            *self.mode.lock().unwrap_or_else(PoisonError::into_inner) = Mode::Fail;
+        }
+        http::Response::from_parts(parts, Full::new(body))
     }
-    let (parts, body) = request.into_parts();
-    let Ok(body) = body
-        .collect()
-        .await
-        .map(http_body_util::Collected::to_bytes)
-    else {
-        return unavailable();
-    };
-    let action = form_urlencoded::parse(&body)
-        .find(|(key, _)| key == "Action")
-        .map(|(_, value)| value.into_owned());
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", http::uri::PathAndQuery::as_str);
-    let mut forwarded = http::Request::builder()
-        .method(parts.method.clone())
-        .uri(format!("{upstream}{path}"));
-    for (name, value) in &parts.headers {
-        forwarded = forwarded.header(name, value);
-    }
-    let Ok(forwarded) = forwarded.body(Full::new(body)) else {
-        return unavailable();
-    };
-    let Ok(answer) = client.request(forwarded).await else {
-        return unavailable();
-    };
-    let (parts, body) = answer.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(http_body_util::Collected::to_bytes)
-        .unwrap_or_default();
-    if let Mode::FailAfter(after) = current
-        && action.as_deref() == Some(after.as_str())
-    {
-        *mode.lock().unwrap_or_else(PoisonError::into_inner) = Mode::Fail;
-    }
-    http::Response::from_parts(parts, Full::new(body))
 }

@@ -45,9 +45,18 @@ pub struct Sushy {
 }
 
 impl Sushy {
-    /// Starts the emulator with `systems`; `power_off_refused` sets its
+    /// Starts the emulator with `systems` over TLS; `power_off_refused` sets its
     /// `SUSHY_EMULATOR_DISABLE_POWER_OFF`.
     pub async fn start(systems: &[System], power_off_refused: bool) -> Result<Self> {
+        Self::serve(systems, power_off_refused, true).await
+    }
+
+    /// Over plain HTTP, for a test that counts requests through an interposer.
+    pub async fn start_plain(systems: &[System]) -> Result<Self> {
+        Self::serve(systems, false, false).await
+    }
+
+    async fn serve(systems: &[System], power_off_refused: bool, tls: bool) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         write_tls(dir.path())?;
         let hash = Command::new("python3")
@@ -93,15 +102,26 @@ impl Sushy {
             systems = listed.join(", "),
         );
         std::fs::write(dir.path().join("emulator.conf"), config)?;
-        let mut server = Command::new("python3")
-            // The port comes from the config file: `-p 0` reads as no port, and 8000 is taken.
-            .args(["-m", "sushy_tools.emulator.main", "--fake", "-i", "127.0.0.1"])
+        let mut command = Command::new("python3");
+        // The port comes from the config file: `-p 0` reads as no port, and 8000 is taken.
+        command
+            .args([
+                "-m",
+                "sushy_tools.emulator.main",
+                "--fake",
+                "-i",
+                "127.0.0.1",
+            ])
             .arg("--config")
-            .arg(dir.path().join("emulator.conf"))
-            .arg("--ssl-certificate")
-            .arg(dir.path().join("server.pem"))
-            .arg("--ssl-key")
-            .arg(dir.path().join("server.key"))
+            .arg(dir.path().join("emulator.conf"));
+        if tls {
+            command
+                .arg("--ssl-certificate")
+                .arg(dir.path().join("server.pem"))
+                .arg("--ssl-key")
+                .arg(dir.path().join("server.key"));
+        }
+        let mut server = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -112,7 +132,7 @@ impl Sushy {
             BufReader::new(server.stderr.take().context("the emulator's stderr")?).lines();
         let url = tokio::time::timeout(Duration::from_secs(60), async {
             while let Some(line) = lines.next_line().await? {
-                if let Some(at) = line.find("Running on https://") {
+                if let Some(at) = line.find("Running on http") {
                     return Ok(line[at + "Running on ".len()..].trim().to_owned());
                 }
             }
