@@ -9,6 +9,7 @@ use kube::Api;
 use kube::runtime::watcher;
 use nodegrace_core::assembly::Frame;
 use nodegrace_core::cli::InstanceProviderKind;
+use nodegrace_core::instances::Metered;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use nodegrace_core::k8s::{nodes, volumes};
 use nodegrace_core::program::Started;
@@ -55,6 +56,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
     }
     let mut frame = Frame::new(PROGRAM, controller);
     let metrics = Metrics::register(frame.registry());
+    let provider_metrics = metrics.provider.clone();
     let started = frame.start(stop, move |cluster| async move {
         let nodes = cluster.watch_nodes(trim_node);
         let attachments = {
@@ -103,7 +105,10 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
             dirty: Arc::clone(&cluster.dirty),
             auto_taint: auto_taint_after.map(|after| AutoTaint {
                 after,
-                provider: cluster.provider.clone(),
+                provider: cluster
+                    .provider
+                    .clone()
+                    .map(|provider| Metered::wrap(provider, provider_metrics.clone())),
             }),
         };
         Ok(cluster.lead(controller).await?)

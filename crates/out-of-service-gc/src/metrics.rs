@@ -13,6 +13,7 @@ pub struct KindLabel {
 
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
+    pub provider: nodegrace_core::instances::ProviderMetrics,
     pub pods_force_deleted: Counter,
     pub volumes_force_detached: Counter,
     pub refusals: Counter,
@@ -28,6 +29,7 @@ pub struct Metrics {
 impl Metrics {
     pub fn register(registry: &mut ProgramRegistry) -> Self {
         let metrics = Self::default();
+        metrics.provider.register(registry);
         registry.register(
             "pods_force_deleted",
             "Pods force-deleted from out-of-service nodes",

@@ -13,6 +13,7 @@ use nodegrace_core::admin::ReadinessGate;
 use nodegrace_core::assembly::Frame;
 use nodegrace_core::clock::{Clock, SystemClock};
 use nodegrace_core::controller::Backoff;
+use nodegrace_core::instances::Metered;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use nodegrace_core::k8s::{client, nodes, volumes};
 use nodegrace_core::program::Started;
@@ -298,6 +299,10 @@ pub async fn start_with_clock(
             let stop = cluster.stop.clone();
             serve_webhook(client.clone(), listener, admission, source, loaded, stop)
         });
+        let provider = cluster
+            .provider
+            .clone()
+            .map(|provider| Metered::wrap(provider, metrics.provider.clone()));
         let controller = Controller {
             shared: Arc::new(Shared {
                 client,
@@ -311,7 +316,7 @@ pub async fn start_with_clock(
                 drain_rules,
                 namespaces,
                 attachments,
-                provider: cluster.provider.clone(),
+                provider,
                 waiting: std::sync::RwLock::default(),
             }),
             dirty: Arc::clone(&cluster.dirty),

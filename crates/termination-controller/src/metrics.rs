@@ -48,6 +48,7 @@ pub struct ReviewLabels {
 
 #[derive(Debug, Clone)]
 pub struct Metrics {
+    pub provider: nodegrace_core::instances::ProviderMetrics,
     pub eviction_requests: Family<CodeLabel, Counter>,
     pub pods_drained: Family<ReasonLabel, Counter>,
     pub nodes_drained: Counter,
@@ -66,6 +67,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self {
+            provider: nodegrace_core::instances::ProviderMetrics::default(),
             eviction_requests: Family::default(),
             pods_drained: Family::default(),
             nodes_drained: Counter::default(),
@@ -88,6 +90,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn register(registry: &mut ProgramRegistry) -> Self {
         let metrics = Self::default();
+        metrics.provider.register(registry);
         registry.register(
             "nodes_eviction_requests",
             "Eviction requests sent, by the answer's HTTP status",

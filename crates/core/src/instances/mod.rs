@@ -10,12 +10,14 @@ mod batch;
 pub mod cluster_api;
 mod exec;
 mod http;
+mod metered;
 pub mod redfish;
 mod sim;
 
 pub use aws::AwsInstances;
 pub use cluster_api::ClusterApiInstances;
 pub use exec::ExecInstances;
+pub use metered::{Metered, ProviderMetrics};
 pub use redfish::RedfishInstances;
 pub use sim::SimInstances;
 
