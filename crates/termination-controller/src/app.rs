@@ -67,7 +67,7 @@ async fn print_plan(args: PlanArgs) -> Result<()> {
         .await
         .context("build the Kubernetes client")?;
     let cluster = plan::gather(&client, &args.node).await?;
-    let plan = plan::plan(&cluster, jiff::Timestamp::now());
+    let plan = plan::plan(&cluster, args.instance_provider, jiff::Timestamp::now());
     let text = match args.output {
         PlanFormat::Table => plan.table(),
         PlanFormat::Json => serde_json::to_string_pretty(&plan)? + "\n",

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use nodegrace_core::cli::{ControllerArgs, KubeArgs, duration_flag, ports};
+use nodegrace_core::cli::{ControllerArgs, InstanceProviderKind, KubeArgs, duration_flag, ports};
 use nodegrace_core::k8s::selectors::parse_selector;
 
 use crate::webhook::admit::Mode;
@@ -161,6 +161,9 @@ pub struct PlanArgs {
     /// Output format: a table for people, json for scripts.
     #[arg(short = 'o', long, env = "NODEGRACE_OUTPUT", value_enum, default_value_t = PlanFormat::Table)]
     pub output: PlanFormat,
+    /// The instance provider the controller runs with, to say what happens to the machine.
+    #[arg(long, env = "NODEGRACE_INSTANCE_PROVIDER", value_enum, default_value_t = InstanceProviderKind::None)]
+    pub instance_provider: InstanceProviderKind,
     #[command(flatten)]
     pub kube: KubeArgs,
 }

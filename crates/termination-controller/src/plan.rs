@@ -13,6 +13,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::ListParams;
 use kube::{Api, Client};
+use nodegrace_core::cli::InstanceProviderKind;
+use nodegrace_core::instances::cluster_api::{MACHINE_ANNOTATION, NAMESPACE_ANNOTATION};
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::selectors::pdbs_for_pod;
 use serde::Serialize;
@@ -150,6 +152,77 @@ pub struct Plan {
     /// NodeDrainRules that cannot be read (they apply to no pod).
     pub invalid_drain_rules: Vec<Stuck>,
     pub estimate: Estimate,
+    /// What happens to the node's machine once it is drained.
+    pub machine: MachineEnd,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineEnd {
+    /// The instance provider named by `--instance-provider`.
+    pub provider: String,
+    #[serde(rename = "providerID")]
+    pub provider_id: Option<String>,
+    pub outcome: String,
+}
+
+/// What the controller, run with `provider`, does with `node`'s machine.
+pub fn machine_end(node: &Node, provider: InstanceProviderKind) -> MachineEnd {
+    let provider_id = node
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.provider_id.clone())
+        .filter(|id| !id.trim().is_empty());
+    let annotation = |key: &str| {
+        node.metadata
+            .annotations
+            .as_ref()
+            .and_then(|notes| notes.get(key).cloned())
+    };
+    let name = match provider {
+        InstanceProviderKind::None => "none",
+        InstanceProviderKind::Sim => "sim",
+        InstanceProviderKind::Exec => "exec",
+        InstanceProviderKind::Aws => "aws",
+        InstanceProviderKind::ClusterApi => "cluster-api",
+        InstanceProviderKind::Redfish => "redfish",
+    };
+    let outcome = match (provider, &provider_id) {
+        (InstanceProviderKind::None, _) => {
+            "none: only the Node goes; the machine keeps running".to_owned()
+        }
+        (_, None) => "held with a Warning: the node has no spec.providerID".to_owned(),
+        (InstanceProviderKind::Aws, Some(_)) => {
+            "TerminateInstances, then DescribeInstances until terminated".to_owned()
+        }
+        (InstanceProviderKind::ClusterApi, Some(_)) => {
+            match (
+                annotation(MACHINE_ANNOTATION),
+                annotation(NAMESPACE_ANNOTATION),
+            ) {
+                (Some(machine), Some(namespace)) => format!(
+                    "Machine {namespace}/{machine} deleted by UID; Cluster API removes the \
+                     infrastructure, then the Machine"
+                ),
+                _ => format!(
+                    "held with a Warning: no {MACHINE_ANNOTATION} and {NAMESPACE_ANNOTATION} \
+                     annotations"
+                ),
+            }
+        }
+        (InstanceProviderKind::Redfish, Some(_)) => {
+            "powered off (ForceOff) through its BMC and left off".to_owned()
+        }
+        (InstanceProviderKind::Exec, Some(_)) => {
+            "`<command> terminate`, then `<command> state` until terminated".to_owned()
+        }
+        (InstanceProviderKind::Sim, Some(_)) => "terminated by kube-sim's cloud".to_owned(),
+    };
+    MachineEnd {
+        provider: name.to_owned(),
+        provider_id,
+        outcome,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -250,7 +323,7 @@ fn pods_of<'a>(pdb: &'a PodDisruptionBudget, pods: &'a [Pod]) -> impl Iterator<I
 }
 
 /// The plan for `cluster.node` at `now`.
-pub fn plan(cluster: &Cluster, now: Timestamp) -> Plan {
+pub fn plan(cluster: &Cluster, provider: InstanceProviderKind, now: Timestamp) -> Plan {
     let node_name = cluster.node.metadata.name.clone().unwrap_or_default();
     let held_by_finalizer = cluster
         .node
@@ -449,6 +522,7 @@ pub fn plan(cluster: &Cluster, now: Timestamp) -> Plan {
             min_drain_seconds: total,
             basis,
         },
+        machine: machine_end(&cluster.node, provider),
     }
 }
 
@@ -463,6 +537,16 @@ impl Plan {
             out,
             "NodeDisruptionBudgets:   {}",
             self.node_disruption_budgets.message
+        );
+        let _ = writeln!(
+            out,
+            "Machine:                 {} (instance provider {}): {}",
+            self.machine
+                .provider_id
+                .as_deref()
+                .unwrap_or("(no spec.providerID)"),
+            self.machine.provider,
+            self.machine.outcome
         );
         for (stage, hooks) in [
             ("Pre-drain hooks:        ", &self.pre_drain_hooks),
@@ -578,5 +662,41 @@ impl Plan {
             self.estimate.basis
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod machine_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_plan_names_the_provider_and_what_happens_to_the_machine() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "annotations": {
+                "cluster.x-k8s.io/machine": "workers-7",
+                "cluster.x-k8s.io/cluster-namespace": "capi",
+            }},
+            "spec": {"providerID": "aws:///eu-west-1a/i-0123456789abcdef0"},
+        }))
+        .unwrap();
+        let aws = machine_end(&node, InstanceProviderKind::Aws);
+        assert_eq!(aws.provider, "aws");
+        assert_eq!(
+            aws.provider_id.as_deref(),
+            Some("aws:///eu-west-1a/i-0123456789abcdef0")
+        );
+        assert!(
+            aws.outcome.contains("TerminateInstances"),
+            "{}",
+            aws.outcome
+        );
+        let capi = machine_end(&node, InstanceProviderKind::ClusterApi).outcome;
+        assert!(capi.starts_with("Machine capi/workers-7 deleted"), "{capi}");
+        let redfish = machine_end(&node, InstanceProviderKind::Redfish).outcome;
+        assert!(redfish.contains("ForceOff"), "{redfish}");
+        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n2"}})).unwrap();
+        let held = machine_end(&bare, InstanceProviderKind::Aws).outcome;
+        assert!(held.contains("no spec.providerID"), "{held}");
     }
 }

@@ -76,6 +76,10 @@ async fn the_plan_names_the_tiers_and_blockers_the_drain_then_follows() -> Resul
     );
     ensure!(first["estimate"]["minDrainSeconds"].is_null(), "{first}");
     ensure!(first["nodeDisruptionBudgets"]["granted"] == true, "{first}");
+    ensure!(
+        first["machine"]["provider"] == "none" && first["machine"]["providerID"] == "sim:///node-1",
+        "{first}"
+    );
     let table = plan(&sim, "node-1", false)?;
     println!("{table}");
     for expected in [
@@ -86,6 +90,7 @@ async fn the_plan_names_the_tiers_and_blockers_the_drain_then_follows() -> Resul
         "Never evictable:",
         "Do-not-evict blockers:",
         "Estimated minimum drain time: never",
+        "Machine:                 sim:///node-1 (instance provider none): none: only the Node goes",
     ] {
         ensure!(table.contains(expected), "{expected:?} in:\n{table}");
     }
