@@ -107,6 +107,29 @@ async fn a_machine_of_another_region_is_held_without_a_call() -> Result<()> {
     Ok(())
 }
 
+/// Each machine terminated by a task of its own, all at once, as node tasks do.
+async fn terminate_at_once(
+    aws: &std::sync::Arc<AwsInstances>,
+    ids: &[String],
+) -> Result<HashMap<String, Result<(), InstanceError>>> {
+    let calls: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let aws = std::sync::Arc::clone(aws);
+            let machine = machine(ZONE, id);
+            (
+                id.clone(),
+                tokio::spawn(async move { aws.terminate(&machine).await }),
+            )
+        })
+        .collect();
+    let mut answers = HashMap::new();
+    for (id, call) in calls {
+        answers.insert(id, call.await?);
+    }
+    Ok(answers)
+}
+
 #[tokio::test]
 async fn fifty_terminations_take_a_handful_of_calls_and_a_protected_machine_fails_alone()
 -> Result<()> {
@@ -123,18 +146,7 @@ async fn fifty_terminations_take_a_handful_of_calls_and_a_protected_machine_fail
         ],
     )
     .await?;
-    let calls: Vec<_> = ids
-        .iter()
-        .map(|id| {
-            let aws = std::sync::Arc::clone(&aws);
-            let id = machine(ZONE, id);
-            tokio::spawn(async move { aws.terminate(&id).await })
-        })
-        .collect();
-    let mut answers = HashMap::new();
-    for (id, call) in ids.iter().zip(calls) {
-        answers.insert(id.clone(), call.await?);
-    }
+    let answers = terminate_at_once(&aws, &ids).await?;
     for (id, answer) in &answers {
         if *id == protected {
             let error = answer.as_ref().unwrap_err();
@@ -169,16 +181,8 @@ async fn fifty_terminations_take_a_handful_of_calls_and_a_protected_machine_fail
     let moto = Moto::start().await?;
     let aws = std::sync::Arc::new(AwsInstances::new(&options(&moto), static_keys)?);
     let ids = moto.run_instances(ZONE, 50).await?;
-    let calls: Vec<_> = ids
-        .iter()
-        .map(|id| {
-            let aws = std::sync::Arc::clone(&aws);
-            let id = machine(ZONE, id);
-            tokio::spawn(async move { aws.terminate(&id).await })
-        })
-        .collect();
-    for call in calls {
-        call.await??;
+    for (id, answer) in terminate_at_once(&aws, &ids).await? {
+        ensure!(answer.is_ok(), "{id}: {answer:?}");
     }
     let terminations = moto.program_calls("TerminateInstances").await?;
     ensure!(

@@ -9,16 +9,14 @@ mod common;
 use std::process::Stdio;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::{Event, Node};
-use kube::api::{ListParams, PostParams};
-use kube::{Api, Client};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
 use kube_sim::KubeSim;
 use nodegrace_core::testing::interposer::{Interposer, Mode};
 use nodegrace_core::testing::moto::Moto;
-use serde_json::json;
 use tokio::process::{Child, Command};
 
-use common::{delete_node, has_finalizer, sim, wait_for};
+use common::{delete_node, event_notes, has_finalizer, machine_node, node_gone, sim, wait_for};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
 const ZONE: &str = "us-east-1a";
@@ -46,38 +44,6 @@ fn start(sim: &KubeSim, endpoint: &str) -> Result<Child> {
         .context("start termination-controller")
 }
 
-/// A Node as the cloud's node controller registers it: named after the machine, carrying its
-/// providerID.
-async fn node(client: &Client, name: &str, provider_id: &str) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "spec": {"providerID": provider_id},
-    }))?;
-    nodes.create(&PostParams::default(), &node).await?;
-    Ok(())
-}
-
-async fn notes(client: &Client, node: &str, reason: &str) -> Result<Vec<String>> {
-    let events: Api<Event> = Api::all(client.clone());
-    let list = events
-        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
-        .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|event| event.reason.as_deref() == Some(reason))
-        .filter_map(|event| event.message)
-        .collect())
-}
-
-async fn gone(client: &Client, name: &str) -> Result<bool> {
-    Ok(Api::<Node>::all(client.clone())
-        .get_opt(name)
-        .await?
-        .is_none())
-}
-
 /// How often `id` was in a TerminateInstances the program sent that EC2 could carry out: one
 /// naming a `protected` machine fails whole (EC2 terminates none of its machines) and is then
 /// retried machine by machine.
@@ -98,24 +64,27 @@ async fn deleted_nodes_terminate_their_instances_once_and_wrong_ones_are_held() 
     let client = sim.client();
     let ids = moto.run_instances(ZONE, 3).await?;
     for (n, id) in ids.iter().enumerate() {
-        node(
+        machine_node(
             &client,
             &format!("worker-{n}"),
             &format!("aws:///{ZONE}/{id}"),
+            None,
         )
         .await?;
     }
-    node(
+    machine_node(
         &client,
         "unknown",
         &format!("aws:///{ZONE}/i-00000000000000000"),
+        None,
     )
     .await?;
     let elsewhere = moto.run_instances("eu-west-1a", 1).await?.remove(0);
-    node(
+    machine_node(
         &client,
         "elsewhere",
         &format!("aws:///eu-west-1a/{elsewhere}"),
+        None,
     )
     .await?;
     let protected = moto.run_instances(ZONE, 1).await?.remove(0);
@@ -128,8 +97,14 @@ async fn deleted_nodes_terminate_their_instances_once_and_wrong_ones_are_held() 
         ],
     )
     .await?;
-    node(&client, "protected", &format!("aws:///{ZONE}/{protected}")).await?;
-    node(&client, "not-ec2", "gce://project/us-central1-a/vm-1").await?;
+    machine_node(
+        &client,
+        "protected",
+        &format!("aws:///{ZONE}/{protected}"),
+        None,
+    )
+    .await?;
+    machine_node(&client, "not-ec2", "gce://project/us-central1-a/vm-1", None).await?;
 
     let _controller = start(&sim, &moto.url)?;
     let names = [
@@ -153,7 +128,7 @@ async fn deleted_nodes_terminate_their_instances_once_and_wrong_ones_are_held() 
 
     for (n, id) in ids.iter().enumerate() {
         let name = format!("worker-{n}");
-        wait_for(&format!("{name} released"), || gone(&client, &name)).await?;
+        wait_for(&format!("{name} released"), || node_gone(&client, &name)).await?;
         ensure!(moto.state(REGION, id).await?.as_deref() == Some("terminated"));
         let sent = terminations(&moto, id, &[&protected]).await?;
         ensure!(
@@ -168,10 +143,10 @@ async fn deleted_nodes_terminate_their_instances_once_and_wrong_ones_are_held() 
 
     // Unknown to EC2: released as gone once that held for the confirmation, with an Event.
     wait_for("the unknown machine's node released", || {
-        gone(&client, "unknown")
+        node_gone(&client, "unknown")
     })
     .await?;
-    let said = notes(&client, "unknown", "InstanceNotFound").await?;
+    let said = event_notes(&client, "unknown", "InstanceNotFound").await?;
     ensure!(
         said.iter().any(|note| note.contains("released as gone")),
         "{said:?}"
@@ -185,14 +160,14 @@ async fn deleted_nodes_terminate_their_instances_once_and_wrong_ones_are_held() 
     ];
     for (name, why) in held {
         wait_for(&format!("a Warning on {name}"), || async {
-            let warned = notes(&client, name, "InstanceTerminationFailed").await?;
+            let warned = event_notes(&client, name, "InstanceTerminationFailed").await?;
             Ok(warned.iter().any(|note| note.contains(why)))
         })
         .await?;
     }
     // The unknown machine's confirmation has passed meanwhile; these are still held.
     for (name, _) in held {
-        ensure!(!gone(&client, name).await?, "{name} was released");
+        ensure!(!node_gone(&client, name).await?, "{name} was released");
     }
     ensure!(moto.state("eu-west-1", &elsewhere).await?.as_deref() == Some("running"));
     ensure!(moto.state(REGION, &protected).await?.as_deref() == Some("running"));
@@ -207,7 +182,7 @@ async fn a_restart_between_the_request_and_its_confirmation_sends_no_second_requ
     let sim = sim(0).await?;
     let client = sim.client();
     let id = moto.run_instances(ZONE, 1).await?.remove(0);
-    node(&client, "worker", &format!("aws:///{ZONE}/{id}")).await?;
+    machine_node(&client, "worker", &format!("aws:///{ZONE}/{id}"), None).await?;
 
     let mut first = start(&sim, &cloud.url())?;
     wait_for("the finalizer", || has_finalizer(&client, "worker")).await?;
@@ -238,11 +213,11 @@ async fn a_restart_between_the_request_and_its_confirmation_sends_no_second_requ
     })
     .await?;
     ensure!(
-        !gone(&client, "worker").await?,
+        !node_gone(&client, "worker").await?,
         "released without a confirmation"
     );
     cloud.set(Mode::Forward);
-    wait_for("the node released", || gone(&client, "worker")).await?;
+    wait_for("the node released", || node_gone(&client, "worker")).await?;
     ensure!(
         terminations(&moto, &id, &[]).await? == 1,
         "a second TerminateInstances was sent"

@@ -8,8 +8,7 @@ mod common;
 use std::process::Stdio;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::{Event, Node};
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 use kube_sim::KubeSim;
 use kube_sim::cluster::Cluster;
@@ -22,7 +21,7 @@ use nodegrace_core::testing::cluster_api::{
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use common::{delete_node, has_finalizer, sim, wait_for};
+use common::{delete_node, event_notes, has_finalizer, machine_node, node_gone, sim, wait_for};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
 
@@ -50,37 +49,9 @@ fn start(workload: &KubeSim, management: &KubeSim) -> Result<Child> {
         .context("start termination-controller")
 }
 
-async fn node(client: &Client, name: &str, provider_id: &str, machine: Option<&str>) -> Result<()> {
-    let annotations = machine.map(|machine| node_annotations("default", machine));
-    let node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations},
-        "spec": {"providerID": provider_id},
-    }))?;
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await?;
-    Ok(())
-}
-
 async fn warned(client: &Client, node: &str, says: &str) -> Result<bool> {
-    let events: Api<Event> = Api::all(client.clone());
-    let list = events
-        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
-        .await?;
-    Ok(list.items.iter().any(|event| {
-        event.reason.as_deref() == Some("InstanceTerminationFailed")
-            && event
-                .message
-                .as_deref()
-                .is_some_and(|note| note.contains(says))
-    }))
-}
-
-async fn gone(client: &Client, name: &str) -> Result<bool> {
-    Ok(Api::<Node>::all(client.clone())
-        .get_opt(name)
-        .await?
-        .is_none())
+    let notes = event_notes(client, node, "InstanceTerminationFailed").await?;
+    Ok(notes.iter().any(|note| note.contains(says)))
 }
 
 async fn machine_annotations(
@@ -113,13 +84,8 @@ async fn a_deleted_node_deletes_its_machine_and_cluster_api_finishes_the_rest() 
             ),
         )
         .await?;
-        node(
-            &work,
-            &format!("worker-{n}"),
-            &id,
-            Some(&format!("workers-{n}")),
-        )
-        .await?;
+        let annotations = node_annotations("default", &format!("workers-{n}"));
+        machine_node(&work, &format!("worker-{n}"), &id, Some(annotations)).await?;
     }
     // A Machine re-created under the name a node's annotation gives: not that node's machine.
     create_machine(
@@ -127,14 +93,15 @@ async fn a_deleted_node_deletes_its_machine_and_cluster_api_finishes_the_rest() 
         &machine("default", "workers-9", "other", "docker:///workload/other"),
     )
     .await?;
-    node(
+    let annotations = node_annotations("default", "workers-9");
+    machine_node(
         &work,
         "renamed",
         "docker:///workload/renamed",
-        Some("workers-9"),
+        Some(annotations),
     )
     .await?;
-    node(&work, "unmanaged", "docker:///workload/unmanaged", None).await?;
+    machine_node(&work, "unmanaged", "docker:///workload/unmanaged", None).await?;
 
     let _controller = start(&workload, &management)?;
     let names = ["worker-0", "worker-1", "renamed", "unmanaged"];
@@ -149,7 +116,7 @@ async fn a_deleted_node_deletes_its_machine_and_cluster_api_finishes_the_rest() 
     }
     for n in 0..2 {
         let name = format!("worker-{n}");
-        wait_for(&format!("{name} released"), || gone(&work, &name)).await?;
+        wait_for(&format!("{name} released"), || node_gone(&work, &name)).await?;
         ensure!(
             machine_annotations(&manage, &format!("workers-{n}"))
                 .await?
@@ -186,7 +153,7 @@ async fn a_deleted_node_deletes_its_machine_and_cluster_api_finishes_the_rest() 
         warned(&work, "unmanaged", "has no cluster.x-k8s.io/machine")
     })
     .await?;
-    ensure!(!gone(&work, "renamed").await? && !gone(&work, "unmanaged").await?);
+    ensure!(!node_gone(&work, "renamed").await? && !node_gone(&work, "unmanaged").await?);
     let untouched = machine_annotations(&manage, "workers-9")
         .await?
         .context("workers-9")?;
@@ -212,7 +179,13 @@ async fn a_machine_already_deleting_is_waited_for_not_deleted_again() -> Result<
         .into(),
     );
     create_machine(&manage, &held).await?;
-    node(&work, "worker-0", id, Some("workers-0")).await?;
+    machine_node(
+        &work,
+        "worker-0",
+        id,
+        Some(node_annotations("default", "workers-0")),
+    )
+    .await?;
     let controller = MachineController::start(manage.clone(), work.clone());
     let _controller = start(&workload, &management)?;
     wait_for("the finalizer", || has_finalizer(&work, "worker-0")).await?;
@@ -254,7 +227,7 @@ async fn a_machine_already_deleting_is_waited_for_not_deleted_again() -> Result<
             &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"pre-terminate.delete.hook.machine.cluster.x-k8s.io/backup": null}}})),
         )
         .await?;
-    wait_for("the node released", || gone(&work, "worker-0")).await?;
+    wait_for("the node released", || node_gone(&work, "worker-0")).await?;
     ensure!(
         controller
             .steps()

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{DynamicObject, PostParams};
+use kube::api::DynamicObject;
 use kube::{Api, Client};
 use kube_sim::KubeSim;
 use kube_sim::cluster::Cluster;
@@ -31,7 +31,7 @@ use nodegrace_core::testing::sushy::{Sushy, System};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use common::{delete_node, has_finalizer, sim};
+use common::{delete_node, has_finalizer, machine_node, sim};
 
 const DELETED: usize = 5;
 const BYSTANDERS: usize = 2;
@@ -90,22 +90,6 @@ fn controller(workload: &KubeSim, flags: &[String], env: &[(&str, &str)]) -> Res
     command.spawn().context("start termination-controller")
 }
 
-async fn node(
-    client: &Client,
-    name: &str,
-    provider_id: &str,
-    annotations: Option<std::collections::BTreeMap<String, String>>,
-) -> Result<()> {
-    let node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations},
-        "spec": {"providerID": provider_id},
-    }))?;
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await?;
-    Ok(())
-}
-
 fn names() -> Vec<String> {
     (0..DELETED + BYSTANDERS)
         .map(|n| format!("worker-{n}"))
@@ -147,7 +131,7 @@ async fn aws_against_moto() -> Result<()> {
         .run_instances("us-east-1a", DELETED + BYSTANDERS)
         .await?;
     for (name, id) in names().iter().zip(&ids) {
-        node(&client, name, &format!("aws:///us-east-1a/{id}"), None).await?;
+        machine_node(&client, name, &format!("aws:///us-east-1a/{id}"), None).await?;
     }
     let flags = [
         "--instance-provider=aws".to_owned(),
@@ -220,7 +204,7 @@ async fn redfish_against_sushy() -> Result<()> {
         .collect();
     std::fs::write(&file, serde_json::to_string(&json!({"machines": entries}))?)?;
     for name in names() {
-        node(&client, &name, &format!("redfish:///{name}"), None).await?;
+        machine_node(&client, &name, &format!("redfish:///{name}"), None).await?;
     }
     let flags = [
         "--instance-provider=redfish".to_owned(),
@@ -288,7 +272,7 @@ async fn cluster_api_against_a_management_cluster() -> Result<()> {
         let id = format!("docker:///workload/{name}");
         let machine_name = format!("workers-{n}");
         create_machine(&manage, &machine("default", &machine_name, name, &id)).await?;
-        node(
+        machine_node(
             &client,
             name,
             &id,

@@ -3,16 +3,14 @@
 //! are recorded by moto itself, so a test counts what reached "EC2" outside the program.
 
 use std::process::Stdio;
-use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 #[derive(Debug)]
@@ -75,19 +73,7 @@ impl Moto {
             .context(
                 "start python3 -m moto.server (pip install 'moto[server]'; cargo xtask test does)",
             )?;
-        let mut lines = BufReader::new(server.stderr.take().context("moto's stderr")?).lines();
-        let url = tokio::time::timeout(Duration::from_secs(60), async {
-            while let Some(line) = lines.next_line().await? {
-                if let Some(at) = line.find("Running on http://") {
-                    return Ok(line[at + "Running on ".len()..].trim().to_owned());
-                }
-            }
-            bail!("moto_server exited before it listened")
-        })
-        .await
-        .context("moto_server did not listen within 60 s")??;
-        // moto logs every request: keep reading, or it blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let url = super::flask_url(&mut server, "moto_server").await?;
         let moto = Self {
             url,
             _server: server,

@@ -4,11 +4,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 pub const USERNAME: &str = "admin";
@@ -128,19 +126,7 @@ impl Sushy {
             .kill_on_drop(true)
             .spawn()
             .context("start python3 -m sushy_tools.emulator.main (pip install sushy-tools; cargo xtask test does)")?;
-        let mut lines =
-            BufReader::new(server.stderr.take().context("the emulator's stderr")?).lines();
-        let url = tokio::time::timeout(Duration::from_secs(60), async {
-            while let Some(line) = lines.next_line().await? {
-                if let Some(at) = line.find("Running on http") {
-                    return Ok(line[at + "Running on ".len()..].trim().to_owned());
-                }
-            }
-            bail!("the emulator exited before it listened")
-        })
-        .await
-        .context("the emulator did not listen within 60 s")??;
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let url = super::flask_url(&mut server, "the Redfish emulator").await?;
         std::fs::create_dir_all(dir.path().join("credentials"))?;
         std::fs::write(dir.path().join("credentials/username"), USERNAME)?;
         std::fs::write(dir.path().join("credentials/password"), PASSWORD)?;

@@ -571,3 +571,35 @@ pub async fn is_cordoned(client: &Client, node: &str) -> Result<bool> {
         .and_then(|node| node.spec?.unschedulable)
         == Some(true))
 }
+
+/// A Node as a cloud's node controller or Cluster API registers it, with no kubelet behind
+/// it: named, carrying its machine's providerID and `annotations`.
+pub async fn machine_node(
+    client: &Client,
+    name: &str,
+    provider_id: &str,
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+) -> Result<()> {
+    let node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations},
+        "spec": {"providerID": provider_id},
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    Ok(())
+}
+
+/// The messages of the Events with `reason` about `node`.
+pub async fn event_notes(client: &Client, node: &str, reason: &str) -> Result<Vec<String>> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some(reason))
+        .filter_map(|event| event.message)
+        .collect())
+}
