@@ -137,15 +137,7 @@ async fn fifty_terminations_take_a_handful_of_calls_and_a_protected_machine_fail
     let aws = std::sync::Arc::new(AwsInstances::new(&options(&moto), static_keys)?);
     let ids = moto.run_instances(ZONE, 50).await?;
     let protected = ids[7].clone();
-    moto.ec2(
-        REGION,
-        "ModifyInstanceAttribute",
-        &[
-            ("InstanceId", &protected),
-            ("DisableApiTermination.Value", "true"),
-        ],
-    )
-    .await?;
+    moto.protect(REGION, &protected).await?;
     let answers = terminate_at_once(&aws, &ids).await?;
     for (id, answer) in &answers {
         if *id == protected {

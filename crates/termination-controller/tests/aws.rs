@@ -88,15 +88,7 @@ async fn deleted_nodes_terminate_their_instances_once_and_wrong_ones_are_held() 
     )
     .await?;
     let protected = moto.run_instances(ZONE, 1).await?.remove(0);
-    moto.ec2(
-        REGION,
-        "ModifyInstanceAttribute",
-        &[
-            ("InstanceId", &protected),
-            ("DisableApiTermination.Value", "true"),
-        ],
-    )
-    .await?;
+    moto.protect(REGION, &protected).await?;
     machine_node(
         &client,
         "protected",

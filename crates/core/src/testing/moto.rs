@@ -153,6 +153,17 @@ impl Moto {
         Ok(ids)
     }
 
+    /// Turns on an instance's termination protection (`DisableApiTermination`).
+    pub async fn protect(&self, region: &str, id: &str) -> Result<()> {
+        self.ec2(
+            region,
+            "ModifyInstanceAttribute",
+            &[("InstanceId", id), ("DisableApiTermination.Value", "true")],
+        )
+        .await
+        .map(drop)
+    }
+
     /// An instance's state name as EC2 describes it (`None`: unknown).
     pub async fn state(&self, region: &str, id: &str) -> Result<Option<String>> {
         let text = self

@@ -492,14 +492,22 @@ pub async fn workers_budget(client: &Client) -> Result<()> {
     .await
 }
 
-/// Reasons of the Events about `node`.
-pub async fn event_reasons(client: &Client, node: &str) -> Result<Vec<String>> {
+/// The Events about `node`.
+async fn events_about(
+    client: &Client,
+    node: &str,
+) -> Result<Vec<k8s_openapi::api::core::v1::Event>> {
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
     let list = events
         .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
         .await?;
-    Ok(list
-        .items
+    Ok(list.items)
+}
+
+/// Reasons of the Events about `node`.
+pub async fn event_reasons(client: &Client, node: &str) -> Result<Vec<String>> {
+    Ok(events_about(client, node)
+        .await?
         .into_iter()
         .filter_map(|event| event.reason)
         .collect())
@@ -592,12 +600,8 @@ pub async fn machine_node(
 
 /// The messages of the Events with `reason` about `node`.
 pub async fn event_notes(client: &Client, node: &str, reason: &str) -> Result<Vec<String>> {
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
-    let list = events
-        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
-        .await?;
-    Ok(list
-        .items
+    Ok(events_about(client, node)
+        .await?
         .into_iter()
         .filter(|event| event.reason.as_deref() == Some(reason))
         .filter_map(|event| event.message)
