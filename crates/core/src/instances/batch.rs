@@ -119,20 +119,11 @@ fn dispatch<R: Clone + Send + 'static>(window: &Window, run: &Run<R>, calls: Vec
                         )))
                     });
                     for sender in senders {
-                        let _ = sender.send(answer.as_ref().map(Clone::clone).map_err(same));
+                        let _ = sender.send(answer.clone());
                     }
                 }
             });
         }
-    }
-}
-
-/// The error again, for a second caller waiting on the same machine.
-fn same(error: &InstanceError) -> InstanceError {
-    match error {
-        InstanceError::Transient(text) => InstanceError::Transient(text.clone()),
-        InstanceError::Refused(text) => InstanceError::Refused(text.clone()),
-        other => InstanceError::Transient(other.to_string()),
     }
 }
 

@@ -130,7 +130,8 @@ impl std::fmt::Display for ProviderId {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+/// Clone: a batched call answers every caller waiting on the same machine with its error.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum InstanceError {
     #[error(
         "node {node:?} has no spec.providerID, so its machine cannot be terminated; \

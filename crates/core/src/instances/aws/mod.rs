@@ -372,13 +372,7 @@ fn terminate_failure(error: CallError) -> Result<(), InstanceError> {
 
 fn all<R>(ids: &[String], error: &InstanceError) -> Answers<R> {
     ids.iter()
-        .map(|id| {
-            let copy = match error {
-                InstanceError::Refused(text) => InstanceError::Refused(text.clone()),
-                other => InstanceError::Transient(other.to_string()),
-            };
-            (id.clone(), Err(copy))
-        })
+        .map(|id| (id.clone(), Err(error.clone())))
         .collect()
 }
 
