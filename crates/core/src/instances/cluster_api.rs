@@ -42,9 +42,11 @@ pub fn machine_resource() -> ApiResource {
 pub struct ClusterApiInstances {
     /// The management cluster, where the Machines are.
     client: kube::Client,
-    /// The Machines (namespace, name) this process deleted or saw deleting: one gone after
-    /// that is terminated; one gone that we never saw counts as not found.
-    deleted: Mutex<HashSet<(String, String)>>,
+    /// The Machines this process deleted or saw deleting, by namespace, name and the
+    /// providerID they carried: one gone after that is terminated; one gone that we never saw
+    /// counts as not found. The providerID keeps a namesake Machine of a later episode from
+    /// inheriting an earlier one's end.
+    deleted: Mutex<HashSet<(String, String, String)>>,
 }
 
 impl std::fmt::Debug for ClusterApiInstances {
@@ -118,15 +120,19 @@ impl ClusterApiInstances {
         Ok(Some(machine))
     }
 
-    fn remember(&self, named: &Named<'_>) {
+    fn remember(&self, named: &Named<'_>, id: &ProviderId) {
         self.deleted
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(Self::key(named));
+            .insert(Self::key(named, id));
     }
 
-    fn key(named: &Named<'_>) -> (String, String) {
-        (named.namespace.to_owned(), named.name.to_owned())
+    fn key(named: &Named<'_>, id: &ProviderId) -> (String, String, String) {
+        (
+            named.namespace.to_owned(),
+            named.name.to_owned(),
+            id.as_str().to_owned(),
+        )
     }
 }
 
@@ -167,7 +173,7 @@ impl InstanceProvider for ClusterApiInstances {
                         .deleted
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .contains(&Self::key(&named));
+                        .contains(&Self::key(&named, id));
                     Ok(if ours {
                         InstanceState::Terminated
                     } else {
@@ -189,7 +195,7 @@ impl InstanceProvider for ClusterApiInstances {
             let uid = machine.metadata.uid.clone().unwrap_or_default();
             if machine.metadata.deletion_timestamp.is_some() {
                 // Someone deleted it already: wait for it, never delete twice.
-                self.remember(&named);
+                self.remember(&named, id);
                 return Ok(());
             }
             let excluded = json!({"metadata": {
@@ -221,7 +227,7 @@ impl InstanceProvider for ClusterApiInstances {
                 }
                 Err(error) => return Err(failure(&format!("delete {shown}"), &error)),
             }
-            self.remember(&named);
+            self.remember(&named, id);
             Ok(())
         }
         .boxed()
