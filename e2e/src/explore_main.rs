@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use nodegrace_e2e::explore::cloud::Provider;
 use nodegrace_e2e::explore::run::Options;
 use nodegrace_e2e::explore::schedule::Programs;
 
@@ -33,6 +34,11 @@ struct Args {
     /// Which programs run.
     #[arg(long, value_enum, default_value_t = Programs::All)]
     program: Programs,
+    /// Whose machines the nodes run on: kube-sim's cloud, or EC2 (moto's server, installed by
+    /// `cargo xtask test`, behind an interposer that adds throttling, 500s, lost answers and
+    /// EC2's eventual consistency to the schedule).
+    #[arg(long, value_enum, default_value_t = Provider::Sim)]
+    provider: Provider,
     /// Runs at once (each is a kube-sim and four program processes, mostly idle).
     #[arg(long, default_value_t = 2)]
     jobs: usize,
@@ -91,6 +97,7 @@ fn run() -> Result<bool> {
         work_root: args.work_dir.unwrap_or_else(|| repo.join("target/explore")),
         duration: args.duration,
         programs: args.program,
+        provider: args.provider,
     };
     let seeds: Vec<u64> = if args.seeds.is_empty() {
         (args.seed..args.seed.saturating_add(args.runs)).collect()

@@ -17,7 +17,8 @@ const SEEDS_FILE: &str = "e2e/explore/seeds.txt";
 #[derive(Debug, Args)]
 pub struct ExploreArgs {
     /// Passed to nodegrace-explore: --seed N, --runs K, --seeds A,B, --duration 20s,
-    /// --program all|termination|oos, --jobs J, --time-budget 600s (see its --help).
+    /// --program all|termination|oos, --provider sim|aws, --jobs J, --time-budget 600s (see
+    /// its --help).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<String>,
 }
@@ -36,6 +37,9 @@ fn build() -> Result<PathBuf> {
 
 pub fn run(args: &ExploreArgs) -> Result<()> {
     let explorer = build()?;
+    if on_aws(&args.args) {
+        crate::setup::ensure_python_packages()?;
+    }
     run_command(
         Command::new(explorer)
             .current_dir(project_root())
@@ -43,7 +47,21 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
     )
 }
 
-/// The test command's share: the seeds of `e2e/explore/seeds.txt`, two at once.
+/// Whether the explorer's arguments put the nodes on EC2 (moto's server, from PyPI).
+fn on_aws(args: &[String]) -> bool {
+    args.iter()
+        .zip(args.iter().skip(1).map(Some).chain([None]))
+        .any(|(arg, next)| {
+            arg == "--provider=aws"
+                || (arg == "--provider" && next.is_some_and(|next| next == "aws"))
+        })
+}
+
+/// Seeds the test command plays with the nodes on EC2 (moto behind the fault interposer).
+const AWS_SEEDS: &str = "1,2,3,4";
+
+/// The test command's share: the seeds of `e2e/explore/seeds.txt`, two at once, and
+/// [`AWS_SEEDS`] with `--provider aws`.
 pub fn fixed_seeds() -> Result<()> {
     let explorer = build()?;
     let listed = std::fs::read_to_string(project_root().join(SEEDS_FILE))?;
@@ -53,9 +71,16 @@ pub fn fixed_seeds() -> Result<()> {
         .filter(|seed| !seed.is_empty())
         .collect();
     run_command(
-        Command::new(explorer)
+        Command::new(&explorer)
             .current_dir(project_root())
             .arg(format!("--seeds={}", seeds.join(",")))
+            .arg("--jobs=2"),
+    )?;
+    run_command(
+        Command::new(explorer)
+            .current_dir(project_root())
+            .arg("--provider=aws")
+            .arg(format!("--seeds={AWS_SEEDS}"))
             .arg("--jobs=2"),
     )
 }

@@ -47,7 +47,7 @@ const PYTHON_PACKAGES: &[(&str, &str)] = &[
     ("sushy_tools.emulator.main, bcrypt", "sushy-tools>=2.2,<2.3"),
 ];
 
-fn ensure_python_packages() -> Result<()> {
+pub fn ensure_python_packages() -> Result<()> {
     if !on_path("python3") {
         install_packages(&["python3", "python3-pip"])?;
     }

@@ -9,8 +9,8 @@ use nodegrace_core::instances::aws::AwsOptions;
 use nodegrace_core::instances::{
     AwsInstances, InstanceError, InstanceProvider, InstanceState, Power, ProviderId,
 };
-use nodegrace_core::testing::moto::Moto;
 use nodegrace_core::testing::wait_for;
+use provider_testbed::moto::Moto;
 
 const ZONE: &str = "us-east-1a";
 const REGION: &str = "us-east-1";
@@ -259,5 +259,74 @@ async fn an_endpoint_out_of_reach_is_an_error_not_a_missing_machine() -> Result<
         matches!(terminate, InstanceError::Transient(_)),
         "{terminate}"
     );
+    Ok(())
+}
+
+/// The interposer the explorer puts between the programs and EC2 (docs/explore.md): each of
+/// its faults reaches the provider as EC2's own would, and its hook sees what reached EC2.
+#[tokio::test]
+async fn the_explorers_cloud_faults_reach_the_provider_as_ec2s() -> Result<()> {
+    use std::sync::{Arc, Mutex};
+
+    use provider_testbed::interposer::{Forwarding, Interposer, Mode};
+
+    let moto = Moto::start().await?;
+    let cloud = Interposer::start(&moto.url).await?;
+    let forwarded: Arc<Mutex<Vec<Forwarding>>> = Arc::default();
+    let seen = Arc::clone(&forwarded);
+    cloud.set_hook(Arc::new(move |forwarding| {
+        seen.lock().unwrap().push(forwarding);
+        Box::pin(async {})
+    }));
+    let aws = AwsInstances::new(
+        &AwsOptions {
+            endpoint_url: Some(cloud.url().parse()?),
+            timeout: Duration::from_secs(2),
+            ..options(&moto)
+        },
+        static_keys,
+    )?;
+    let ids = moto.run_instances(ZONE, 2).await?;
+    let (hidden, shown) = (machine(ZONE, &ids[0]), machine(ZONE, &ids[1]));
+
+    // EC2's eventual consistency: a machine left out of the answer is not found, for a while.
+    cloud.hide(
+        &ids[0],
+        tokio::time::Instant::now() + Duration::from_secs(3),
+    );
+    ensure!(aws.state(&hidden).await? == InstanceState::NotFound);
+    ensure!(aws.state(&shown).await? == InstanceState::Running);
+    wait_for(
+        "the machine to be known",
+        Duration::from_secs(10),
+        || async { Ok(aws.state(&hidden).await? == InstanceState::Running) },
+    )
+    .await?;
+
+    // Throttling and 500s: errors, never a state, and nothing reaches EC2.
+    let before = forwarded.lock().unwrap().len();
+    for fault in [Mode::Throttle, Mode::InternalError] {
+        cloud.set(fault.clone());
+        let answer = aws.state(&shown).await;
+        ensure!(answer.is_err(), "{fault:?} answered {answer:?}");
+    }
+    ensure!(forwarded.lock().unwrap().len() == before);
+    ensure!(cloud.failed() >= 2);
+
+    // A lost answer: the call fails at the client's timeout, but EC2 acted.
+    cloud.set(Mode::LoseAnswers);
+    ensure!(aws.terminate(&shown).await.is_err());
+    ensure!(moto.state(REGION, &ids[1]).await?.as_deref() == Some("terminated"));
+    let last = forwarded.lock().unwrap().last().cloned();
+    ensure!(
+        last == Some(Forwarding {
+            action: "TerminateInstances".to_owned(),
+            instance_ids: vec![ids[1].clone()],
+            answer_lost: true,
+        }),
+        "{last:?}"
+    );
+    cloud.set(Mode::Forward);
+    ensure!(aws.state(&shown).await? == InstanceState::Terminated);
     Ok(())
 }

@@ -10,8 +10,8 @@ use nodegrace_core::instances::redfish::{MachineConfig, RedfishConfig};
 use nodegrace_core::instances::{
     InstanceError, InstanceProvider, InstanceState, Power, ProviderId, RedfishInstances,
 };
-use nodegrace_core::testing::sushy::{PASSWORD, Sushy, System, USERNAME};
 use nodegrace_core::testing::wait_for;
+use provider_testbed::sushy::{PASSWORD, Sushy, System, USERNAME};
 
 fn entry(sushy: &Sushy, system: &System) -> MachineConfig {
     MachineConfig {

@@ -12,8 +12,8 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube_sim::KubeSim;
-use nodegrace_core::testing::interposer::{Interposer, Mode};
-use nodegrace_core::testing::moto::Moto;
+use provider_testbed::interposer::{Interposer, Mode};
+use provider_testbed::moto::Moto;
 use tokio::process::{Child, Command};
 
 use common::{delete_node, event_notes, has_finalizer, machine_node, node_gone, sim, wait_for};

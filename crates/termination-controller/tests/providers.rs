@@ -24,10 +24,10 @@ use nodegrace_core::instances::{InstanceProvider, InstanceState, ProviderId, Red
 use nodegrace_core::testing::cluster_api::{
     MachineController, create_machine, machine, machine_crd, node_annotations,
 };
-use nodegrace_core::testing::interposer::Interposer;
-use nodegrace_core::testing::moto::Moto;
 use nodegrace_core::testing::proxy::Proxy;
-use nodegrace_core::testing::sushy::{Sushy, System};
+use provider_testbed::interposer::Interposer;
+use provider_testbed::moto::Moto;
+use provider_testbed::sushy::{Sushy, System};
 use serde_json::json;
 use tokio::process::{Child, Command};
 

@@ -2,7 +2,7 @@
 //! as kubectl, a cloud console or a fencing agent would. An event that no longer applies when
 //! its time comes (its node is gone, its machine is running) is skipped, saying why.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -15,6 +15,7 @@ use kube::api::{
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
+use super::cloud::{Act, Machines};
 use super::invariants::{FINALIZER, Instance, OUT_OF_SERVICE_TAINT};
 use super::schedule::{Event, Numbers};
 use super::setup::{APPS, zone};
@@ -38,31 +39,39 @@ pub enum Outcome {
 
 pub struct World {
     client: Client,
+    machines: Machines,
     /// Each node name's machine, as last registered (for a re-registration by the same one).
-    machines: HashMap<String, String>,
-    /// New machines registered so far (their ids are unique).
-    registered: u32,
+    provider_ids: HashMap<String, String>,
+    /// Machines whose Node an operator released by removing our finalizer by hand: nobody
+    /// owes them a termination.
+    released_by_hand: BTreeSet<String>,
 }
 
 impl std::fmt::Debug for World {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("World")
-            .field("machines", &self.machines)
+            .field("provider_ids", &self.provider_ids)
             .finish_non_exhaustive()
     }
 }
 
 impl World {
-    pub fn new(client: Client, nodes: &[String]) -> Self {
-        let machines = nodes
-            .iter()
-            .map(|node| (node.clone(), format!("sim:///{node}")))
-            .collect();
+    /// `provider_ids`: each node's machine at the start.
+    pub fn new(client: Client, machines: Machines, provider_ids: HashMap<String, String>) -> Self {
         Self {
             client,
             machines,
-            registered: 0,
+            provider_ids,
+            released_by_hand: BTreeSet::new(),
         }
+    }
+
+    pub fn machines(&self) -> &Machines {
+        &self.machines
+    }
+
+    pub fn released_by_hand(&self) -> &BTreeSet<String> {
+        &self.released_by_hand
     }
 
     pub fn client(&self) -> &Client {
@@ -120,49 +129,44 @@ impl World {
                 nodes
                     .replace(node, &PostParams::default(), &updated)
                     .await?;
+                if let Some(provider_id) = current.spec.and_then(|spec| spec.provider_id) {
+                    self.released_by_hand.insert(provider_id);
+                }
                 Outcome::Done("our finalizer removed by hand".to_owned())
             }
             Event::RecreateNode { node, same_machine } => {
                 if nodes.get_opt(node).await?.is_some() {
                     return Ok(Outcome::Skipped(format!("{node} exists")));
                 }
+                let index: usize = node
+                    .trim_start_matches("node-")
+                    .parse()
+                    .context("node names are node-<index>")?;
                 let provider_id = if *same_machine {
-                    let machine = self.machines.get(node).cloned().unwrap_or_default();
+                    let machine = self.provider_ids.get(node).cloned().unwrap_or_default();
                     match self.instance(&machine).await? {
                         Some(instance) if instance.state != "terminated" => machine,
                         _ => return Ok(Outcome::Skipped("its machine is terminated".to_owned())),
                     }
                 } else {
-                    self.registered += 1;
-                    format!("sim:///{node}-m{}", self.registered)
+                    self.machines.launch(index).await?
                 };
-                let index: usize = node
-                    .trim_start_matches("node-")
-                    .parse()
-                    .context("node names are node-<index>")?;
-                let created = nodes
-                    .create(
-                        &PostParams::default(),
-                        &serde_json::from_value(json!({
-                            "metadata": {"name": node, "labels": {"pool": "workers", "zone": zone(index), "kubernetes.io/hostname": node}},
-                            "spec": {"providerID": provider_id},
-                        }))?,
-                    )
-                    .await;
-                match created {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(status)) if status.code == 409 => {
-                        return Ok(Outcome::Skipped(format!("{node} exists")));
-                    }
-                    Err(error) => return Err(error.into()),
+                if !register_node(&self.client, index, &provider_id).await? {
+                    return Ok(Outcome::Skipped(format!("{node} exists")));
                 }
-                self.machines.insert(node.clone(), provider_id.clone());
+                self.provider_ids.insert(node.clone(), provider_id.clone());
                 Outcome::Done(format!("registered {node} on {provider_id}"))
             }
-            Event::PowerOff { node } => self.machine_call(node, "power-off").await?,
-            Event::PowerOn { node } => self.machine_call(node, "power-on").await?,
+            Event::PowerOff { node } => self.machine_act(node, Act::PowerOff).await?,
+            Event::PowerOn { node } => self.machine_act(node, Act::PowerOn).await?,
             // The cloud's own act, not a client's terminate call (which invariant 1 judges).
-            Event::TerminateInstance { node } => self.machine_call(node, "reclaim").await?,
+            Event::TerminateInstance { node } => self.machine_act(node, Act::Reclaim).await?,
+            Event::ProviderFault { fault } => self.machines.fault(*fault),
+            Event::ProviderHeal => self.machines.heal(),
+            Event::HideMachine { node, seconds } => {
+                let provider_id = self.provider_id(node).await?;
+                self.machines.hide(&provider_id, *seconds)
+            }
             Event::Partition { node } => {
                 let Some(current) = nodes.get_opt(node).await? else {
                     return Ok(Outcome::Skipped("no such node".to_owned()));
@@ -356,7 +360,10 @@ impl World {
                 self.sim("POST", "/sim/v1/faults/expire-history", json!({}))
                     .await?
             }
-            Event::ClearFaults => self.sim("DELETE", "/sim/v1/faults", Value::Null).await?,
+            Event::ClearFaults => {
+                self.machines.heal();
+                self.sim("DELETE", "/sim/v1/faults", Value::Null).await?
+            }
             Event::KillReplica { .. }
             | Event::StartReplica { .. }
             | Event::CutReplica { .. }
@@ -394,26 +401,22 @@ impl World {
         }
     }
 
-    /// The node's machine, by the providerID it names now.
-    async fn machine_call(&self, node: &str, call: &str) -> Result<Outcome> {
+    /// The node's machine, by the providerID it names now; a deleted node's machine lives on
+    /// (until terminated): it can be powered too.
+    async fn provider_id(&self, node: &str) -> Result<String> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let machine = match nodes.get_opt(node).await? {
+        Ok(match nodes.get_opt(node).await? {
             Some(current) => current
                 .spec
                 .and_then(|spec| spec.provider_id)
                 .unwrap_or_default(),
-            // A deleted node's machine lives on (until terminated): it can be powered too.
-            None => self.machines.get(node).cloned().unwrap_or_default(),
-        };
-        let Some(id) = machine.strip_prefix("sim:///") else {
-            return Ok(Outcome::Skipped("no machine".to_owned()));
-        };
-        self.sim(
-            "POST",
-            &format!("/sim/v1/instances/{id}/{call}"),
-            Value::Null,
-        )
-        .await
+            None => self.provider_ids.get(node).cloned().unwrap_or_default(),
+        })
+    }
+
+    async fn machine_act(&self, node: &str, act: Act) -> Result<Outcome> {
+        let provider_id = self.provider_id(node).await?;
+        self.machines.act(&provider_id, act).await
     }
 
     async fn instance(&self, provider_id: &str) -> Result<Option<Instance>> {
@@ -438,23 +441,59 @@ impl World {
     }
 
     async fn sim(&self, method: &str, path: &str, body: Value) -> Result<Outcome> {
-        let body = if body.is_null() {
-            Vec::new()
-        } else {
-            serde_json::to_vec(&body)?
-        };
-        let request = http::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("content-type", "application/json")
-            .body(body)?;
-        match self.client.request_text(request).await {
-            Ok(_) => Ok(Outcome::Done(format!("{method} {path}"))),
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                Ok(Outcome::Skipped(format!("{path}: not found")))
-            }
-            Err(error) => Err(error.into()),
+        sim_call(
+            &self.client,
+            method,
+            path,
+            (!body.is_null()).then_some(body),
+        )
+        .await
+    }
+}
+
+/// A call of one of kube-sim's `/sim/v1` paths; a 404 is a skip.
+pub async fn sim_call(
+    client: &Client,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Outcome> {
+    let body = match body {
+        Some(body) => serde_json::to_vec(&body)?,
+        None => Vec::new(),
+    };
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(body)?;
+    match client.request_text(request).await {
+        Ok(_) => Ok(Outcome::Done(format!("{method} {path}"))),
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            Ok(Outcome::Skipped(format!("{path}: not found")))
         }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Registers Node `node-<index>` on `provider_id` with its pool and zone labels, as its
+/// kubelet would; false if a Node of that name exists.
+pub async fn register_node(client: &Client, index: usize, provider_id: &str) -> Result<bool> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let name = super::schedule::node(index);
+    let created = nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"pool": "workers", "zone": zone(index), "kubernetes.io/hostname": name}},
+                "spec": {"providerID": provider_id},
+            }))?,
+        )
+        .await;
+    match created {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(error) => Err(error.into()),
     }
 }
 

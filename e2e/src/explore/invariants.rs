@@ -69,6 +69,46 @@ pub fn terminations(instances: &[Instance], deletions: &[Deletion]) -> Vec<Viola
     violations
 }
 
+/// 8. No machine leaks: a machine named by a Node that was deleted with our finalizer ends
+///    terminated once no Node names it any more: termination-controller released that Node, and
+///    its release says the machine is gone. A Node an operator released by removing our
+///    finalizer by hand is owed nothing. A false "not found" (EC2 not yet knowing a machine
+///    just launched) that released a live machine shows here.
+pub fn leaks(
+    deletions: &[Deletion],
+    named_now: &BTreeSet<String>,
+    released_by_hand: &BTreeSet<String>,
+    states: &BTreeMap<String, String>,
+) -> Vec<Violation> {
+    let mut judged = BTreeSet::new();
+    let mut violations = Vec::new();
+    for deletion in deletions {
+        let Some(machine) = deletion.provider_id.as_ref() else {
+            continue;
+        };
+        if deletion.resource != "nodes"
+            || !deletion.finalizers.iter().any(|f| f == FINALIZER)
+            || named_now.contains(machine)
+            || released_by_hand.contains(machine)
+            || !judged.insert(machine.clone())
+        {
+            continue;
+        }
+        let state = states.get(machine).map_or("unknown", String::as_str);
+        if !matches!(state, "terminated" | "shutting-down") {
+            violations.push(Violation {
+                invariant: 8,
+                at: deletion.at.clone(),
+                what: format!(
+                    "machine {machine} leaked: node {} was deleted with our finalizer and is gone, but its machine is {state}",
+                    deletion.name
+                ),
+            });
+        }
+    }
+    violations
+}
+
 /// 2. No eviction or delete by our programs took a PodDisruptionBudget below `desiredHealthy`,
 ///    except the deletes of the drain deadline, each named by its `DrainDeadline` Event, and
 ///    evictions the API server allowed on a budget status that had not yet counted pods turned
@@ -662,6 +702,37 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn a_released_node_whose_machine_still_runs_is_a_leak() {
+        let deleted = |name: &str| deletion("nodes", name, "kubectl", 5);
+        let mut without_ours = deleted("node-5");
+        without_ours.finalizers.clear();
+        let deletions = [
+            deleted("node-1"),
+            deleted("node-2"),
+            deleted("node-3"),
+            deleted("node-4"),
+            without_ours,
+        ];
+        let named_now = BTreeSet::from(["sim:///node-3".to_owned()]);
+        let by_hand = BTreeSet::from(["sim:///node-4".to_owned()]);
+        let states: BTreeMap<String, String> = [
+            ("node-1", "terminated"),
+            ("node-2", "running"),
+            ("node-3", "running"),
+            ("node-4", "stopped"),
+            ("node-5", "running"),
+        ]
+        .into_iter()
+        .map(|(node, state)| (format!("sim:///{node}"), state.to_owned()))
+        .collect();
+        let leaks = leaks(&deletions, &named_now, &by_hand, &states);
+        assert_eq!(leaks.len(), 1, "{leaks:?}");
+        assert_eq!(leaks[0].invariant, 8);
+        assert!(leaks[0].what.contains("sim:///node-2"), "{}", leaks[0].what);
+        assert!(leaks[0].what.contains("running"), "{}", leaks[0].what);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! cloud saw. See docs/explore.md.
 
 pub mod actions;
+pub mod cloud;
 pub mod invariants;
 pub mod proxy;
 pub mod record;
@@ -66,7 +67,11 @@ pub async fn many(
             })
             .map(|seed| async move {
                 let began = Instant::now();
-                (seed, run::explore(seed, options).await, began.elapsed())
+                (
+                    seed,
+                    Box::pin(run::explore(seed, options)).await,
+                    began.elapsed(),
+                )
             })
             .buffer_unordered(jobs)
     );

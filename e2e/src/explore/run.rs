@@ -4,7 +4,7 @@
 //! `history.jsonl` (each event, when, and what became of it), `logs/` (every process),
 //! `violations.txt`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::Write as _;
@@ -22,7 +22,8 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::actions::{Outcome, World, node_budgets, sim_get as get};
+use super::actions::{Outcome, World, node_budgets, register_node, sim_get as get};
+use super::cloud::{Machines, Provider};
 use super::invariants::{self, Deletion, Instance, Settled, Unavailability, Violation};
 use super::proxy::Proxy;
 use super::record;
@@ -52,6 +53,7 @@ pub struct Options {
     pub work_root: PathBuf,
     pub duration: Duration,
     pub programs: Programs,
+    pub provider: Provider,
 }
 
 #[derive(Debug)]
@@ -68,6 +70,7 @@ struct Replica {
     proxy: Proxy,
     process: Option<Guarded>,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
 }
 
@@ -77,7 +80,7 @@ impl Replica {
             self.program.name(),
             binary,
             &self.args,
-            &[],
+            &self.env,
             &self.log,
         )?);
         Ok(())
@@ -92,10 +95,11 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     }
     std::fs::create_dir_all(dir.join("logs"))?;
     let programs = options.programs.list();
-    let steps = schedule::generate(seed, options.duration, &programs);
+    let steps = schedule::generate(seed, options.duration, &programs, options.provider);
+    let aws = options.provider == Provider::Aws;
     let cluster = Cluster::start(
         &options.bin_dir.join("kube-sim"),
-        NODES,
+        if aws { 0 } else { NODES },
         RENEW_INTERVAL,
         NODE_MONITOR_GRACE,
         &dir,
@@ -104,6 +108,16 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     .await?;
     let client = cluster.client().clone();
     let api = api_address(cluster.kubeconfig())?;
+    let mut machines = Machines::start(options.provider, &client).await?;
+    let mut provider_ids = HashMap::new();
+    for index in 0..NODES {
+        let provider_id = machines.first(index).await?;
+        if machines.registers_nodes() {
+            register_node(&client, index, &provider_id).await?;
+        }
+        provider_ids.insert(schedule::node(index), provider_id);
+    }
+    let (provider_args, provider_env) = machines.program_args();
     let names: Vec<&str> = programs.iter().map(|p| p.name()).collect();
     let tokens = setup::identities(&client, &names).await?;
     setup::crd(&client, &options.charts_dir).await?;
@@ -126,13 +140,13 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
             let proxy = Proxy::start(vec![api]).await?;
             let kubeconfig = dir.join(format!("kubeconfig-{}-{index}", program.name()));
             write_kubeconfig(&kubeconfig, &format!("http://{}", proxy.address()), token)?;
+            let mut args = arguments(*program, index, &kubeconfig, webhook_port);
+            args.extend(provider_args.iter().cloned());
             let mut replica = Replica {
                 program: *program,
                 index,
-                args: known_to(
-                    &binary(options, *program),
-                    arguments(*program, index, &kubeconfig, webhook_port),
-                )?,
+                args: known_to(&binary(options, *program), args)?,
+                env: provider_env.clone(),
                 log: dir.join(format!("logs/{}-{index}.log", program.name())),
                 proxy,
                 process: None,
@@ -163,10 +177,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
 
     let (recording, _watches) = record::start(&client);
     let mut history = History::create(&dir.join("history.jsonl"))?;
-    let mut world = World::new(
-        client.clone(),
-        &(0..NODES).map(schedule::node).collect::<Vec<_>>(),
-    );
+    let mut world = World::new(client.clone(), machines, provider_ids);
     let mut violations = Vec::new();
     let start = Instant::now();
     for step in &steps {
@@ -278,6 +289,9 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
         .collect();
     std::fs::write(dir.join("watched.jsonl"), lines.join("\n"))?;
     violations.extend(judge(&dir, &client, &watched, termination, out_of_service).await?);
+    if termination {
+        violations.extend(leaks(&dir, &client, &world).await?);
+    }
     violations.extend(panics(&dir.join("logs")));
     write_violations(&dir, &violations, &history.lines)?;
     drop(replicas);
@@ -481,6 +495,30 @@ async fn judge(
     Ok(violations)
 }
 
+/// 8. No machine leaks, judged from the cloud of record (moto for aws) at the end.
+async fn leaks(dir: &Path, client: &Client, world: &World) -> Result<Vec<Violation>> {
+    let states = world.machines().states().await?;
+    std::fs::write(
+        dir.join("machines.json"),
+        serde_json::to_vec_pretty(&states)?,
+    )?;
+    let deletions: Vec<Deletion> =
+        serde_json::from_str(&get(client, "/sim/v1/audit/deletions").await?)?;
+    let named_now: BTreeSet<String> = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|node| node.spec.and_then(|spec| spec.provider_id))
+        .collect();
+    Ok(invariants::leaks(
+        &deletions,
+        &named_now,
+        world.released_by_hand(),
+        &states,
+    ))
+}
+
 fn api_address(kubeconfig: &Path) -> Result<SocketAddr> {
     let config = Kubeconfig::read_from(kubeconfig)?;
     let server = config
@@ -575,7 +613,6 @@ fn arguments(program: Program, index: usize, kubeconfig: &Path, webhook_port: u1
         format!("--leader-election-identity={}-{index}", program.name()),
         "--leader-election-lease-duration=4s".to_owned(),
         "--leader-election-renew-margin=2s".to_owned(),
-        "--instance-provider=sim".to_owned(),
         "--log-level=info".to_owned(),
     ];
     match program {

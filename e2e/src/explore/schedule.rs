@@ -10,6 +10,8 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use super::cloud::{Provider, ProviderFault};
+
 /// The cluster's machines: node-0..NODES-1.
 pub const NODES: usize = 5;
 /// Replicas of each program.
@@ -182,6 +184,17 @@ pub enum Event {
     },
     ExpireHistory,
     ClearFaults,
+    /// A fault between the programs and EC2 (`--provider aws`), until the next heal.
+    ProviderFault {
+        fault: ProviderFault,
+    },
+    ProviderHeal,
+    /// DescribeInstances does not know the node's machine for `seconds`: EC2's eventual
+    /// consistency, shorter than `--instance-not-found-confirm` (`--provider aws`).
+    HideMachine {
+        node: String,
+        seconds: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -269,8 +282,63 @@ impl Model {
     }
 }
 
-/// The schedule of `seed` over `duration`, for a run of `programs`.
-pub fn generate(seed: u64, duration: Duration, programs: &[Program]) -> Vec<Step> {
+/// The schedule of `seed` over `duration`, for a run of `programs` on `provider`'s machines.
+/// A provider's faults come from a stream of their own: a seed's cluster history is the same
+/// on either provider.
+pub fn generate(
+    seed: u64,
+    duration: Duration,
+    programs: &[Program],
+    provider: Provider,
+) -> Vec<Step> {
+    let mut steps = cluster_history(seed, duration, programs);
+    if provider == Provider::Aws {
+        steps.extend(provider_faults(seed, duration));
+        steps.sort_by_key(|step| step.at);
+    }
+    steps
+}
+
+/// About one provider event every `PROVIDER_PACE`; a fault lasts 1–6 s.
+const PROVIDER_PACE: Duration = Duration::from_secs(3);
+
+fn provider_faults(seed: u64, duration: Duration) -> Vec<Step> {
+    const FAULTS: [ProviderFault; 3] = [
+        ProviderFault::Throttle,
+        ProviderFault::InternalError,
+        ProviderFault::LoseAnswers,
+    ];
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6563_325f_6661_756c);
+    let mut steps = Vec::new();
+    let mut at = Duration::ZERO;
+    loop {
+        at += PROVIDER_PACE.mul_f64(rng.random_range(0.2..1.8));
+        if at >= duration {
+            break;
+        }
+        if rng.random_bool(0.35) {
+            let node = node(rng.random_range(0..NODES));
+            let seconds = rng.random_range(2..=8);
+            steps.push(Step {
+                at,
+                event: Event::HideMachine { node, seconds },
+            });
+        } else {
+            let fault = *FAULTS.choose(&mut rng).unwrap_or(&ProviderFault::Throttle);
+            steps.push(Step {
+                at,
+                event: Event::ProviderFault { fault },
+            });
+            steps.push(Step {
+                at: at + Duration::from_secs_f64(rng.random_range(1.0..6.0)),
+                event: Event::ProviderHeal,
+            });
+        }
+    }
+    steps
+}
+
+fn cluster_history(seed: u64, duration: Duration, programs: &[Program]) -> Vec<Step> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model {
         live: (0..NODES).collect(),
@@ -543,18 +611,48 @@ mod tests {
     #[test]
     fn a_seed_gives_the_same_schedule_and_another_seed_another() {
         let programs = Programs::All.list();
-        let first = generate(7, Duration::from_secs(20), &programs);
-        assert_eq!(first, generate(7, Duration::from_secs(20), &programs));
-        assert_ne!(first, generate(8, Duration::from_secs(20), &programs));
+        let first = generate(7, Duration::from_secs(20), &programs, Provider::Sim);
+        assert_eq!(
+            first,
+            generate(7, Duration::from_secs(20), &programs, Provider::Sim)
+        );
+        assert_ne!(
+            first,
+            generate(8, Duration::from_secs(20), &programs, Provider::Sim)
+        );
         assert!(first.len() > 10, "{} events", first.len());
         assert!(first.windows(2).all(|pair| pair[0].at <= pair[1].at));
+    }
+
+    #[test]
+    fn the_provider_adds_its_faults_to_the_same_cluster_history() {
+        let programs = Programs::All.list();
+        let duration = Duration::from_secs(20);
+        let sim = generate(3, duration, &programs, Provider::Sim);
+        let aws = generate(3, duration, &programs, Provider::Aws);
+        let cluster_part: Vec<&Step> = aws
+            .iter()
+            .filter(|step| {
+                !matches!(
+                    step.event,
+                    Event::ProviderFault { .. } | Event::ProviderHeal | Event::HideMachine { .. }
+                )
+            })
+            .collect();
+        assert_eq!(cluster_part, sim.iter().collect::<Vec<_>>());
+        assert!(aws.len() > sim.len());
+        assert!(aws.windows(2).all(|pair| pair[0].at <= pair[1].at));
+        assert!(aws.iter().all(|step| match &step.event {
+            Event::HideMachine { seconds, .. } => (2..=8).contains(seconds),
+            _ => true,
+        }));
     }
 
     #[test]
     fn a_run_of_one_program_never_touches_the_other() {
         let programs = Programs::Oos.list();
         for seed in 0..20 {
-            for step in generate(seed, Duration::from_secs(30), &programs) {
+            for step in generate(seed, Duration::from_secs(30), &programs, Provider::Aws) {
                 if let Event::KillReplica { program, .. } | Event::CutReplica { program, .. } =
                     step.event
                 {

@@ -7,11 +7,8 @@ mod binary;
 pub mod cluster_api;
 mod dashboard;
 mod fake_logind;
-pub mod interposer;
-pub mod moto;
 pub mod proxy;
 pub mod reference;
-pub mod sushy;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -28,27 +25,6 @@ pub use binary::{
 };
 pub use dashboard::{check_dashboard, check_program_dashboard};
 pub use fake_logind::{FakeLogind, WithExtraEvents};
-
-/// The address a Flask development server (moto's, sushy-tools') printed once it listened; its
-/// stderr is read on after that, since these servers log every request and would block on a
-/// full pipe.
-pub async fn flask_url(server: &mut tokio::process::Child, what: &str) -> Result<String> {
-    use tokio::io::AsyncBufReadExt;
-    let stderr = server.stderr.take().context("the server's stderr")?;
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    let url = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await? {
-            if let Some(at) = line.find("Running on http") {
-                return Ok(line[at + "Running on ".len()..].trim().to_owned());
-            }
-        }
-        bail!("{what} exited before it listened")
-    })
-    .await
-    .with_context(|| format!("{what} did not listen within 60 s"))??;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(url)
-}
 
 /// The two tests of a program's operator documentation, in its integration tests:
 /// docs/<program>.md's generated tables (flags, chart values, metrics) are current, and the

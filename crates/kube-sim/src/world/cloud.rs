@@ -20,7 +20,7 @@ use crate::store::{Change, Part, Store};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Instance {
-    /// The node name part of `sim:///<id>`.
+    /// The part after `sim:///`, or after the last `/` of another scheme's providerID.
     pub id: String,
     pub provider_id: String,
     pub node: String,
@@ -44,6 +44,16 @@ pub struct Cloud {
     instances: Arc<Mutex<BTreeMap<String, Instance>>>,
 }
 
+/// `sim:///<id>`'s id; another scheme's machine is named by the last segment of its path
+/// (`aws:///us-east-1a/i-0abc` is `i-0abc`, as the cloud's own API names it).
+pub fn machine_id(provider_id: &str) -> Option<&str> {
+    let id = match provider_id.strip_prefix("sim:///") {
+        Some(id) => id,
+        None => provider_id.split_once("://")?.1.rsplit('/').next()?,
+    };
+    (!id.is_empty()).then_some(id)
+}
+
 pub fn concerns(change: &Change) -> bool {
     change.collection == "/nodes"
 }
@@ -62,8 +72,8 @@ impl Cloud {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Registers an instance for every node with a `sim://` providerID. Instances outlive their
-    /// Node objects: a machine exists until it is terminated.
+    /// Registers an instance for every node with a providerID. Instances outlive their Node
+    /// objects: a machine exists until it is terminated.
     pub fn reconcile(&self) {
         let nodes = self.store.all(&self.store.kind("", "nodes"));
         let mut instances = self.lock();
@@ -71,7 +81,7 @@ impl Cloud {
             let Some(provider_id) = node["spec"]["providerID"].as_str() else {
                 continue;
             };
-            let Some(id) = provider_id.strip_prefix("sim:///") else {
+            let Some(id) = machine_id(provider_id) else {
                 continue;
             };
             instances.entry(id.to_owned()).or_insert_with(|| Instance {
@@ -229,4 +239,18 @@ async fn one(
         .find(|instance| instance.id == id)
         .map(Json)
         .ok_or(StatusCode::NOT_FOUND)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::machine_id;
+
+    #[test]
+    fn a_machine_is_named_as_its_cloud_names_it() {
+        assert_eq!(machine_id("sim:///node-1-b"), Some("node-1-b"));
+        assert_eq!(machine_id("aws:///us-east-1a/i-0abc"), Some("i-0abc"));
+        assert_eq!(machine_id("redfish://bmc-1/Systems/7c3b"), Some("7c3b"));
+        assert_eq!(machine_id("aws:///us-east-1a/"), None);
+        assert_eq!(machine_id("no-scheme"), None);
+    }
 }

@@ -32,7 +32,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 pub use attach_detach::{DRIVER as CSI_DRIVER, attachment_name, unique_volume_name};
-pub use cloud::{Call, Cloud, Instance};
+pub use cloud::{Call, Cloud, Instance, machine_id};
 pub use launch::InCluster;
 pub use runtime::{ImageRule, Logs};
 

@@ -73,7 +73,7 @@ impl Moto {
             .context(
                 "start python3 -m moto.server (pip install 'moto[server]'; cargo xtask test does)",
             )?;
-        let url = super::flask_url(&mut server, "moto_server").await?;
+        let url = crate::flask_url(&mut server, "moto_server").await?;
         let moto = Self {
             url,
             _server: server,

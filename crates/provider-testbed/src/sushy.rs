@@ -126,7 +126,7 @@ impl Sushy {
             .kill_on_drop(true)
             .spawn()
             .context("start python3 -m sushy_tools.emulator.main (pip install sushy-tools; cargo xtask test does)")?;
-        let url = super::flask_url(&mut server, "the Redfish emulator").await?;
+        let url = crate::flask_url(&mut server, "the Redfish emulator").await?;
         std::fs::create_dir_all(dir.path().join("credentials"))?;
         std::fs::write(dir.path().join("credentials/username"), USERNAME)?;
         std::fs::write(dir.path().join("credentials/password"), PASSWORD)?;
