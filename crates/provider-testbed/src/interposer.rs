@@ -72,6 +72,8 @@ struct Shared {
     seen: Vec<Seen>,
     /// Instance ids DescribeInstances answers leave out, and until when.
     hidden: HashMap<String, Instant>,
+    /// DescribeInstances answers that left a machine out.
+    hiding_answers: u64,
     hook: Option<Hook>,
 }
 
@@ -170,9 +172,14 @@ impl Interposer {
             .filter(|until| *until > Instant::now())
     }
 
-    /// Requests answered with a failure so far.
+    /// Requests answered with a failure so far (a lost answer counts).
     pub fn failed(&self) -> u64 {
         self.lock().failed
+    }
+
+    /// DescribeInstances answers so far that left a hidden machine out.
+    pub fn hiding_answers(&self) -> u64 {
+        self.lock().hiding_answers
     }
 
     /// Every request that reached the interposer, forwarded or failed.
@@ -358,6 +365,7 @@ impl Relay {
         if cuts.is_empty() {
             return body;
         }
+        self.lock().hiding_answers += 1;
         cuts.sort_by_key(|range| range.start);
         let mut kept = String::with_capacity(text.len());
         let mut from = 0;

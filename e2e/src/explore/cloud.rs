@@ -221,6 +221,18 @@ impl Machines {
         Outcome::Done(format!("EC2 does not know {id} for {seconds} s"))
     }
 
+    /// What reached EC2 in this run (aws only): requests, failed ones, answers that left a
+    /// machine out.
+    pub fn traffic(&self) -> Option<String> {
+        let aws = self.aws.as_ref()?;
+        Some(format!(
+            "ec2: {} requests, {} failed, {} hid a machine",
+            aws.interposer.seen().len(),
+            aws.interposer.failed(),
+            aws.interposer.hiding_answers()
+        ))
+    }
+
     /// The programs' provider flags, and their environment.
     pub fn program_args(&self) -> (Vec<String>, Vec<(String, String)>) {
         let Some(aws) = &self.aws else {

@@ -82,11 +82,15 @@ pub async fn many(
                 summary.events += report.events;
                 summary.violations += report.violations.len();
                 println!(
-                    "seed {seed}: {} events, {} violations ({:.1} s; {})",
+                    "seed {seed}: {} events, {} violations ({:.1} s; {}){}",
                     report.events,
                     report.violations.len(),
                     took.as_secs_f64(),
-                    report.dir.display()
+                    report.dir.display(),
+                    report
+                        .provider_traffic
+                        .as_ref()
+                        .map_or_else(String::new, |traffic| format!("; {traffic}"))
                 );
                 if !report.violations.is_empty() {
                     summary.seeds_failed.push(seed);

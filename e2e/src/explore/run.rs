@@ -60,6 +60,8 @@ pub struct Options {
 pub struct Report {
     pub seed: u64,
     pub events: usize,
+    /// What reached the provider's server, where it is one (aws).
+    pub provider_traffic: Option<String>,
     pub violations: Vec<Violation>,
     pub dir: PathBuf,
 }
@@ -299,6 +301,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     Ok(Report {
         seed,
         events: steps.len(),
+        provider_traffic: world.machines().traffic(),
         violations,
         dir,
     })

@@ -293,16 +293,17 @@ pub fn generate(
 ) -> Vec<Step> {
     let mut steps = cluster_history(seed, duration, programs);
     if provider == Provider::Aws {
-        steps.extend(provider_faults(seed, duration));
+        let faults = provider_faults(seed, duration, &steps);
+        steps.extend(faults);
         steps.sort_by_key(|step| step.at);
     }
     steps
 }
 
-/// About one provider event every `PROVIDER_PACE`; a fault lasts 1–6 s.
+/// About one provider fault every `PROVIDER_PACE`, lasting 1–6 s.
 const PROVIDER_PACE: Duration = Duration::from_secs(3);
 
-fn provider_faults(seed: u64, duration: Duration) -> Vec<Step> {
+fn provider_faults(seed: u64, duration: Duration, cluster: &[Step]) -> Vec<Step> {
     const FAULTS: [ProviderFault; 3] = [
         ProviderFault::Throttle,
         ProviderFault::InternalError,
@@ -316,22 +317,31 @@ fn provider_faults(seed: u64, duration: Duration) -> Vec<Step> {
         if at >= duration {
             break;
         }
-        if rng.random_bool(0.35) {
-            let node = node(rng.random_range(0..NODES));
-            let seconds = rng.random_range(2..=8);
+        let fault = *FAULTS.choose(&mut rng).unwrap_or(&ProviderFault::Throttle);
+        steps.push(Step {
+            at,
+            event: Event::ProviderFault { fault },
+        });
+        steps.push(Step {
+            at: at + Duration::from_secs_f64(rng.random_range(1.0..6.0)),
+            event: Event::ProviderHeal,
+        });
+    }
+    // A false NotFound matters while termination-controller asks about a machine: after its
+    // Node's deletion.
+    for step in cluster {
+        let Event::DeleteNodes { nodes } = &step.event else {
+            continue;
+        };
+        if rng.random_bool(0.6)
+            && let Some(node) = nodes.choose(&mut rng)
+        {
             steps.push(Step {
-                at,
-                event: Event::HideMachine { node, seconds },
-            });
-        } else {
-            let fault = *FAULTS.choose(&mut rng).unwrap_or(&ProviderFault::Throttle);
-            steps.push(Step {
-                at,
-                event: Event::ProviderFault { fault },
-            });
-            steps.push(Step {
-                at: at + Duration::from_secs_f64(rng.random_range(1.0..6.0)),
-                event: Event::ProviderHeal,
+                at: step.at + Duration::from_secs_f64(rng.random_range(0.0..3.0)),
+                event: Event::HideMachine {
+                    node: node.clone(),
+                    seconds: rng.random_range(2..=8),
+                },
             });
         }
     }
