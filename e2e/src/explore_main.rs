@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use nodegrace_e2e::explore::cloud::Provider;
 use nodegrace_e2e::explore::run::Options;
 use nodegrace_e2e::explore::schedule::Programs;
+use nodegrace_e2e::explore::schedule::Provider;
 
 #[derive(Debug, Parser)]
 #[command(

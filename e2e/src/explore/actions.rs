@@ -9,16 +9,16 @@ use anyhow::{Context, Result, anyhow};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use super::cloud::{Act, Machines};
 use super::invariants::{FINALIZER, Instance, OUT_OF_SERVICE_TAINT};
 use super::schedule::{Event, Numbers};
+use super::setup::node_budgets;
 use super::setup::{APPS, zone};
+use super::sim::{Outcome, sim_call, sim_get};
 
 const KUBELET_ANNOTATION: &str = "sim.nodegrace.io/kubelet";
 const CLOCK_SKEW_ANNOTATION: &str = "sim.nodegrace.io/clock-skew-seconds";
@@ -28,14 +28,6 @@ const HOLD_FINALIZER: &str = "explore.nodegrace.io/hold";
 /// How long an event keeps trying through injected API faults before it counts as failed.
 const ATTEMPTS: u32 = 15;
 const ATTEMPT_PAUSE: Duration = Duration::from_millis(200);
-
-/// What became of an event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Done(String),
-    Skipped(String),
-    Failed(String),
-}
 
 pub struct World {
     client: Client,
@@ -451,31 +443,6 @@ impl World {
     }
 }
 
-/// A call of one of kube-sim's `/sim/v1` paths; a 404 is a skip.
-pub async fn sim_call(
-    client: &Client,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> Result<Outcome> {
-    let body = match body {
-        Some(body) => serde_json::to_vec(&body)?,
-        None => Vec::new(),
-    };
-    let request = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(body)?;
-    match client.request_text(request).await {
-        Ok(_) => Ok(Outcome::Done(format!("{method} {path}"))),
-        Err(kube::Error::Api(status)) if status.code == 404 => {
-            Ok(Outcome::Skipped(format!("{path}: not found")))
-        }
-        Err(error) => Err(error.into()),
-    }
-}
-
 /// Registers Node `node-<index>` on `provider_id` with its pool and zone labels, as its
 /// kubelet would; false if a Node of that name exists.
 pub async fn register_node(client: &Client, index: usize, provider_id: &str) -> Result<bool> {
@@ -495,24 +462,6 @@ pub async fn register_node(client: &Client, index: usize, provider_id: &str) -> 
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
         Err(error) => Err(error.into()),
     }
-}
-
-/// The NodeDisruptionBudget resource, for dynamic clients (the explorer has no typed one).
-pub fn node_budget_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("nodegrace.io", "v1alpha1", "NodeDisruptionBudget"),
-        "nodedisruptionbudgets",
-    )
-}
-
-pub fn node_budgets(client: &Client) -> Api<DynamicObject> {
-    Api::all_with(client.clone(), &node_budget_resource())
-}
-
-/// A GET of one of kube-sim's `/sim/v1` paths, as text.
-pub async fn sim_get(client: &Client, path: &str) -> Result<String> {
-    let request = http::Request::get(path).body(Vec::new())?;
-    Ok(client.request_text(request).await?)
 }
 
 /// Creates the budget, or changes an existing one to exactly `spec`'s numbers (the other

@@ -13,12 +13,12 @@ use kube::Client;
 use kube_sim::world::machine_id;
 use provider_testbed::interposer::{Forwarding, Interposer, Mode};
 use provider_testbed::moto::Moto;
-use serde::Serialize;
 use tokio::time::Instant;
 
-use super::actions::{Outcome, sim_call, sim_get};
 use super::invariants::Instance;
+use super::schedule::{Provider, ProviderFault};
 use super::setup::zone;
+use super::sim::{Outcome, sim_call, sim_get};
 
 /// The region every aws machine of a run is in; zone `a` and `b` nodes in its `a` and `b`.
 const REGION: &str = "us-east-1";
@@ -27,26 +27,6 @@ const REGION: &str = "us-east-1";
 const LAUNCH_LAG: Duration = Duration::from_secs(5);
 /// The programs' timeout per provider call: a lost answer costs this long.
 const PROVIDER_TIMEOUT: &str = "2s";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Provider {
-    /// kube-sim's cloud (`--instance-provider=sim`).
-    Sim,
-    /// moto's EC2 behind an interposer of faults (`--instance-provider=aws`).
-    Aws,
-}
-
-/// A fault between the programs and EC2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ProviderFault {
-    /// 503 `RequestLimitExceeded`, nothing forwarded.
-    Throttle,
-    /// 500 `InternalError`, nothing forwarded.
-    InternalError,
-    /// Forwarded and carried out, the answer never comes: the client times out.
-    LoseAnswers,
-}
 
 /// A cloud-side act on a machine, not a client's call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,6 +10,7 @@ pub mod record;
 pub mod run;
 pub mod schedule;
 pub mod setup;
+pub mod sim;
 
 use std::fmt;
 use std::time::Duration;

@@ -101,7 +101,7 @@ pub fn revision_of(object: &Value) -> u64 {
 pub fn start(client: &Client) -> (Recording, Vec<AbortOnDrop>) {
     let recording = Recording::default();
     let nodes = ApiResource::erase::<k8s_openapi::api::core::v1::Node>(&());
-    let budgets = super::actions::node_budget_resource();
+    let budgets = super::setup::node_budget_resource();
     let pods = ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&());
     let everything = watcher::Config::default();
     let keepers = watcher::Config::default().labels("app=keeper");

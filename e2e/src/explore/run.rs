@@ -22,13 +22,15 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::actions::{Outcome, World, node_budgets, register_node, sim_get as get};
-use super::cloud::{Machines, Provider};
+use super::actions::{World, register_node};
+use super::cloud::Machines;
 use super::invariants::{self, Deletion, Instance, Settled, Unavailability, Violation};
 use super::proxy::Proxy;
 use super::record;
-use super::schedule::{self, Event, NODES, Program, Programs, REPLICAS, Step};
+use super::schedule::{self, Event, NODES, Program, Programs, Provider, REPLICAS, Step};
 use super::setup;
+use super::setup::node_budgets;
+use super::sim::{Outcome, sim_get as get};
 use crate::cluster::Cluster;
 use crate::processes::Guarded;
 use crate::wait::poll_until;

@@ -10,8 +10,6 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::cloud::{Provider, ProviderFault};
-
 /// The cluster's machines: node-0..NODES-1.
 pub const NODES: usize = 5;
 /// Replicas of each program.
@@ -49,6 +47,26 @@ impl Programs {
             Self::Oos => vec![Program::OutOfServiceGc],
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Provider {
+    /// kube-sim's cloud (`--instance-provider=sim`).
+    Sim,
+    /// moto's EC2 behind an interposer of faults (`--instance-provider=aws`).
+    Aws,
+}
+
+/// A fault between the programs and EC2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderFault {
+    /// 503 `RequestLimitExceeded`, nothing forwarded.
+    Throttle,
+    /// 500 `InternalError`, nothing forwarded.
+    InternalError,
+    /// Forwarded and carried out, the answer never comes: the client times out.
+    LoseAnswers,
 }
 
 /// A NodeDisruptionBudget's or a PodDisruptionBudget's numbers: exactly one is set.

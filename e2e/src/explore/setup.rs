@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::cluster::{Workload, daemonset, deployment, statefulset};
 use serde_json::json;
@@ -163,7 +163,7 @@ fn apps() -> Vec<Workload> {
 }
 
 /// The NodeDisruptionBudgets: the pool one node at a time, and zone a keeping two.
-fn node_budgets() -> [serde_json::Value; 2] {
+fn initial_node_budgets() -> [serde_json::Value; 2] {
     let budget = |name: &str, spec: serde_json::Value| {
         json!({"apiVersion": "nodegrace.io/v1alpha1", "kind": "NodeDisruptionBudget",
             "metadata": {"name": name}, "spec": spec})
@@ -201,7 +201,7 @@ pub async fn workloads(client: &Client) -> Result<()> {
     for app in &apps {
         app.create(client).await?;
     }
-    for budget in node_budgets() {
+    for budget in initial_node_budgets() {
         create(client, &budget, APPS).await?;
     }
     let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
@@ -210,4 +210,16 @@ pub async fn workloads(client: &Client) -> Result<()> {
         app.wait_ready(client, left).await?;
     }
     Ok(())
+}
+
+/// The NodeDisruptionBudget resource, for dynamic clients (the explorer has no typed one).
+pub fn node_budget_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("nodegrace.io", "v1alpha1", "NodeDisruptionBudget"),
+        "nodedisruptionbudgets",
+    )
+}
+
+pub fn node_budgets(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &node_budget_resource())
 }
