@@ -163,15 +163,6 @@ impl Interposer {
         self.lock().hidden.insert(id.to_owned(), until);
     }
 
-    /// Until when `id` is hidden, if it is.
-    pub fn hidden_until(&self, id: &str) -> Option<Instant> {
-        self.lock()
-            .hidden
-            .get(id)
-            .copied()
-            .filter(|until| *until > Instant::now())
-    }
-
     /// Requests answered with a failure so far (a lost answer counts).
     pub fn failed(&self) -> u64 {
         self.lock().failed

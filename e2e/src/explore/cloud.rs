@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail, ensure};
 use kube::Client;
 use kube_sim::world::machine_id;
 use provider_testbed::interposer::{Forwarding, Interposer, Mode};
@@ -131,7 +131,7 @@ impl Machines {
             )),
             Some(aws) => {
                 let provider_id = aws.launch(index).await?;
-                aws.hide(instance_id(&provider_id), LAUNCH_LAG);
+                aws.hide(machine_id(&provider_id).unwrap_or_default(), LAUNCH_LAG);
                 Ok(provider_id)
             }
         }
@@ -143,19 +143,18 @@ impl Machines {
             return Ok(Outcome::Skipped("no machine".to_owned()));
         };
         if let Some(aws) = &self.aws {
-            let zone = aws
-                .zones
-                .get(id)
-                .with_context(|| format!("{id} is not a machine of this run"))?;
-            let region = zone.trim_end_matches(|c: char| c.is_ascii_lowercase());
-            let state = aws.moto.state(region, id).await?;
+            ensure!(
+                aws.zones.contains_key(id),
+                "{id} is not a machine of this run"
+            );
+            let state = aws.moto.state(REGION, id).await?;
             if state.as_deref() == Some("terminated") {
                 return Ok(Outcome::Skipped("its machine is terminated".to_owned()));
             }
             // Mirrored first: a kubelet runs only on a machine that moto also runs.
             let outcome = sim_call(&self.client, "POST", &sim_path(id, act), None).await?;
             aws.moto
-                .ec2(region, act.ec2_action(), &[("InstanceId.1", id)])
+                .ec2(REGION, act.ec2_action(), &[("InstanceId.1", id)])
                 .await?;
             return Ok(outcome);
         }
@@ -190,10 +189,9 @@ impl Machines {
         let Some(aws) = &mut self.aws else {
             return Outcome::Skipped("no provider".to_owned());
         };
-        let id = instance_id(provider_id);
-        if !aws.zones.contains_key(id) {
+        let Some(id) = machine_id(provider_id).filter(|id| aws.zones.contains_key(*id)) else {
             return Outcome::Skipped("no machine".to_owned());
-        }
+        };
         if aws.hidden.contains(id) {
             return Outcome::Skipped("hidden once already".to_owned());
         }
@@ -244,8 +242,7 @@ impl Machines {
         };
         let mut states = BTreeMap::new();
         for (id, zone) in &aws.zones {
-            let region = zone.trim_end_matches(|c: char| c.is_ascii_lowercase());
-            let state = aws.moto.state(region, id).await?;
+            let state = aws.moto.state(REGION, id).await?;
             states.insert(
                 format!("aws:///{zone}/{id}"),
                 state.unwrap_or_else(|| "not-found".to_owned()),
@@ -314,8 +311,4 @@ fn mirror(client: Client) -> provider_testbed::interposer::Hook {
 
 fn sim_path(id: &str, act: Act) -> String {
     format!("/sim/v1/instances/{id}/{}", act.sim_path())
-}
-
-fn instance_id(provider_id: &str) -> &str {
-    provider_id.rsplit('/').next().unwrap_or(provider_id)
 }

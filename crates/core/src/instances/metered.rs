@@ -114,11 +114,7 @@ impl InstanceProvider for Metered {
     ) -> BoxFuture<'a, Result<(), InstanceError>> {
         async move {
             let accepted = self.inner.power(id, power).await;
-            let call = match power {
-                Power::Off => "power-off",
-                Power::On => "power-on",
-            };
-            self.done(call, &accepted, "accepted");
+            self.done(power.as_str(), &accepted, "accepted");
             accepted
         }
         .boxed()

@@ -239,6 +239,16 @@ pub enum Power {
     On,
 }
 
+impl Power {
+    /// The change's name in metrics and in kube-sim's cloud (`power-off`, `power-on`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "power-off",
+            Self::On => "power-on",
+        }
+    }
+}
+
 /// What the controllers need from a cloud. `terminate` and `power` are idempotent: a machine
 /// already gone counts as terminated, so a controller that crashed after the call can repeat it.
 /// A wrong region, an endpoint out of reach or rejected credentials are errors, never

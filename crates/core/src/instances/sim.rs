@@ -94,11 +94,7 @@ impl InstanceProvider for SimInstances {
         power: Power,
     ) -> BoxFuture<'a, Result<(), InstanceError>> {
         async move {
-            let verb = match power {
-                Power::Off => "power-off",
-                Power::On => "power-on",
-            };
-            let path = format!("{}/{verb}", Self::path(id)?);
+            let path = format!("{}/{}", Self::path(id)?, power.as_str());
             match self.call(http::Method::POST, &path).await? {
                 Some(_) => Ok(()),
                 None => Err(InstanceError::Refused(format!("{path}: no such machine"))),

@@ -68,6 +68,17 @@ impl std::fmt::Debug for Keys {
 }
 
 impl Keys {
+    /// Temporary keys as STS and the container endpoints both name them, but for the token's
+    /// field; `None` without the key pair.
+    fn from_fields(field: impl Fn(&str) -> Option<String>, token: &str) -> Option<Self> {
+        Some(Self {
+            access_key_id: field("AccessKeyId")?,
+            secret_access_key: field("SecretAccessKey")?,
+            session_token: field(token),
+            expires: field("Expiration").and_then(|at| parse_time(&at)),
+        })
+    }
+
     fn fresh_at(&self, now: SystemTime) -> bool {
         self.expires
             .is_none_or(|expires| expires > now + RENEW_BEFORE)
@@ -257,16 +268,7 @@ impl CredentialChain {
                 InstanceError::Refused(failure)
             });
         }
-        let field = |name: &str| xml::first_text(&text, name);
-        let keys = (|| {
-            Some(Keys {
-                access_key_id: field("AccessKeyId")?,
-                secret_access_key: field("SecretAccessKey")?,
-                session_token: field("SessionToken"),
-                expires: field("Expiration").and_then(|at| parse_time(&at)),
-            })
-        })();
-        keys.ok_or_else(|| {
+        Keys::from_fields(|name| xml::first_text(&text, name), "SessionToken").ok_or_else(|| {
             InstanceError::Transient(format!("STS answered without credentials: {text}"))
         })
     }
@@ -312,15 +314,7 @@ impl CredentialChain {
                 InstanceError::Transient(format!("container credentials {uri}: {error}"))
             })?;
         let field = |name: &str| document[name].as_str().map(str::to_owned);
-        let keys = (|| {
-            Some(Keys {
-                access_key_id: field("AccessKeyId")?,
-                secret_access_key: field("SecretAccessKey")?,
-                session_token: field("Token"),
-                expires: field("Expiration").and_then(|at| parse_time(&at)),
-            })
-        })();
-        keys.ok_or_else(|| {
+        Keys::from_fields(field, "Token").ok_or_else(|| {
             InstanceError::Transient(format!(
                 "container credentials {uri} answered without AccessKeyId and SecretAccessKey"
             ))
