@@ -122,10 +122,7 @@ pub fn availability(
     unavailabilities
         .iter()
         .filter(|u| u.user == TERMINATION_CONTROLLER_USER || u.user == OUT_OF_SERVICE_GC_USER)
-        .filter(|u| {
-            !(u.by == Disruption::Delete
-                && drain_deadline_pods.contains(&(u.namespace.clone(), u.pod.clone())))
-        })
+        .filter(|u| !deleted_at_the_drain_deadline(u, drain_deadline_pods))
         .filter(|u| !(u.by == Disruption::Eviction && u.status_healthy > u.desired_healthy))
         .map(|u| Violation {
             invariant: 2,
@@ -136,6 +133,16 @@ pub fn availability(
             ),
         })
         .collect()
+}
+
+/// A delete that a `DrainDeadline` Event names: made on purpose, at the drain deadline.
+pub fn deleted_at_the_drain_deadline(
+    unavailability: &Unavailability,
+    drain_deadline_pods: &BTreeSet<(String, String)>,
+) -> bool {
+    unavailability.by == Disruption::Delete
+        && drain_deadline_pods
+            .contains(&(unavailability.namespace.clone(), unavailability.pod.clone()))
 }
 
 /// 4. out-of-service-gc deleted no pod with grace 0 and no VolumeAttachment while the node's

@@ -459,7 +459,7 @@ async fn await_drain_deadline_events(client: &Client) {
         breaches
             .iter()
             .filter(|u| u.by == Disruption::Delete && u.user == TERMINATION_CONTROLLER_USER)
-            .all(|u| named.contains(&(u.namespace.clone(), u.pod.clone())))
+            .all(|u| invariants::deleted_at_the_drain_deadline(u, &named))
     };
     poll_until(EVENTS_BOUND, all_named).await;
 }
