@@ -234,6 +234,9 @@ pub fn terminate_calls(sim: &KubeSim, node: &str) -> u32 {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Seen {
     Leaving(String),
+    /// The pod no longer holds a drain: its object is deleted, or it is leaving and finished
+    /// (Succeeded/Failed), which the drain counts as done while the kubelet's final delete is
+    /// still on its way. Once per pod, at the first of the two.
     Gone(String),
     AttachmentGone(String),
     Cordoned(String),
@@ -255,6 +258,13 @@ fn revision(meta: &kube::api::ObjectMeta) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+fn finished(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|status| status.phase.as_deref())
+        .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"))
+}
+
 pub fn record(client: &Client) -> Recorded {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let revisions = Arc::new(Mutex::new(std::collections::HashMap::new()));
@@ -263,6 +273,7 @@ pub fn record(client: &Client) -> Recorded {
     let ordered = Arc::clone(&revisions);
     tokio::spawn(async move {
         let mut leaving = std::collections::HashSet::new();
+        let mut gone = std::collections::HashSet::new();
         let mut events =
             std::pin::pin!(watcher(pods, watcher::Config::default()).default_backoff());
         while let Some(event) = events.next().await {
@@ -271,15 +282,21 @@ pub fn record(client: &Client) -> Recorded {
             match event {
                 watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
                     let name = pod.metadata.name.clone().unwrap_or_default();
-                    if pod.metadata.deletion_timestamp.is_some() && leaving.insert(name.clone()) {
+                    if pod.metadata.deletion_timestamp.is_none() {
+                        continue;
+                    }
+                    if leaving.insert(name.clone()) {
                         ordered
                             .lock()
                             .expect("revisions")
                             .insert(Seen::Leaving(name.clone()), revision(&pod.metadata));
-                        log.push((Timestamp::now(), Seen::Leaving(name)));
+                        log.push((Timestamp::now(), Seen::Leaving(name.clone())));
+                    }
+                    if finished(&pod) && gone.insert(pod.metadata.uid.clone()) {
+                        log.push((Timestamp::now(), Seen::Gone(name)));
                     }
                 }
-                watcher::Event::Delete(pod) => {
+                watcher::Event::Delete(pod) if gone.insert(pod.metadata.uid.clone()) => {
                     log.push((
                         Timestamp::now(),
                         Seen::Gone(pod.metadata.name.unwrap_or_default()),
