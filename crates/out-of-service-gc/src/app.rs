@@ -1,6 +1,7 @@
 //! Assembling the controller and running it until SIGTERM.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Node;
@@ -17,8 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::cleanup::{Settings, Shared};
-use crate::cli::Args;
+use crate::cli::{Args, FencingArgs};
 use crate::controller::Controller;
+use crate::fencing::{FenceSettings, Fencer};
 use crate::guard::Heartbeats;
 use crate::metrics::Metrics;
 use crate::qualify::TaintClock;
@@ -31,10 +33,74 @@ pub async fn run(args: Args, stop: CancellationToken) -> Result<()> {
     start(args, stop).await?.wait().await
 }
 
-/// Labels too: this controller selects no node by them.
+/// Labels too: without `--fence-after` this controller selects no node by them.
 fn trim_node(node: &mut Node) {
     nodes::trim_for_cache(node);
     node.metadata.labels = None;
+}
+
+/// With `--fence-after`, labels stay: the fence node selector and the zone read them.
+fn trim_node_keeping_labels(node: &mut Node) {
+    nodes::trim_for_cache(node);
+}
+
+/// What `--fence-after` and `--recover-after-cleanup` need, checked before anything starts.
+fn check_fencing(
+    fencing: &FencingArgs,
+    provider: InstanceProviderKind,
+    auto_untaint: bool,
+) -> Result<()> {
+    let Some(after) = fencing.fence_after else {
+        if fencing.recover_after_cleanup {
+            bail!(
+                "--recover-after-cleanup powers on machines that --fence-after powered off; set \
+                 --fence-after too"
+            );
+        }
+        return Ok(());
+    };
+    if after < Duration::from_secs(1) {
+        bail!(
+            "--fence-after must be at least 1s (the fence's time must fall in a later second \
+             than the node's turn to NotReady), got {after:?}"
+        );
+    }
+    let why = match provider {
+        InstanceProviderKind::None => Some(
+            "there is no --instance-provider to power machines off with; set aws, redfish or sim",
+        ),
+        InstanceProviderKind::Exec => Some(
+            "--instance-provider=exec has verbs for state and terminate only, no power-off; use \
+             aws, redfish or sim, or fence with your own agent and its nodegrace.io/fenced \
+             annotation (--auto-taint-after)",
+        ),
+        InstanceProviderKind::ClusterApi => Some(
+            "--instance-provider=cluster-api has no power control (a Machine has no power state)",
+        ),
+        InstanceProviderKind::Sim | InstanceProviderKind::Aws | InstanceProviderKind::Redfish => {
+            None
+        }
+    };
+    if let Some(why) = why {
+        bail!("--fence-after cannot fence: {why}");
+    }
+    if !(0.0..=1.0).contains(&fencing.not_ready_max_fraction) {
+        bail!(
+            "--not-ready-max-fraction must be a fraction from 0 to 1 (0.2 = 20 % of the nodes \
+             --fence-node-selector selects), got {}",
+            fencing.not_ready_max_fraction
+        );
+    }
+    if fencing.max_fenced == 0 {
+        bail!("--max-fenced 0 would never fence; unset --fence-after to turn fencing off");
+    }
+    if fencing.recover_after_cleanup && !auto_untaint {
+        bail!(
+            "--recover-after-cleanup needs --auto-untaint=true: a machine powered on again \
+             comes back only once the taint goes"
+        );
+    }
+    Ok(())
 }
 
 /// Starts the admin server, then the controller in a task of its own.
@@ -46,6 +112,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         liveness_guard_window,
         auto_untaint,
         auto_taint_after,
+        fencing,
     } = args;
     if controller.instances.instance_provider == InstanceProviderKind::ClusterApi {
         bail!(
@@ -54,11 +121,42 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
              nodegrace.io/fenced annotation"
         );
     }
+    check_fencing(
+        &fencing,
+        controller.instances.instance_provider,
+        auto_untaint,
+    )?;
     let mut frame = Frame::new(PROGRAM, controller);
     let metrics = Metrics::register(frame.registry());
     let provider_metrics = metrics.provider.clone();
     let started = frame.start(stop, move |cluster| async move {
-        let nodes = cluster.watch_nodes(trim_node);
+        let nodes = cluster.watch_nodes(if fencing.fence_after.is_some() {
+            trim_node_keeping_labels
+        } else {
+            trim_node
+        });
+        let fencer = match (fencing.fence_after, &cluster.provider) {
+            (Some(after), Some(provider)) => {
+                if let Some(why) = provider.power_unsupported() {
+                    bail!("--fence-after cannot fence: the {} provider cannot power machines off: {why}", provider.name());
+                }
+                Some(Arc::new(Fencer::new(
+                    Metered::wrap(Arc::clone(provider), provider_metrics.clone()),
+                    FenceSettings {
+                        after,
+                        selector: fencing.fence_node_selector.clone(),
+                        max_fraction: fencing.not_ready_max_fraction,
+                        max_fenced: fencing.max_fenced,
+                        timeout: fencing.fence_timeout,
+                        recover: fencing.recover_after_cleanup,
+                        recover_timeout: fencing.recover_timeout,
+                        window: liveness_guard_window,
+                    },
+                    nodes.clone(),
+                )))
+            }
+            _ => None,
+        };
         let attachments = {
             let dirty = Arc::clone(&cluster.dirty);
             Watched::start_observed(
@@ -72,7 +170,9 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         let heartbeats = Arc::new(Heartbeats::new(tokio::time::Instant::now()));
         // Watched from the start, leader or not: a new leader must already know which kubelets
         // were heard from lately, or it would have to wait a whole window before any cleanup.
-        let heartbeat_watch = liveness_guard.then(|| heartbeats.watch(cluster.client.clone()));
+        // A fence always asks the heartbeat, whatever --liveness-guard says of the cleanup.
+        let heartbeat_watch = (liveness_guard || fencer.is_some())
+            .then(|| heartbeats.watch(cluster.client.clone()));
         let _stop_watching = heartbeat_watch.map(AbortOnDropHandle::new);
         let caches = async {
             nodes.synced().await?;
@@ -100,6 +200,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
                 attachments,
                 heartbeats,
                 taint_clock: TaintClock::default(),
+                fencer,
             }),
             nodes,
             dirty: Arc::clone(&cluster.dirty),

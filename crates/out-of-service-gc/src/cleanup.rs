@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -26,6 +25,8 @@ use nodegrace_core::k8s::volumes::Staying;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use serde_json::json;
 
+use crate::fence_mark::{Step, clear_mark, mark};
+use crate::fencing::Fencer;
 use crate::fresh::Fresh;
 use crate::guard::{Evidence, Heartbeat, Heartbeats, NODE_LEASE_NAMESPACE};
 use crate::metrics::Metrics;
@@ -33,7 +34,7 @@ use crate::qualify::{
     EXPECTED_EFFECT, NodeStatus, OUT_OF_SERVICE_TAINT, PodVerdict, TaintClock, node_status,
     pod_verdict, ready_since,
 };
-use crate::status::{DISRUPTION_REASON, FENCED_ANNOTATION, Phase, after_cleanup, plural};
+use crate::status::{DISRUPTION_REASON, Phase, after_cleanup, plural};
 
 const ACTION: &str = "OutOfServiceCleanup";
 /// Force actions in flight at once for one node.
@@ -50,6 +51,8 @@ pub struct Shared {
     /// on, and by the fresh read before each force action).
     pub heartbeats: Arc<Heartbeats>,
     pub taint_clock: TaintClock,
+    /// `--fence-after`: the fencing agent, which also powers a clean node on again.
+    pub fencer: Option<Arc<Fencer>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -270,19 +273,20 @@ impl NodeCleanup {
                     PassError::api(format!("read node {}", self.node.name()), error)
                 })?;
                 let heartbeat = if self.shared.settings.liveness_guard && node.is_some() {
-                    let leases: Api<Lease> =
-                        Api::namespaced(self.shared.client.clone(), NODE_LEASE_NAMESPACE);
-                    let lease = leases.get_opt(self.node.name()).await.map_err(|error| {
-                        PassError::api(
-                            format!("read lease {NODE_LEASE_NAMESPACE}/{}", self.node.name()),
-                            error,
+                    self.shared
+                        .heartbeats
+                        .read(
+                            &self.shared.client,
+                            self.node.name(),
+                            self.shared.settings.guard_window,
                         )
-                    })?;
-                    // A renewal the watch has not delivered yet still counts.
-                    let heartbeats = &self.shared.heartbeats;
-                    let read_at = tokio::time::Instant::now();
-                    heartbeats.observe(self.node.name(), lease.as_ref(), read_at);
-                    heartbeats.judge(self.node.name(), read_at, self.shared.settings.guard_window)
+                        .await
+                        .map_err(|error| {
+                            PassError::api(
+                                format!("read lease {NODE_LEASE_NAMESPACE}/{}", self.node.name()),
+                                error,
+                            )
+                        })?
                 } else {
                     Heartbeat::Silent
                 };
@@ -300,8 +304,9 @@ impl NodeCleanup {
         match view.status() {
             NodeStatus::InService => {
                 self.shared.taint_clock.forget(self.node.name());
-                if view.node.is_some() {
+                if let Some(node) = &view.node {
                     self.report(&Phase::TaintRemoved);
+                    self.forget_fence(node).await?;
                 }
                 Ok(Outcome::Finished)
             }
@@ -431,12 +436,41 @@ impl NodeCleanup {
                 false,
                 "OutOfServiceCleanupDone",
                 format!(
-                    "No pod that does not tolerate the taint and no volume attachment is left; {}",
+                    "No pod that does not tolerate the taint and no volume attachment of one is \
+                     left; {}",
                     after_cleanup(auto_untaint)
                 ),
             );
         }
-        Ok(Outcome::Wait(None))
+        match (&self.shared.fencer, view.node.as_deref()) {
+            (Some(fencer), Some(node)) => Ok(Outcome::Wait(
+                fencer.recover(&self.shared, &self.node, node).await?,
+            )),
+            _ => Ok(Outcome::Wait(None)),
+        }
+    }
+
+    /// The taint went by someone else's hand (an operator's, without `--auto-untaint`): the
+    /// fence it stood for is over, and no longer counts against `--max-fenced`. A fence still
+    /// under way has no taint yet and is left to the fencer.
+    async fn forget_fence(&self, node: &Node) -> Result<(), PassError> {
+        if mark(node).is_none_or(|found| found.step == Step::Fencing) {
+            return Ok(());
+        }
+        self.node
+            .update(&self.shared.client, |current| {
+                let over = matches!(node_status(current), NodeStatus::InService)
+                    && mark(current).is_some_and(|found| found.step != Step::Fencing);
+                over && clear_mark(current)
+            })
+            .await
+            .map_err(|error| {
+                PassError::update(
+                    format!("clear the fence of node {}", self.node.name()),
+                    error,
+                )
+            })?;
+        Ok(())
     }
 
     /// Since when `taint` counts on the node as `view` read it.
@@ -449,24 +483,7 @@ impl NodeCleanup {
     fn refuse(&self, evidence: Evidence, left: Duration) -> Outcome {
         let now = Timestamp::now();
         let until = now.checked_add(left).unwrap_or(Timestamp::MAX);
-        let why = match evidence {
-            Evidence::Changed { ago } => format!(
-                "this controller saw the node's Lease in {NODE_LEASE_NAMESPACE} renewed at {} \
-                 (by its own clock, {}s ago): its kubelet still heartbeats, so it is partitioned \
-                 or rebooting, not shut down",
-                now.checked_sub(ago)
-                    .unwrap_or(now)
-                    .round(jiff::Unit::Second)
-                    .unwrap_or(now),
-                ago.as_secs()
-            ),
-            Evidence::JustStarted { watching } => format!(
-                "this controller has watched the node's Lease in {NODE_LEASE_NAMESPACE} for only \
-                 {}s since it started: silence counts only after a whole liveness guard window \
-                 of it",
-                watching.as_secs()
-            ),
-        };
+        let why = evidence.explain(now);
         let message = format!(
             "Not force-deleting or detaching anything before {}: {why} (or set \
              --liveness-guard=false).",
@@ -619,7 +636,8 @@ impl NodeCleanup {
     }
 
     /// Deletes the node's VolumeAttachments whose volume no staying pod uses; returns how many
-    /// of the node's attachments still exist (detaching ones included).
+    /// of those still exist (detaching ones included). An attachment a staying pod keeps is not
+    /// left to do: it stays, by the same rule that kept it.
     async fn detach_unused(&self, staying: &[Arc<Pod>]) -> Result<usize, PassError> {
         let attachments = self.attachments();
         if attachments.is_empty() {
@@ -635,6 +653,7 @@ impl NodeCleanup {
             .map_err(|error| PassError::api("read the claims of the pods that stay", error))?;
         let api: Api<VolumeAttachment> = Api::all(self.shared.client.clone());
         let mut gone = 0;
+        let mut kept = 0;
         for attachment in &attachments {
             if attachment.metadata.deletion_timestamp.is_some()
                 || self.deleted_by_us(attachment.uid())
@@ -643,6 +662,7 @@ impl NodeCleanup {
             }
             let volume = attachment.spec.source.persistent_volume_name.clone();
             if in_use.keeps(attachment) {
+                kept += 1;
                 continue;
             }
             if !self
@@ -651,7 +671,7 @@ impl NodeCleanup {
                 .permits_force(self.shared.settings.liveness_guard)
             {
                 self.shared.metrics.stale_skips.inc();
-                return Ok(attachments.len() - gone);
+                return Ok(attachments.len() - gone - kept);
             }
             let name = attachment.name_any();
             let params = DeleteParams {
@@ -688,7 +708,7 @@ impl NodeCleanup {
                 }
             }
         }
-        Ok(attachments.len() - gone)
+        Ok(attachments.len() - gone - kept)
     }
 
     /// The node is tainted and Ready: nothing is forced. With `--auto-untaint`, the taint goes
@@ -719,6 +739,10 @@ impl NodeCleanup {
             ));
             return Ok(Outcome::Wait(None));
         }
+        // Left from before: a pod that had to go and was bound before the node turned Ready,
+        // and an attachment of before that no pod on the node now keeps — judged by the rule
+        // that decided during the cleanup what stays (`Staying`), so the volume of a pod that
+        // tolerates the taint is not waited for: it was never to go.
         let before = |created: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| match (
             created, since,
         ) {
@@ -727,18 +751,28 @@ impl NodeCleanup {
         };
         let now = Timestamp::now();
         let since = self.taint_since(view, taint, now);
-        let pods_left = self
-            .pods
-            .state()
-            .iter()
-            .filter(|pod| pod_verdict(pod, taint, since, now) != PodVerdict::Tolerated)
-            .filter(|pod| before(pod.metadata.creation_timestamp.as_ref()))
-            .count();
-        let attachments_left = self
-            .attachments()
-            .iter()
-            .filter(|va| before(va.metadata.creation_timestamp.as_ref()))
-            .count();
+        let (left, staying): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) =
+            self.pods.state().into_iter().partition(|pod| {
+                pod_verdict(pod, taint, since, now) != PodVerdict::Tolerated
+                    && before(pod.metadata.creation_timestamp.as_ref())
+            });
+        let pods_left = left.len();
+        let attachments = self.attachments();
+        let attachments_left = if attachments.is_empty() {
+            0
+        } else {
+            let unfinished: Vec<Arc<Pod>> = staying
+                .into_iter()
+                .filter(|pod| !is_terminal(pod))
+                .collect();
+            let in_use = Staying::of(&self.shared.client, &unfinished)
+                .await
+                .map_err(|error| PassError::api("read the claims of the pods that stay", error))?;
+            attachments
+                .iter()
+                .filter(|va| before(va.metadata.creation_timestamp.as_ref()) && !in_use.keeps(va))
+                .count()
+        };
         if pods_left > 0 || attachments_left > 0 {
             self.report(&Phase::Pending(format!(
                 "The node is Ready again; waiting for {pods_left} {} and {attachments_left} \
@@ -750,6 +784,7 @@ impl NodeCleanup {
         }
         // Decided on the version being written: still Ready, still tainted (and the update
         // writes this very Node, never a namesake).
+        let fence = mark(node);
         let removed = self
             .node
             .update(&self.shared.client, |current| {
@@ -765,9 +800,7 @@ impl NodeCleanup {
                     spec.taints = (!kept.is_empty()).then_some(kept);
                 }
                 // A fence confirmed the outage that ends here; the next one needs its own.
-                if let Some(annotations) = current.metadata.annotations.as_mut() {
-                    annotations.remove(FENCED_ANNOTATION);
-                }
+                clear_mark(current);
                 true
             })
             .await
@@ -792,6 +825,9 @@ impl NodeCleanup {
             ),
         );
         self.report(&Phase::TaintRemoved);
+        if let (Some(fencer), Some(fence)) = (&self.shared.fencer, fence) {
+            fencer.recovered(&self.shared, &self.node, fence);
+        }
         Ok(Outcome::Finished)
     }
 }

@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use clap::Parser;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use nodegrace_core::cli::{ControllerArgs, duration_flag, ports};
+use nodegrace_core::k8s::selectors::parse_selector;
 
 /// The API rate limit is higher than the other programs': a node of 110 pods needs about 230
 /// writes (a status patch and a delete per pod, the node read before them), and the point of
@@ -40,4 +42,43 @@ pub struct Args {
     /// Off when unset; never taints without a confirmation.
     #[arg(long, env = "NODEGRACE_AUTO_TAINT_AFTER", value_parser = duration_flag)]
     pub auto_taint_after: Option<Duration>,
+    #[command(flatten)]
+    pub fencing: FencingArgs,
+}
+
+/// Fencing and recovery: this controller as the fencing agent (docs/out-of-service-gc.md,
+/// "Fencing and recovery").
+#[derive(Debug, Clone, clap::Args)]
+pub struct FencingArgs {
+    /// Power off, through --instance-provider, the machine of a node NotReady this long (a
+    /// duration, at least 1s, e.g. 5m), once every guard allows it; confirmed off, the node gets
+    /// nodegrace.io/fenced and the out-of-service taint. Off when unset. Needs a provider with
+    /// power control (aws, redfish, sim).
+    #[arg(long, env = "NODEGRACE_FENCE_AFTER", value_parser = duration_flag)]
+    pub fence_after: Option<Duration>,
+    /// The nodes --fence-after may fence (kubectl's -l syntax); the partition guard counts
+    /// these. The default leaves control-plane nodes alone.
+    #[arg(long, env = "NODEGRACE_FENCE_NODE_SELECTOR", default_value = "!node-role.kubernetes.io/control-plane", value_parser = parse_selector)]
+    pub fence_node_selector: LabelSelector,
+    /// No fencing while more than this fraction of the nodes --fence-node-selector selects
+    /// (or of one zone's, by topology.kubernetes.io/zone) is NotReady, rounded up: that many
+    /// down at once is a partition, not dead machines.
+    #[arg(long, env = "NODEGRACE_NOT_READY_MAX_FRACTION", default_value_t = 0.2)]
+    pub not_ready_max_fraction: f64,
+    /// At most this many machines fenced and not yet back at once (fencing, fenced, powering
+    /// on, or failed to come back); more wait.
+    #[arg(long, env = "NODEGRACE_MAX_FENCED", default_value_t = 1)]
+    pub max_fenced: usize,
+    /// How long the provider may take to report a machine off after the power-off request
+    /// before the fence counts as failed (and is tried again later).
+    #[arg(long, env = "NODEGRACE_FENCE_TIMEOUT", default_value = "5m", value_parser = duration_flag)]
+    pub fence_timeout: Duration,
+    /// Once a fenced node is clean (no pod that does not tolerate the taint, no VolumeAttachment
+    /// of those pods), power its machine on again; needs --fence-after and --auto-untaint.
+    #[arg(long, env = "NODEGRACE_RECOVER_AFTER_CLEANUP", default_value_t = false, action = clap::ArgAction::Set)]
+    pub recover_after_cleanup: bool,
+    /// A machine powered on again whose node is not Ready within this long is powered off
+    /// again, reported, and left off.
+    #[arg(long, env = "NODEGRACE_RECOVER_TIMEOUT", default_value = "10m", value_parser = duration_flag)]
+    pub recover_timeout: Duration,
 }

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::cleanup::{NodeCleanup, Outcome, PassError, Shared};
+use crate::fencing::{FenceOutcome, Fencer};
 use crate::qualify::OUT_OF_SERVICE_TAINT;
 use crate::tainting::{Attempt, AutoTaint, due_at};
 
@@ -67,6 +68,7 @@ impl Controller {
         let mut attempts: JoinSet<(NodeIdentity, Attempt)> = JoinSet::new();
         // By name: the Node object last told about (a namesake is told about afresh).
         let mut told_unconfirmed: HashMap<String, NodeIdentity> = HashMap::new();
+        let mut fencing = self.shared.fencer.clone().map(FenceWork::new);
         for node in self.nodes.state() {
             self.dirty
                 .mark(&node.metadata.name.clone().unwrap_or_default());
@@ -109,6 +111,9 @@ impl Controller {
                             );
                         }
                     }
+                }
+                if let Some(fencing) = &mut fencing {
+                    fencing.changed(&self.shared, &name, node.as_deref());
                 }
                 if let Some(auto) = &self.auto_taint {
                     let due = node
@@ -160,6 +165,17 @@ impl Controller {
                         });
                     }
                 }
+                event = fence_event(&mut fencing) => {
+                    if let Some(fencing) = &mut fencing {
+                        match event {
+                            FenceEvent::Due(node) => fencing.expired(&self.shared, node),
+                            FenceEvent::Finished(node, outcome) => {
+                                let current = self.nodes.get(None, node.name());
+                                fencing.finished(&self.shared, node, outcome, current.as_deref());
+                            }
+                        }
+                    }
+                }
                 Some(done) = attempts.join_next() => {
                     if let Ok((node, Attempt::Unconfirmed(why))) = done {
                         let name = node.name().to_owned();
@@ -181,7 +197,132 @@ impl Controller {
         }
         running.shutdown().await;
         attempts.shutdown().await;
+        if let Some(fencing) = &mut fencing {
+            fencing.attempts.shutdown().await;
+        }
         self.shared.metrics.nodes_tainted.set(0);
+    }
+}
+
+/// `--fence-after`'s timers and attempts: at most one attempt per node at a time, and what
+/// comes after it decided by how it ended.
+struct FenceWork {
+    fencer: Arc<Fencer>,
+    timers: DelayQueue<NodeIdentity>,
+    scheduled: HashMap<String, delay_queue::Key>,
+    running: HashMap<String, NodeIdentity>,
+    attempts: JoinSet<(NodeIdentity, FenceOutcome)>,
+}
+
+/// An attempt that found nothing to do is not repeated sooner than this, whatever a lagging
+/// cache says.
+const FENCE_REPEAT_MIN: Duration = Duration::from_secs(1);
+
+impl FenceWork {
+    fn new(fencer: Arc<Fencer>) -> Self {
+        Self {
+            fencer,
+            timers: DelayQueue::new(),
+            scheduled: HashMap::new(),
+            running: HashMap::new(),
+            attempts: JoinSet::new(),
+        }
+    }
+
+    /// The node changed: (re)schedule its look, unless an attempt is under way.
+    fn changed(&mut self, shared: &Shared, name: &str, node: Option<&Node>) {
+        if self.running.contains_key(name) {
+            return;
+        }
+        self.schedule_due(shared, name, node, Duration::ZERO);
+    }
+
+    fn schedule_due(&mut self, shared: &Shared, name: &str, node: Option<&Node>, least: Duration) {
+        if let Some(key) = self.scheduled.remove(name) {
+            self.timers.remove(&key);
+        }
+        let Some(node) = node else { return };
+        let Some(identity) = NodeIdentity::of(node) else {
+            return;
+        };
+        let now = Timestamp::now();
+        let Some(due) = self.fencer.due_at(node, now) else {
+            return;
+        };
+        self.fencer.seen_not_ready(shared, node, due);
+        let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
+        self.schedule(identity, wait.max(least));
+    }
+
+    fn schedule(&mut self, identity: NodeIdentity, wait: Duration) {
+        let name = identity.name().to_owned();
+        if let Some(key) = self.scheduled.remove(&name) {
+            self.timers.remove(&key);
+        }
+        self.scheduled
+            .insert(name, self.timers.insert(identity, wait));
+    }
+
+    fn expired(&mut self, shared: &Arc<Shared>, node: NodeIdentity) {
+        self.scheduled.remove(node.name());
+        self.running.insert(node.name().to_owned(), node.clone());
+        let (fencer, shared) = (Arc::clone(&self.fencer), Arc::clone(shared));
+        self.attempts.spawn(async move {
+            let outcome = match fencer.attempt(&shared, &node).await {
+                Ok(outcome) => outcome,
+                Err(error) => {
+                    tracing::warn!(node = %node.name(), error = %Chain(&error), "fence attempt failed");
+                    shared.metrics.error(error.kind());
+                    FenceOutcome::Retry(BACKOFF.first)
+                }
+            };
+            (node, outcome)
+        });
+    }
+
+    fn finished(
+        &mut self,
+        shared: &Shared,
+        node: NodeIdentity,
+        outcome: FenceOutcome,
+        current: Option<&Node>,
+    ) {
+        self.running.remove(node.name());
+        match outcome {
+            FenceOutcome::Retry(wait) => self.schedule(node, wait),
+            FenceOutcome::NotDue => {
+                let name = node.name().to_owned();
+                self.schedule_due(shared, &name, current, FENCE_REPEAT_MIN);
+            }
+            FenceOutcome::WaitForChange => {}
+        }
+    }
+}
+
+enum FenceEvent {
+    Due(NodeIdentity),
+    Finished(NodeIdentity, FenceOutcome),
+}
+
+/// The next timer or finished attempt of `--fence-after`; never, when it is off.
+async fn fence_event(fencing: &mut Option<FenceWork>) -> FenceEvent {
+    let Some(FenceWork {
+        timers, attempts, ..
+    }) = fencing
+    else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::select! {
+            Some(expired) = timers.next() => return FenceEvent::Due(expired.into_inner()),
+            Some(done) = attempts.join_next() => {
+                // A panicked attempt: its node is looked at again by its next change.
+                if let Ok((node, outcome)) = done {
+                    return FenceEvent::Finished(node, outcome);
+                }
+            }
+            else => return std::future::pending().await,
+        }
     }
 }
 

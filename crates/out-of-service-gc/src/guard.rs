@@ -40,6 +40,30 @@ pub enum Evidence {
     JustStarted { watching: Duration },
 }
 
+impl Evidence {
+    /// Why the heartbeat is recent, for Events and conditions, as of `now`.
+    pub fn explain(self, now: jiff::Timestamp) -> String {
+        match self {
+            Self::Changed { ago } => format!(
+                "this controller saw the node's Lease in {NODE_LEASE_NAMESPACE} renewed at {} \
+                 (by its own clock, {}s ago): its kubelet still heartbeats, so it is partitioned \
+                 or rebooting, not shut down",
+                now.checked_sub(ago)
+                    .unwrap_or(now)
+                    .round(jiff::Unit::Second)
+                    .unwrap_or(now),
+                ago.as_secs()
+            ),
+            Self::JustStarted { watching } => format!(
+                "this controller has watched the node's Lease in {NODE_LEASE_NAMESPACE} for only \
+                 {}s since it started: silence counts only after a whole liveness guard window \
+                 of it",
+                watching.as_secs()
+            ),
+        }
+    }
+}
+
 /// The window: `--liveness-guard-window` when set, else twice the Lease's duration.
 pub fn window(lease_seconds: Option<i32>, configured: Option<Duration>) -> Duration {
     configured.unwrap_or_else(|| {
@@ -150,6 +174,21 @@ impl Heartbeats {
         } else {
             Heartbeat::Recent { evidence, left }
         }
+    }
+
+    /// Reads `node`'s Lease fresh, records what it shows (a renewal the watch has not
+    /// delivered yet still counts) and judges the heartbeat now.
+    pub async fn read(
+        &self,
+        client: &Client,
+        node: &str,
+        configured: Option<Duration>,
+    ) -> Result<Heartbeat, kube::Error> {
+        let leases: Api<Lease> = Api::namespaced(client.clone(), NODE_LEASE_NAMESPACE);
+        let lease = leases.get_opt(node).await?;
+        let read_at = Instant::now();
+        self.observe(node, lease.as_ref(), read_at);
+        Ok(self.judge(node, read_at, configured))
     }
 
     /// Watches every Lease in `kube-node-lease` until the returned task is aborted, feeding

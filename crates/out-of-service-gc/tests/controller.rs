@@ -179,6 +179,7 @@ async fn shared_without_guard(
             tokio::time::Instant::now(),
         )),
         taint_clock: out_of_service_gc::qualify::TaintClock::default(),
+        fencer: None,
     }))
 }
 

@@ -6,11 +6,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -143,30 +142,6 @@ async fn a_fence_confirms_only_the_outage_it_was_given_in() -> Result<()> {
     ensure!(pod_names(&client, "node-1").await?.len() == 2);
     ensure!(gc.counter("taints_added").await? == 1);
     gc.stop().await
-}
-
-/// Renews `node`'s Lease every 200 ms (the kubelet's period, shortened) with a `renewTime` ten
-/// minutes in the past (a kubelet whose clock is late), until `stop` is cancelled; returns when
-/// the last renewal was written.
-async fn renew_late(client: kube::Client, node: &str, stop: CancellationToken) -> Result<Instant> {
-    let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
-    let mut period = tokio::time::interval(Duration::from_millis(200));
-    let mut last = Instant::now();
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return Ok(last),
-            _ = period.tick() => {}
-        }
-        let late = Timestamp::now() - SignedDuration::from_mins(10);
-        leases
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"renewTime": MicroTime(late)}})),
-            )
-            .await?;
-        last = Instant::now();
-    }
 }
 
 #[tokio::test]

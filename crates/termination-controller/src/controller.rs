@@ -30,9 +30,9 @@ use tokio_util::time::{DelayQueue, delay_queue};
 use crate::api::{FINALIZER, NodeDisruptionBudget};
 use crate::grants::refresh_statuses;
 use crate::metrics::NdbLabel;
-use crate::partition;
 use crate::shared::Shared;
 use crate::termination::{Finished, NodeTermination, has_finalizer, ours, remove_finalizer};
+use nodegrace_core::k8s::partition;
 
 /// Budget statuses are recomputed at most this often: nodes change all the time (heartbeats),
 /// and one pass covers every change since the last.

@@ -16,7 +16,6 @@ pub mod explain;
 pub mod grants;
 pub mod hooks;
 pub mod metrics;
-pub mod partition;
 pub mod plan;
 pub mod queues;
 pub mod shared;

@@ -7,6 +7,7 @@ pub mod conditions;
 pub mod events;
 pub mod node_identity;
 pub mod nodes;
+pub mod partition;
 pub mod pods;
 pub mod reporter;
 pub mod selectors;

@@ -1,9 +1,10 @@
 //! The cloud: one instance per node `providerID`, listable and terminable over
 //! `/sim/v1/instances`, counting terminate calls so tests can assert "terminated exactly once,
 //! none leaked". Terminating or powering off an instance stops its node's kubelet, as a machine
-//! that is gone or off would; powering it on boots it: the kubelet reports, then runs pods. `POST …/{id}/reclaim` is
+//! that is gone or off would (after `power_off_delay`, `stopping` until then); powering it on
+//! boots it: the kubelet reports, then runs pods. `POST …/{id}/reclaim` is
 //! the cloud ending a machine on its own (a spot reclaim): terminated, but no client's call. An instance's `state` is
-//! `running`, `stopped` (powered off) or `terminated`.
+//! `running`, `stopping`, `stopped` (powered off) or `terminated`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -42,6 +43,7 @@ pub struct Call {
 pub struct Cloud {
     store: Store,
     instances: Arc<Mutex<BTreeMap<String, Instance>>>,
+    power_off_delay: std::time::Duration,
 }
 
 /// `sim:///<id>`'s id; another scheme's machine is named by the last segment of its path
@@ -63,6 +65,16 @@ impl Cloud {
         Self {
             store,
             instances: Arc::default(),
+            power_off_delay: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Power-offs take `delay`: the machine is `stopping` (its kubelet still running) until then.
+    #[must_use]
+    pub fn with_power_off_delay(self, delay: std::time::Duration) -> Self {
+        Self {
+            power_off_delay: delay,
+            ..self
         }
     }
 
@@ -134,21 +146,51 @@ impl Cloud {
     }
 
     /// Powers an instance off (its kubelet stops, its pods stay as they are) or back on. A
-    /// terminated instance stays terminated.
+    /// terminated instance stays terminated. With a power-off delay the instance is `stopping`
+    /// until it passes (a power-on meanwhile cancels the stop).
     pub fn set_power(&self, id: &str, on: bool) -> Option<Instance> {
+        let delayed = !on && !self.power_off_delay.is_zero();
         let instance = {
             let mut instances = self.lock();
             let instance = instances.get_mut(id)?;
+            let state = match (on, delayed) {
+                (true, _) => "running",
+                (false, true) if instance.state == "stopped" => "stopped",
+                (false, true) => "stopping",
+                (false, false) => "stopped",
+            };
             if instance.state != "terminated" {
-                let state = if on { "running" } else { "stopped" };
                 state.clone_into(&mut instance.state);
             }
             instance.clone()
         };
-        if instance.state != "terminated" {
-            self.set_kubelet(&instance, on);
+        match instance.state.as_str() {
+            "running" => self.set_kubelet(&instance, true),
+            "stopped" if !delayed => self.set_kubelet(&instance, false),
+            "stopping" => {
+                let cloud = self.clone();
+                let id = id.to_owned();
+                tokio::spawn(async move {
+                    tokio::time::sleep(cloud.power_off_delay).await;
+                    cloud.finish_stop(&id);
+                });
+            }
+            _ => {}
         }
         Some(instance)
+    }
+
+    /// The end of a delayed power-off, unless the machine was powered on (or ended) meanwhile.
+    fn finish_stop(&self, id: &str) {
+        let stopped = {
+            let mut instances = self.lock();
+            let Some(instance) = instances.get_mut(id).filter(|i| i.state == "stopping") else {
+                return;
+            };
+            "stopped".clone_into(&mut instance.state);
+            instance.clone()
+        };
+        self.set_kubelet(&stopped, false);
     }
 
     /// Starts or stops the kubelet of the instance's node — the Node that names this machine:
@@ -162,6 +204,10 @@ impl Cloud {
                     return Ok(current.clone());
                 }
                 let mut updated = current.clone();
+                let boots = current["metadata"]["annotations"][super::BOOTS_ANNOTATION] != "never";
+                if running && !boots {
+                    return Ok(updated);
+                }
                 if running {
                     // The kubelet reports first, then drops the annotation (world/kubelet/node_status.rs).
                     updated["metadata"]["annotations"][super::KUBELET_ANNOTATION] =

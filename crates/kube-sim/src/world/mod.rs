@@ -44,6 +44,9 @@ use crate::store::Store;
 /// its containers run on); `booting` (set by a power-on) makes it report, then drop the
 /// annotation and run its pods.
 pub const KUBELET_ANNOTATION: &str = "sim.nodegrace.io/kubelet";
+/// Node annotation `never`: the machine powers on, but its OS never comes up (a broken disk, a
+/// kernel that panics): the kubelet stays stopped.
+pub const BOOTS_ANNOTATION: &str = "sim.nodegrace.io/boots";
 /// Node annotation: seconds (may be negative or fractional) the node's clock is off the true
 /// time; its kubelet writes its Lease `renewTime` by that clock.
 pub const CLOCK_SKEW_ANNOTATION: &str = "sim.nodegrace.io/clock-skew-seconds";
@@ -90,6 +93,9 @@ pub struct WorldOptions {
     /// Each node's own filesystem for hostPath volumes: `<dir>/<node>/…` (the host's own paths
     /// when `None`).
     pub node_roots: Option<std::path::PathBuf>,
+    /// How long a machine stays `stopping` after a power-off request before it is `stopped` and
+    /// its kubelet stops (real clouds take seconds to a minute); 0 turns it off at once.
+    pub power_off_delay: Duration,
     /// Probes run at least this often (their `periodSeconds` shortened), as the other timings
     /// here are, so that demos need not wait 10 s per readiness check.
     pub probe_period_max: Option<Duration>,
@@ -116,6 +122,7 @@ impl Default for WorldOptions {
             container_init: None,
             node_roots: None,
             probe_period_max: None,
+            power_off_delay: Duration::ZERO,
         }
     }
 }
@@ -273,7 +280,7 @@ impl World {
                 stop.clone(),
             ));
         }
-        let cloud = Cloud::new(store.clone());
+        let cloud = Cloud::new(store.clone()).with_power_off_delay(options.power_off_delay);
         let registrar = cloud.clone();
         tokio::spawn(controller::run(
             store,

@@ -2,11 +2,14 @@
 //! controller started in-process, and the node and pod moves an outage is made of.
 #![allow(dead_code)]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolumeClaim, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::cluster::Cluster;
@@ -262,4 +265,32 @@ pub async fn pod_names(client: &Client, node: &str) -> Result<Vec<String>> {
         .into_iter()
         .filter_map(|pod| pod.metadata.name)
         .collect())
+}
+
+/// Renews `node`'s Lease every 200 ms (the kubelet's period, shortened) with a `renewTime` ten
+/// minutes in the past (a kubelet whose clock is late), until `stop` is cancelled; returns when
+/// the last renewal was written.
+pub async fn renew_late(
+    client: kube::Client,
+    node: &str,
+    stop: CancellationToken,
+) -> Result<Instant> {
+    let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    let mut period = tokio::time::interval(Duration::from_millis(200));
+    let mut last = Instant::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(last),
+            _ = period.tick() => {}
+        }
+        let late = Timestamp::now() - SignedDuration::from_mins(10);
+        leases
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"renewTime": MicroTime(late)}})),
+            )
+            .await?;
+        last = Instant::now();
+    }
 }

@@ -1,20 +1,21 @@
-//! The partition guard of `--not-ready-timeout`. One machine dying is a NotReady node; many at
-//! once are far more often a control plane that cannot hear them (a zone cut off, an API
-//! server overloaded): deleting them would terminate healthy machines when the network heals.
-//! kube-controller-manager stops evicting in a zone past 55 % unhealthy; Karpenter's node
-//! repair stops past 20 % of a NodePool. Deleting a node terminates its machine, which is
-//! Karpenter's action, so this follows Karpenter: more than the fraction (of the managed
-//! nodes, and of the node's zone when nodes carry `topology.kubernetes.io/zone`), rounded up,
-//! holds every deletion.
+//! The partition guard both controllers that act on NotReady nodes share
+//! (termination-controller's `--not-ready-timeout`, out-of-service-gc's `--fence-after`). One
+//! machine dying is a NotReady node; many at once are far more often a control plane that
+//! cannot hear them (a zone cut off, an API server overloaded): deleting or powering them off
+//! would hurt healthy machines when the network heals. kube-controller-manager stops evicting
+//! in a zone past 55 % unhealthy; Karpenter's node repair stops past 20 % of a NodePool. Both
+//! actions here end a machine, which is Karpenter's action, so this follows Karpenter: more
+//! than the fraction (of the managed nodes, and of the node's zone when nodes carry
+//! `topology.kubernetes.io/zone`), rounded up, holds the action.
 
 use std::sync::Arc;
 
+use crate::k8s::nodes::{Readiness, readiness};
 use k8s_openapi::api::core::v1::Node;
-use nodegrace_core::k8s::nodes::{Readiness, readiness};
 
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
-/// Why deletions are held: where too many nodes are NotReady.
+/// Why the action is held: where too many nodes are NotReady.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Partition {
     /// `None`: over all managed nodes.
@@ -84,7 +85,7 @@ fn check<'a>(
     })
 }
 
-/// Whether deleting `node` for being NotReady is held: too many of the `managed` nodes, or of
+/// Whether acting on `node` for being NotReady is held: too many of the `managed` nodes, or of
 /// its zone's, are NotReady.
 pub fn partitioned(managed: &[Arc<Node>], node: &Node, fraction: f64) -> Option<Partition> {
     check(managed.iter(), fraction, None).or_else(|| {

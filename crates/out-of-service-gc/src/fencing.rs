@@ -1,0 +1,896 @@
+//! `--fence-after`: this controller as the fencing agent KEP-2268 leaves to the operator. A
+//! managed node NotReady that long has its machine powered off through the provider, behind
+//! every guard; once the provider *reports* it off (the request's answer proves nothing) the
+//! node gets the fence annotation and the out-of-service taint, and the cleanup follows. With
+//! `--recover-after-cleanup` the clean machine is powered on again (see [`Fencer::recover`]).
+//!
+//! Every power change is preceded by its step written on the Node ([`crate::fence_mark`]),
+//! decided again on the very version written, so a restart, a second leader or a namesake
+//! finds what was under way instead of guessing. The histories this guards against, and their
+//! tests, are in docs/out-of-service-gc.md ("Fencing and recovery").
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use kube::Api;
+use kube::api::ListParams;
+use nodegrace_core::instances::{InstanceProvider, InstanceState, Power, ProviderId};
+use nodegrace_core::k8s::conditions::ConditionSpec;
+use nodegrace_core::k8s::events::EventReport;
+use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
+use nodegrace_core::k8s::nodes::{Readiness, node_reference, readiness, taint_with_key};
+use nodegrace_core::k8s::partition::partitioned;
+use nodegrace_core::k8s::reporter::ConditionGuard;
+use nodegrace_core::k8s::selectors::selector_matches;
+use nodegrace_core::k8s::watched::Watched;
+
+use crate::cleanup::{PassError, Shared};
+use crate::fence_mark::{FENCE_LABEL, Mark, Step, clear_mark, do_not_fence, mark, set_mark};
+use crate::guard::Heartbeat;
+use crate::qualify::{EXPECTED_EFFECT, OUT_OF_SERVICE_TAINT, not_ready_since};
+use crate::status::{AUTO_TAINT_VALUE, FENCED_ANNOTATION};
+
+/// The node condition that tells where a fence stands.
+pub const CONDITION: &str = "OutOfServiceFence";
+const ACTION: &str = "Fence";
+/// How often the provider is asked whether a machine is off yet.
+const POLL: Duration = Duration::from_secs(1);
+/// How soon a held or failed fence is looked at again (a change of the node comes sooner).
+const RECHECK: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct FenceSettings {
+    pub after: Duration,
+    pub selector: LabelSelector,
+    pub max_fraction: f64,
+    pub max_fenced: usize,
+    pub timeout: Duration,
+    pub recover: bool,
+    pub recover_timeout: Duration,
+    /// `--liveness-guard-window`: the kubelet's silence a fence needs first.
+    pub window: Option<Duration>,
+}
+
+/// What an attempt leaves to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceOutcome {
+    /// Nothing for now: not a candidate, or fenced (the cleanup takes it from here).
+    NotDue,
+    /// Held or failed: look again after this long (or when the node changes).
+    Retry(Duration),
+    /// Held until the node changes (`nodegrace.io/do-not-fence`).
+    WaitForChange,
+}
+
+pub struct Fencer {
+    pub provider: Arc<dyn InstanceProvider>,
+    pub settings: FenceSettings,
+    /// Every node, for the partition guard.
+    pub nodes: Watched<Node>,
+    /// One decision to fence at a time: `--max-fenced` counts the steps written, so two
+    /// decisions must not both count the same free place.
+    deciding: tokio::sync::Mutex<()>,
+    /// The last reason reported per node (by name, with the UID it was said of), so a pass
+    /// that finds the same hold says nothing new.
+    said: Mutex<HashMap<String, (String, &'static str)>>,
+}
+
+impl std::fmt::Debug for Fencer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fencer")
+            .field("provider", &self.provider.name())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One line of the fence's story on the node: the condition, and an Event when it is news.
+struct Report {
+    reason: &'static str,
+    /// The condition's status: `True` while a machine is held off or on its way.
+    holding: bool,
+    warning: bool,
+    message: String,
+}
+
+impl Fencer {
+    pub fn new(
+        provider: Arc<dyn InstanceProvider>,
+        settings: FenceSettings,
+        nodes: Watched<Node>,
+    ) -> Self {
+        Self {
+            provider,
+            settings,
+            nodes,
+            deciding: tokio::sync::Mutex::new(()),
+            said: Mutex::default(),
+        }
+    }
+
+    pub fn manages(&self, node: &Node) -> bool {
+        let empty = std::collections::BTreeMap::new();
+        let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+        selector_matches(&self.settings.selector, labels).unwrap_or(false)
+    }
+
+    /// When `node` is to be looked at: a fence under way at once (resumed after a restart), a
+    /// managed untainted NotReady node once it has been NotReady for `--fence-after`.
+    pub fn due_at(&self, node: &Node, now: Timestamp) -> Option<Timestamp> {
+        match mark(node) {
+            Some(Mark {
+                step: Step::Fencing,
+                ..
+            }) => Some(now),
+            Some(_) => None,
+            None if !self.manages(node) || taint_with_key(node, OUT_OF_SERVICE_TAINT).is_some() => {
+                None
+            }
+            None => not_ready_since(node)?.checked_add(self.settings.after).ok(),
+        }
+    }
+
+    /// Says once per NotReady period that the node is seen down and when it would be fenced.
+    pub fn seen_not_ready(&self, shared: &Shared, node: &Node, due: Timestamp) {
+        if mark(node).is_some() || due <= Timestamp::now() {
+            return;
+        }
+        let Some(since) = not_ready_since(node) else {
+            return;
+        };
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let uid = node.metadata.uid.clone().unwrap_or_default();
+        self.report(
+            shared,
+            name,
+            &uid,
+            Report {
+                reason: "NotReadySeen",
+                holding: false,
+                warning: false,
+                message: format!(
+                    "NotReady since {since}: its machine is powered off at {} (--fence-after \
+                     {}s) unless the node comes back or a guard holds it",
+                    due.round(jiff::Unit::Second).unwrap_or(due),
+                    self.settings.after.as_secs()
+                ),
+            },
+        );
+    }
+
+    fn report(&self, shared: &Shared, name: &str, uid: &str, report: Report) {
+        let Report {
+            reason,
+            holding,
+            warning,
+            message,
+        } = report;
+        shared.reporter.condition(
+            name,
+            ConditionSpec::new(
+                CONDITION,
+                if holding { "True" } else { "False" },
+                reason,
+                &message,
+            ),
+            ConditionGuard::Always,
+        );
+        let news = self
+            .said
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned(), (uid.to_owned(), reason))
+            .is_none_or(|said| said != (uid.to_owned(), reason));
+        if news {
+            if warning {
+                tracing::warn!(node = name, reason, %message, "fence");
+            } else {
+                tracing::info!(node = name, reason, %message, "fence");
+            }
+            let reference = node_reference(name);
+            shared.reporter.event(if warning {
+                EventReport::warning(reference, reason, ACTION, message)
+            } else {
+                EventReport::normal(reference, reason, ACTION, message)
+            });
+        }
+    }
+
+    fn hold(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        guard: &'static str,
+        reason: &'static str,
+        why: &str,
+    ) {
+        shared.metrics.fence.hold(guard);
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason,
+                holding: false,
+                warning: true,
+                message: format!("Not powered off although NotReady past --fence-after: {why}"),
+            },
+        );
+    }
+
+    /// Looks at `identity` afresh and fences it when it is due and every guard allows it.
+    pub async fn attempt(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+    ) -> Result<FenceOutcome, PassError> {
+        let Some(node) = read(shared, identity).await? else {
+            return Ok(FenceOutcome::NotDue);
+        };
+        match mark(&node) {
+            Some(Mark {
+                step: Step::Fencing,
+                since,
+            }) => return self.resume(shared, identity, &node, since).await,
+            Some(_) => return Ok(FenceOutcome::NotDue),
+            None => {}
+        }
+        let now = Timestamp::now();
+        if self.due_at(&node, now).is_none_or(|due| due > now) {
+            return Ok(FenceOutcome::NotDue);
+        }
+        if let Some(value) = do_not_fence(&node) {
+            self.hold(
+                shared,
+                identity,
+                "do-not-fence",
+                "FenceHeldDoNotFence",
+                &format!(
+                    "the node carries nodegrace.io/do-not-fence={value:?}; remove the annotation \
+                     to let it be fenced, or power it off and taint it yourself"
+                ),
+            );
+            return Ok(FenceOutcome::WaitForChange);
+        }
+        if let Heartbeat::Recent { evidence, left } = self.heartbeat(shared, identity).await? {
+            self.hold(
+                shared,
+                identity,
+                "heartbeat",
+                "FenceHeldHeartbeat",
+                &evidence.explain(now),
+            );
+            return Ok(FenceOutcome::Retry(left));
+        }
+        let managed: Vec<Arc<Node>> = self
+            .nodes
+            .state()
+            .into_iter()
+            .filter(|other| self.manages(other))
+            .collect();
+        if let Some(partition) = partitioned(&managed, &node, self.settings.max_fraction) {
+            self.hold(
+                shared,
+                identity,
+                "partition",
+                "FenceHeldPartition",
+                &format!(
+                    "{partition}; so many at once is taken for a partition, not dead machines"
+                ),
+            );
+            return Ok(FenceOutcome::Retry(RECHECK));
+        }
+        let id = match identity.machine(&node) {
+            Ok(id) => id,
+            Err(error) => {
+                self.hold(
+                    shared,
+                    identity,
+                    "provider",
+                    "FenceHeldProvider",
+                    &error.to_string(),
+                );
+                return Ok(FenceOutcome::Retry(RECHECK));
+            }
+        };
+        let state = match self.provider.state(&id).await {
+            Ok(InstanceState::NotFound) => {
+                self.hold(
+                    shared,
+                    identity,
+                    "not-found",
+                    "FenceHeldMachineNotFound",
+                    &format!(
+                        "the {} provider does not know machine {id}; a machine that cannot be \
+                         found cannot be confirmed off, so the node is never tainted for it",
+                        self.provider.name()
+                    ),
+                );
+                return Ok(FenceOutcome::Retry(RECHECK));
+            }
+            Ok(state) => state,
+            Err(error) => {
+                self.hold(
+                    shared,
+                    identity,
+                    "provider",
+                    "FenceHeldProvider",
+                    &format!("cannot ask about machine {id}: {error}"),
+                );
+                return Ok(FenceOutcome::Retry(RECHECK));
+            }
+        };
+        let deciding = self.deciding.lock().await;
+        let fenced = self.fenced_elsewhere(shared, identity).await?;
+        if fenced >= self.settings.max_fenced {
+            self.hold(
+                shared,
+                identity,
+                "max-fenced",
+                "FenceHeldMaxFenced",
+                &format!(
+                    "{fenced} other {} fenced and not yet back (label {FENCE_LABEL}), and \
+                     --max-fenced is {}",
+                    if fenced == 1 {
+                        "machine is"
+                    } else {
+                        "machines are"
+                    },
+                    self.settings.max_fenced
+                ),
+            );
+            return Ok(FenceOutcome::Retry(RECHECK));
+        }
+        let after = self.settings.after;
+        let stamped_at = Timestamp::now();
+        let stamped = identity
+            .update(&shared.client, |current| {
+                let now = Timestamp::now();
+                let due = self.due_at(current, now).is_some_and(|due| due <= now);
+                if !due || mark(current).is_some() || do_not_fence(current).is_some() {
+                    return false;
+                }
+                set_mark(current, Step::Fencing, stamped_at);
+                true
+            })
+            .await
+            .map_err(|error| {
+                PassError::update(format!("mark node {} fencing", identity.name()), error)
+            })?;
+        drop(deciding);
+        if !matches!(stamped, Updated::Written(_)) {
+            return Ok(FenceOutcome::NotDue);
+        }
+        let down_for = not_ready_since(&node)
+            .map(|since| stamped_at.duration_since(since).as_secs())
+            .unwrap_or_default();
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "Fencing",
+                holding: true,
+                warning: true,
+                message: format!(
+                    "NotReady for {down_for}s (--fence-after {}s), its kubelet silent, within \
+                     the partition guard: powering machine {id} off through {} ({state} now)",
+                    after.as_secs(),
+                    self.provider.name()
+                ),
+            },
+        );
+        if !state.powered_off()
+            && let Err(error) = self.provider.power(&id, Power::Off).await
+        {
+            return self
+                .fail(
+                    shared,
+                    identity,
+                    format!("the power-off request failed: {error}"),
+                )
+                .await;
+        }
+        self.confirm(shared, identity, &id, stamped_at).await
+    }
+
+    /// A fence found under way (this process restarted, or a leader changed): the request may
+    /// or may not have gone. A node back meanwhile is not powered off; otherwise the request is
+    /// made again (power-off is idempotent) and confirmed as usual.
+    async fn resume(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        node: &Node,
+        since: Option<Timestamp>,
+    ) -> Result<FenceOutcome, PassError> {
+        let since = since.unwrap_or_else(Timestamp::now);
+        let id = match identity.machine(node) {
+            Ok(id) => id,
+            Err(error) => return self.fail(shared, identity, error.to_string()).await,
+        };
+        let state = self.provider.state(&id).await;
+        if readiness(node) == Readiness::Ready {
+            if state.is_ok_and(InstanceState::powered_off) {
+                return self.came_back(shared, identity, &id).await;
+            }
+            self.clear(shared, identity, Step::Fencing).await?;
+            shared.metrics.fence.fence("cancelled");
+            self.report(
+                shared,
+                identity.name(),
+                identity.uid(),
+                Report {
+                    reason: "FenceCancelled",
+                    holding: false,
+                    warning: false,
+                    message: "The node turned Ready before its machine was reported off: not \
+                              powered off"
+                        .to_owned(),
+                },
+            );
+            return Ok(FenceOutcome::NotDue);
+        }
+        let silent = matches!(self.heartbeat(shared, identity).await?, Heartbeat::Silent);
+        if silent
+            && matches!(state, Ok(InstanceState::Running))
+            && let Err(error) = self.provider.power(&id, Power::Off).await
+        {
+            return self
+                .fail(
+                    shared,
+                    identity,
+                    format!("the power-off request failed: {error}"),
+                )
+                .await;
+        }
+        self.confirm(shared, identity, &id, since).await
+    }
+
+    /// Polls the provider until it reports the machine off, then marks the node fenced and
+    /// taints it, unless the node came back meanwhile.
+    async fn confirm(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        id: &ProviderId,
+        requested: Timestamp,
+    ) -> Result<FenceOutcome, PassError> {
+        let deadline = requested
+            .checked_add(self.settings.timeout)
+            .unwrap_or(Timestamp::MAX);
+        let last = loop {
+            let state = self.provider.state(id).await;
+            if let Ok(state) = state
+                && state.powered_off()
+            {
+                break state;
+            }
+            if Timestamp::now() >= deadline {
+                let said = match state {
+                    Ok(state) => format!("it still reads {state}"),
+                    Err(error) => format!("the last answer was an error: {error}"),
+                };
+                return self
+                    .fail(
+                        shared,
+                        identity,
+                        format!(
+                            "machine {id} was not reported off within --fence-timeout ({}s): \
+                             {said}",
+                            self.settings.timeout.as_secs()
+                        ),
+                    )
+                    .await;
+            }
+            tokio::time::sleep(POLL).await;
+        };
+        let off_at = Timestamp::now();
+        let mut came_back = false;
+        let taint = Taint {
+            key: OUT_OF_SERVICE_TAINT.to_owned(),
+            value: Some(AUTO_TAINT_VALUE.to_owned()),
+            effect: EXPECTED_EFFECT.to_owned(),
+            time_added: Some(Time(off_at)),
+        };
+        let written = identity
+            .update(&shared.client, |current| {
+                came_back = false;
+                if mark(current).map(|mark| mark.step) != Some(Step::Fencing) {
+                    return false;
+                }
+                if readiness(current) == Readiness::Ready {
+                    came_back = true;
+                    return false;
+                }
+                set_mark(current, Step::Fenced, off_at);
+                current
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(FENCED_ANNOTATION.to_owned(), off_at.to_string());
+                if taint_with_key(current, OUT_OF_SERVICE_TAINT).is_none() {
+                    current
+                        .spec
+                        .get_or_insert_with(Default::default)
+                        .taints
+                        .get_or_insert_with(Vec::new)
+                        .push(taint.clone());
+                }
+                true
+            })
+            .await
+            .map_err(|error| {
+                PassError::update(format!("mark node {} fenced", identity.name()), error)
+            })?;
+        if came_back {
+            return self.came_back(shared, identity, id).await;
+        }
+        let Updated::Written(node) = written else {
+            return Ok(FenceOutcome::NotDue);
+        };
+        let metrics = &shared.metrics.fence;
+        metrics.fence("fenced");
+        metrics
+            .power_off
+            .observe(seconds_between(requested, off_at));
+        if let Some(since) = not_ready_since(&node) {
+            metrics
+                .not_ready_to_fenced
+                .observe(seconds_between(since, off_at));
+        }
+        shared.metrics.taints_added.inc();
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "Fenced",
+                holding: true,
+                warning: true,
+                message: format!(
+                    "Machine {id} confirmed off at {off_at} ({} reports it {last}); added \
+                     {FENCED_ANNOTATION}={off_at} and {OUT_OF_SERVICE_TAINT}={AUTO_TAINT_VALUE}:{EXPECTED_EFFECT}",
+                    self.provider.name()
+                ),
+            },
+        );
+        Ok(FenceOutcome::NotDue)
+    }
+
+    /// The power-off landed after the node turned Ready again (a partition that healed during
+    /// the fence): nothing is tainted, and the machine is powered on again.
+    async fn came_back(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        id: &ProviderId,
+    ) -> Result<FenceOutcome, PassError> {
+        shared.metrics.fence.fence("cancelled");
+        let powered_on = self.provider.power(id, Power::On).await;
+        self.clear(shared, identity, Step::Fencing).await?;
+        let then = match powered_on {
+            Ok(()) => "powering it on again".to_owned(),
+            Err(error) => {
+                format!("the power-on request failed ({error}): power machine {id} on yourself")
+            }
+        };
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "FencedAfterBack",
+                holding: false,
+                warning: true,
+                message: format!(
+                    "Machine {id} went off after the node had turned Ready again (a partition \
+                     that healed during the fence): not tainted; {then}"
+                ),
+            },
+        );
+        Ok(FenceOutcome::NotDue)
+    }
+
+    async fn fail(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        why: String,
+    ) -> Result<FenceOutcome, PassError> {
+        self.clear(shared, identity, Step::Fencing).await?;
+        shared.metrics.fence.fence("failed");
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "FenceFailed",
+                holding: false,
+                warning: true,
+                message: format!("{why}; tried again in {}s", RECHECK.as_secs()),
+            },
+        );
+        Ok(FenceOutcome::Retry(RECHECK))
+    }
+
+    /// Removes the fence's step from the node if it is still `step`.
+    async fn clear(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        step: Step,
+    ) -> Result<(), PassError> {
+        identity
+            .update(&shared.client, |current| {
+                mark(current).is_some_and(|mark| mark.step == step) && clear_mark(current)
+            })
+            .await
+            .map_err(|error| {
+                PassError::update(
+                    format!("clear the fence of node {}", identity.name()),
+                    error,
+                )
+            })?;
+        Ok(())
+    }
+
+    async fn heartbeat(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+    ) -> Result<Heartbeat, PassError> {
+        shared
+            .heartbeats
+            .read(&shared.client, identity.name(), self.settings.window)
+            .await
+            .map_err(|error| PassError::Api {
+                what: format!("read the Lease of node {}", identity.name()),
+                source: error,
+            })
+    }
+
+    /// Machines fenced and not yet back, other than `identity`'s, by a fresh list.
+    async fn fenced_elsewhere(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+    ) -> Result<usize, PassError> {
+        let nodes: Api<Node> = Api::all(shared.client.clone());
+        let marked = nodes
+            .list(&ListParams::default().labels(FENCE_LABEL))
+            .await
+            .map_err(|error| PassError::Api {
+                what: format!("list the nodes labelled {FENCE_LABEL}"),
+                source: error,
+            })?;
+        Ok(marked
+            .items
+            .iter()
+            .filter(|node| !identity.is(node))
+            .count())
+    }
+
+    /// `--recover-after-cleanup`, called by the cleanup of a fenced node once nothing that
+    /// must go is left: powers the machine on, and after `--recover-timeout` without the node
+    /// Ready, off again for good. Returns when to look again.
+    pub async fn recover(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        node: &Node,
+    ) -> Result<Option<Duration>, PassError> {
+        let Some(found) = mark(node) else {
+            return Ok(None);
+        };
+        if !self.settings.recover || readiness(node) == Readiness::Ready {
+            return Ok(None);
+        }
+        let Ok(id) = identity.machine(node) else {
+            return Ok(None);
+        };
+        match found.step {
+            Step::Fenced => self.power_on(shared, identity, &id).await,
+            Step::Recovering => {
+                let since = found.since.unwrap_or_else(Timestamp::now);
+                let deadline = since
+                    .checked_add(self.settings.recover_timeout)
+                    .unwrap_or(Timestamp::MAX);
+                let now = Timestamp::now();
+                if now < deadline {
+                    return Ok(Some(
+                        Duration::try_from(deadline.duration_since(now)).unwrap_or(POLL),
+                    ));
+                }
+                self.give_up(shared, identity, &id).await
+            }
+            Step::Fencing | Step::RecoveryFailed => Ok(None),
+        }
+    }
+
+    async fn power_on(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        id: &ProviderId,
+    ) -> Result<Option<Duration>, PassError> {
+        let at = Timestamp::now();
+        let stamped = identity
+            .update(&shared.client, |current| {
+                let fenced = mark(current).is_some_and(|mark| mark.step == Step::Fenced);
+                if !fenced || readiness(current) == Readiness::Ready {
+                    return false;
+                }
+                set_mark(current, Step::Recovering, at);
+                true
+            })
+            .await
+            .map_err(|error| {
+                PassError::update(format!("mark node {} recovering", identity.name()), error)
+            })?;
+        if !matches!(stamped, Updated::Written(_)) {
+            return Ok(Some(Duration::ZERO));
+        }
+        if let Err(error) = self.provider.power(id, Power::On).await {
+            identity
+                .update(&shared.client, |current| {
+                    let recovering =
+                        mark(current).is_some_and(|mark| mark.step == Step::Recovering);
+                    if recovering {
+                        set_mark(current, Step::Fenced, at);
+                    }
+                    recovering
+                })
+                .await
+                .map_err(|error| {
+                    PassError::update(format!("mark node {} fenced", identity.name()), error)
+                })?;
+            self.report(
+                shared,
+                identity.name(),
+                identity.uid(),
+                Report {
+                    reason: "PowerOnFailed",
+                    holding: true,
+                    warning: true,
+                    message: format!(
+                        "The node is clean, but powering machine {id} on failed: {error}; tried \
+                         again in {}s",
+                        RECHECK.as_secs()
+                    ),
+                },
+            );
+            return Ok(Some(RECHECK));
+        }
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "PoweringOn",
+                holding: true,
+                warning: false,
+                message: format!(
+                    "The node is clean: machine {id} powered on at {at}; the taint goes when the \
+                     node is Ready, or the machine goes off again if it is not Ready within \
+                     --recover-timeout ({}s)",
+                    self.settings.recover_timeout.as_secs()
+                ),
+            },
+        );
+        Ok(Some(self.settings.recover_timeout))
+    }
+
+    async fn give_up(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        id: &ProviderId,
+    ) -> Result<Option<Duration>, PassError> {
+        // Off before it is written off: a machine that boots late must not run beside the
+        // workload that moved away from it.
+        if let Err(error) = self.provider.power(id, Power::Off).await {
+            self.report(
+                shared,
+                identity.name(),
+                identity.uid(),
+                Report {
+                    reason: "RecoveryFailed",
+                    holding: true,
+                    warning: true,
+                    message: format!(
+                        "Not Ready within --recover-timeout, and powering machine {id} off again \
+                         failed: {error}; tried again in {}s",
+                        RECHECK.as_secs()
+                    ),
+                },
+            );
+            return Ok(Some(RECHECK));
+        }
+        let at = Timestamp::now();
+        let written = identity
+            .update(&shared.client, |current| {
+                let recovering = mark(current).is_some_and(|mark| mark.step == Step::Recovering);
+                if !recovering || readiness(current) == Readiness::Ready {
+                    return false;
+                }
+                set_mark(current, Step::RecoveryFailed, at);
+                true
+            })
+            .await
+            .map_err(|error| {
+                PassError::update(
+                    format!("mark node {} recovery-failed", identity.name()),
+                    error,
+                )
+            })?;
+        if !matches!(written, Updated::Written(_)) {
+            return Ok(Some(Duration::ZERO));
+        }
+        shared.metrics.fence.recovery("failed");
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "RecoveryFailed",
+                holding: true,
+                warning: true,
+                message: format!(
+                    "Not Ready within --recover-timeout ({}s) of the power-on: machine {id} is \
+                     powered off again and left off. Repair it, then remove the label \
+                     {FENCE_LABEL} (it counts against --max-fenced until then)",
+                    self.settings.recover_timeout.as_secs()
+                ),
+            },
+        );
+        Ok(None)
+    }
+
+    /// The node is Ready and its taint went (`--auto-untaint`): a recovery ends here.
+    pub fn recovered(&self, shared: &Shared, identity: &NodeIdentity, found: Mark) {
+        if found.step != Step::Recovering {
+            return;
+        }
+        shared.metrics.fence.recovery("recovered");
+        let took = found
+            .since
+            .map(|since| seconds_between(since, Timestamp::now()));
+        if let Some(took) = took {
+            shared.metrics.fence.recovery.observe(took);
+        }
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "Recovered",
+                holding: false,
+                warning: false,
+                message: format!(
+                    "Back: Ready {}after the power-on; the out-of-service taint and the fence \
+                     are removed",
+                    took.map(|took| format!("{took:.1}s ")).unwrap_or_default()
+                ),
+            },
+        );
+    }
+}
+
+fn seconds_between(from: Timestamp, to: Timestamp) -> f64 {
+    to.duration_since(from).as_secs_f64().max(0.0)
+}
+
+async fn read(shared: &Shared, identity: &NodeIdentity) -> Result<Option<Node>, PassError> {
+    identity
+        .read(&shared.client)
+        .await
+        .map_err(|error| PassError::Api {
+            what: format!("read node {}", identity.name()),
+            source: error,
+        })
+}
