@@ -1,0 +1,359 @@
+//! Fencing and recovery through the real providers' wire protocols: the release-shaped binary
+//! with `--instance-provider=aws` against moto's EC2 (StopInstances with Force, then
+//! StartInstances) and with `--instance-provider=redfish` against sushy-tools' emulator
+//! (ComputerSystem.Reset ForceOff, then On, each landing seconds after the request). The
+//! nodes live on kube-sim; the test plays their machines: a kubelet runs only while the
+//! provider says its machine is on.
+
+use std::future::Future;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+use kube_sim::KubeSim;
+use nodegrace_core::instances::redfish::{MachineConfig, RedfishConfig};
+use nodegrace_core::instances::{InstanceProvider, InstanceState, ProviderId, RedfishInstances};
+use provider_testbed::interposer::Interposer;
+use provider_testbed::moto::Moto;
+use provider_testbed::sushy::{Sushy, System};
+use serde_json::json;
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+mod common;
+use common::*;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_out-of-service-gc");
+const ZONE: &str = "us-east-1a";
+const REGION: &str = "us-east-1";
+/// Machines besides the one that hangs: bystanders that must never be touched.
+const BYSTANDERS: usize = 4;
+
+fn start(sim: &KubeSim, provider: &[String], env: &[(&str, &str)]) -> Result<Child> {
+    let mut command = Command::new(BINARY);
+    command
+        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
+        .args([
+            "--admin-listen=127.0.0.1:0",
+            "--leader-elect=false",
+            "--fence-after=1s",
+            "--liveness-guard-window=1s",
+            "--auto-untaint=true",
+            "--recover-after-cleanup=true",
+            "--log-level=warn",
+        ])
+        .args(provider)
+        .env_remove("AWS_REGION")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.spawn().context("start out-of-service-gc")
+}
+
+async fn machine_node(client: &Client, name: &str, provider_id: &str) -> Result<()> {
+    let node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {"providerID": provider_id},
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    Ok(())
+}
+
+async fn reasons(client: &Client, node: &str) -> Result<Vec<String>> {
+    Ok(Api::<Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|event| event.involved_object.name.as_deref() == Some(node))
+        .filter_map(|event| event.reason)
+        .collect())
+}
+
+/// Plays the hung machine of `node`: once the provider says it is off, and then on again, its
+/// kubelet boots (a hung machine that was power-cycled comes back). Returns when it did.
+async fn play_machine<F, Fut>(
+    client: Client,
+    node: &'static str,
+    stop: CancellationToken,
+    is_on: F,
+) -> Result<bool>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let mut was_off = false;
+    while !stop.is_cancelled() {
+        let on = is_on().await?;
+        if !on {
+            was_off = true;
+        } else if was_off {
+            revive(&client, node).await?;
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(false)
+}
+
+/// The database on the hung node, whose volume must move.
+async fn database(client: &Client, node: &str) -> Result<()> {
+    create_claim(client, "data").await?;
+    let spec = json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}});
+    Api::<Pod>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &pod("db", node, &spec)?)
+        .await?;
+    Ok(())
+}
+
+/// The flow every provider must carry: fenced (off by the provider's word), tainted, cleaned,
+/// powered on, back and untainted; the ghost (a machine the provider does not know) is held
+/// with `ghost_held` and never tainted.
+async fn fence_and_recover(
+    client: &Client,
+    hung: &str,
+    ghost: &str,
+    ghost_held: &str,
+) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    wait_for("the database to be force-deleted", || async {
+        Ok(pods.get_opt("db").await?.is_none())
+    })
+    .await?;
+    // sushy's fake driver lands each power change 1 to 11 s after the request.
+    nodegrace_core::testing::wait_for(
+        "the hung node back and untainted",
+        Duration::from_secs(90),
+        || async {
+            let node = nodes.get(hung).await?;
+            Ok(ready(&node) && !has_taint(&node))
+        },
+    )
+    .await?;
+    let story = [
+        "Fencing",
+        "Fenced",
+        "OutOfServiceCleanupDone",
+        "PoweringOn",
+        "Recovered",
+    ];
+    wait_for("the fence's Events", || async {
+        let seen = reasons(client, hung).await?;
+        Ok(story.iter().all(|reason| seen.iter().any(|r| r == reason)))
+    })
+    .await?;
+    wait_for("the ghost held for its unknown machine", || async {
+        Ok(reasons(client, ghost)
+            .await?
+            .iter()
+            .any(|r| r == ghost_held))
+    })
+    .await?;
+    let ghost_node = nodes.get(ghost).await?;
+    ensure!(!has_taint(&ghost_node), "the ghost was tainted");
+    ensure!(
+        ghost_node
+            .metadata
+            .labels
+            .as_ref()
+            .is_none_or(|labels| !labels.contains_key("nodegrace.io/fence")),
+        "the ghost got a fence step"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn aws_stops_a_hung_instance_with_force_and_starts_it_again() -> Result<()> {
+    let moto = Moto::start().await?;
+    let sim = sim(0, world()).await?;
+    let client = sim.client();
+    let ids = moto.run_instances(ZONE, 1 + BYSTANDERS).await?;
+    let names = ["hung", "by-0", "by-1", "by-2", "by-3"];
+    for (name, id) in names.iter().zip(&ids) {
+        machine_node(&client, name, &format!("aws:///{ZONE}/{id}")).await?;
+    }
+    machine_node(
+        &client,
+        "ghost",
+        &format!("aws:///{ZONE}/i-00000000000000000"),
+    )
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for("every node Ready", || async {
+        let listed = nodes.list(&ListParams::default()).await?.items;
+        Ok(listed.len() == 6 && listed.iter().all(ready))
+    })
+    .await?;
+    database(&client, "hung").await?;
+    let _program = start(
+        &sim,
+        &[
+            "--instance-provider=aws".to_owned(),
+            format!("--aws-endpoint-url={}", moto.url),
+            format!("--aws-region={REGION}"),
+        ],
+        &[
+            ("AWS_ACCESS_KEY_ID", "AKIAPROGRAM"),
+            ("AWS_SECRET_ACCESS_KEY", "secret"),
+        ],
+    )?;
+    stop_kubelet(&client, "hung").await?;
+    stop_kubelet(&client, "ghost").await?;
+    let stop = CancellationToken::new();
+    let hung_id = ids[0].clone();
+    let machine = {
+        let (client, stop) = (client.clone(), stop.clone());
+        let moto = &moto;
+        let hung_id = hung_id.clone();
+        play_machine(client, "hung", stop, move || {
+            let hung_id = hung_id.clone();
+            async move { Ok(moto.state(REGION, &hung_id).await?.as_deref() == Some("running")) }
+        })
+    };
+    let (played, flow) = tokio::join!(machine, async {
+        let flow = fence_and_recover(&client, "hung", "ghost", "FenceHeldMachineNotFound").await;
+        stop.cancel();
+        flow
+    });
+    flow?;
+    ensure!(played?, "the machine was never power-cycled");
+    let stops = moto.program_calls("StopInstances").await?;
+    ensure!(stops.len() == 1, "StopInstances sent {} times", stops.len());
+    ensure!(
+        stops[0].instance_ids() == [hung_id.as_str()],
+        "{:?}",
+        stops[0].form
+    );
+    ensure!(
+        stops[0].field("Force") == Some("true"),
+        "not forced: {:?}",
+        stops[0].form
+    );
+    let starts = moto.program_calls("StartInstances").await?;
+    ensure!(
+        starts.len() == 1 && starts[0].instance_ids() == [hung_id.as_str()],
+        "{starts:?}"
+    );
+    for id in &ids[1..] {
+        ensure!(
+            moto.state(REGION, id).await?.as_deref() == Some("running"),
+            "bystander {id} touched"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn redfish_forces_a_hung_system_off_and_powers_it_on_again() -> Result<()> {
+    let systems: Vec<System> = (0..=BYSTANDERS).map(|n| System::new(n, true)).collect();
+    let sushy = Sushy::start_plain(&systems).await?;
+    let bmc = Interposer::start(&sushy.url).await?;
+    let sim = sim(0, world()).await?;
+    let client = sim.client();
+    let names = ["hung", "by-0", "by-1", "by-2", "by-3"];
+    let entry = |name: &str, endpoint: &str, system: &System| MachineConfig {
+        node: Some(name.to_owned()),
+        provider_id: None,
+        endpoint: endpoint.to_owned(),
+        system: system.path(),
+        credentials: sushy.credentials(),
+        ca_bundle: None,
+        insecure_skip_verify: false,
+    };
+    // The ghost's system is not on the BMC.
+    let ghost = System::new(99, true);
+    let mut listed: Vec<serde_json::Value> = names
+        .iter()
+        .zip(&systems)
+        .chain(std::iter::once((&"ghost", &ghost)))
+        .map(|(name, system)| {
+            json!({"node": name, "endpoint": bmc.url(), "system": system.path(),
+                   "credentials": sushy.credentials()})
+        })
+        .collect();
+    listed.sort_by_key(|entry| entry["node"].as_str().map(str::to_owned));
+    let file = sushy.dir.path().join("machines.yaml");
+    std::fs::write(&file, serde_json::to_string(&json!({"machines": listed}))?)?;
+    for name in names.iter().chain(std::iter::once(&"ghost")) {
+        machine_node(&client, name, &format!("redfish:///{name}")).await?;
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for("every node Ready", || async {
+        let listed = nodes.list(&ListParams::default()).await?.items;
+        Ok(listed.len() == 6 && listed.iter().all(ready))
+    })
+    .await?;
+    database(&client, "hung").await?;
+    let _program = start(
+        &sim,
+        &[
+            "--instance-provider=redfish".to_owned(),
+            format!("--redfish-config={}", file.display()),
+        ],
+        &[],
+    )?;
+    // The judge reads the BMC directly, not through the interposer that counts the program's
+    // requests.
+    let judge = RedfishInstances::new(
+        RedfishConfig {
+            machines: names
+                .iter()
+                .zip(&systems)
+                .map(|(name, system)| entry(name, &sushy.url, system))
+                .collect(),
+        },
+        "judge",
+        Duration::from_secs(10),
+    )?;
+    let state = |name: &str| {
+        let id = ProviderId::new(format!("redfish:///{name}")).read_from(name);
+        let judge = &judge;
+        async move { Ok::<_, anyhow::Error>(judge.state(&id).await?) }
+    };
+    stop_kubelet(&client, "hung").await?;
+    stop_kubelet(&client, "ghost").await?;
+    let stop = CancellationToken::new();
+    let machine = play_machine(client.clone(), "hung", stop.clone(), || async {
+        Ok(state("hung").await? == InstanceState::Running)
+    });
+    let (played, flow) = tokio::join!(machine, async {
+        // A system the BMC does not have is an error of the map, not a machine gone.
+        let flow = fence_and_recover(&client, "hung", "ghost", "FenceHeldProvider").await;
+        stop.cancel();
+        flow
+    });
+    flow?;
+    ensure!(played?, "the system was never power-cycled");
+    let resets = |system: &System, kind: &str| {
+        bmc.seen()
+            .iter()
+            .filter(|seen| {
+                seen.method == "POST"
+                    && seen.path.starts_with(&system.path())
+                    && seen.body.contains(&format!("\"{kind}\""))
+            })
+            .count()
+    };
+    ensure!(
+        resets(&systems[0], "ForceOff") == 1,
+        "ForceOff not sent once"
+    );
+    ensure!(resets(&systems[0], "On") == 1, "On not sent once");
+    for (name, system) in names.iter().zip(&systems).skip(1) {
+        ensure!(
+            resets(system, "ForceOff") + resets(system, "On") == 0
+                && state(name).await? == InstanceState::Running,
+            "bystander {name} touched"
+        );
+    }
+    Ok(())
+}
