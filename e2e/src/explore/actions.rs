@@ -174,6 +174,18 @@ impl World {
                 annotate(&nodes, node, KUBELET_ANNOTATION, json!("partitioned")).await?;
                 Outcome::Done("kubelet cut off from the API server".to_owned())
             }
+            Event::Hang { node } => {
+                let Some(current) = nodes.get_opt(node).await? else {
+                    return Ok(Outcome::Skipped("no such node".to_owned()));
+                };
+                if annotation(&current, KUBELET_ANNOTATION).is_some() {
+                    return Ok(Outcome::Skipped("its kubelet is not running".to_owned()));
+                }
+                annotate(&nodes, node, KUBELET_ANNOTATION, json!("stopped")).await?;
+                Outcome::Done(
+                    "the machine hung: its kubelet stopped, the cloud says running".to_owned(),
+                )
+            }
             Event::Heal { node } => {
                 let Some(current) = nodes.get_opt(node).await? else {
                     return Ok(Outcome::Skipped("no such node".to_owned()));

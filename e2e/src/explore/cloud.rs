@@ -152,13 +152,13 @@ impl Machines {
                 return Ok(Outcome::Skipped("its machine is terminated".to_owned()));
             }
             // Mirrored first: a kubelet runs only on a machine that moto also runs.
-            let outcome = sim_call(&self.client, "POST", &sim_path(id, act), None).await?;
+            let outcome = sim_call(&self.client, "POST", &world_path(id, act), None).await?;
             aws.moto
                 .ec2(REGION, act.ec2_action(), &[("InstanceId.1", id)])
                 .await?;
             return Ok(outcome);
         }
-        sim_call(&self.client, "POST", &sim_path(id, act), None).await
+        sim_call(&self.client, "POST", &world_path(id, act), None).await
     }
 
     /// Puts a fault between the programs and EC2 (aws only).
@@ -311,4 +311,9 @@ fn mirror(client: Client) -> provider_testbed::interposer::Hook {
 
 fn sim_path(id: &str, act: Act) -> String {
     format!("/sim/v1/instances/{id}/{}", act.sim_path())
+}
+
+/// The world's own act, which kube-sim's power log tells from a program's call (invariant 9).
+fn world_path(id: &str, act: Act) -> String {
+    format!("{}?by=world", sim_path(id, act))
 }

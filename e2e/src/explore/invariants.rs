@@ -463,7 +463,7 @@ pub fn budgets(recording: &[Seen]) -> Vec<Violation> {
             (Kind::Budget, Change::Resync(names)) => {
                 budgets.retain(|name, _| names.contains(name));
             }
-            (Kind::Keeper, _) => continue,
+            (Kind::Keeper | Kind::Lease, _) => continue,
         }
         // Every deleting node not yet cordoned: is it allowed now by each budget covering it?
         for (name, node) in nodes
@@ -708,6 +708,7 @@ mod tests {
                     revision: *revision,
                 })
                 .collect(),
+            power_call_log: Vec::new(),
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod actions;
 pub mod cloud;
+pub mod fences;
 pub mod invariants;
 pub mod proxy;
 pub mod record;

@@ -18,6 +18,8 @@ pub enum Kind {
     Budget,
     /// The pods of the `keeper` StatefulSet, which tolerate the out-of-service taint.
     Keeper,
+    /// Leases: the kubelets' heartbeats in `kube-node-lease` (and the leader elections).
+    Lease,
 }
 
 #[derive(Debug, Clone)]
@@ -69,6 +71,7 @@ impl Seen {
             Kind::Node => "Node",
             Kind::Budget => "NodeDisruptionBudget",
             Kind::Keeper => "Pod",
+            Kind::Lease => "Lease",
         };
         let change = match &self.change {
             Change::Upsert(object) => serde_json::json!({
@@ -81,6 +84,8 @@ impl Seen {
                 "ready": object["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Ready")).map(|c| c["status"].clone()),
                 "spec": if self.kind == Kind::Budget { object["spec"].clone() } else { Value::Null },
                 "nodeName": object["spec"]["nodeName"],
+                "namespace": object["metadata"]["namespace"],
+                "renewTime": object["spec"]["renewTime"],
             }),
             Change::Removed(name) => serde_json::json!({"removed": name}),
             Change::Resync(names) => serde_json::json!({"resync": names}),
@@ -96,19 +101,21 @@ pub fn revision_of(object: &Value) -> u64 {
         .unwrap_or_default()
 }
 
-/// Watches Nodes, NodeDisruptionBudgets and the `keeper` pods into a [`Recording`] until the
+/// Watches Nodes, NodeDisruptionBudgets, the `keeper` pods and Leases into a [`Recording`] until the
 /// handles are dropped.
 pub fn start(client: &Client) -> (Recording, Vec<AbortOnDrop>) {
     let recording = Recording::default();
     let nodes = ApiResource::erase::<k8s_openapi::api::core::v1::Node>(&());
     let budgets = super::setup::node_budget_resource();
     let pods = ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&());
+    let leases = ApiResource::erase::<k8s_openapi::api::coordination::v1::Lease>(&());
     let everything = watcher::Config::default();
     let keepers = watcher::Config::default().labels("app=keeper");
     let tasks = [
         (Kind::Node, nodes, everything.clone()),
-        (Kind::Budget, budgets, everything),
+        (Kind::Budget, budgets, everything.clone()),
         (Kind::Keeper, pods, keepers),
+        (Kind::Lease, leases, everything),
     ]
     .into_iter()
     .map(|(kind, resource, config)| {

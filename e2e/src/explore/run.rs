@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::actions::{World, register_node};
 use super::cloud::Machines;
+use super::fences;
 use super::invariants::{
     self, Deletion, Disruption, Instance, Settled, TERMINATION_CONTROLLER_USER, Unavailability,
     Violation,
@@ -48,6 +49,9 @@ const NODE_MONITOR_GRACE: Duration = Duration::from_secs(3);
 pub const SETTLE_BOUND: Duration = Duration::from_secs(60);
 /// How long the programs get to send the Events of their last writes once the cluster settled.
 const EVENTS_BOUND: Duration = Duration::from_secs(10);
+/// out-of-service-gc's `--liveness-guard-window` and `--max-fenced` (its default) in a run.
+const LIVENESS_WINDOW: Duration = Duration::from_secs(3);
+const MAX_FENCED: usize = 1;
 /// How often the settling cluster is read (kube-sim has no watch for the cloud's state).
 const SETTLE_POLL: Duration = Duration::from_millis(500);
 
@@ -413,7 +417,7 @@ async fn settled_state(
         .map(|b| serde_json::to_value(b).unwrap_or_default())
         .collect();
     let instances: Vec<Instance> = serde_json::from_str(&get(client, "/sim/v1/instances").await?)?;
-    Ok(invariants::progress(
+    let mut stuck = invariants::progress(
         &Settled {
             nodes: &nodes,
             pods: &pods,
@@ -424,7 +428,11 @@ async fn settled_state(
         },
         termination,
         out_of_service,
-    ))
+    );
+    if out_of_service {
+        stuck.extend(nodes.iter().filter_map(fences::unsettled));
+    }
+    Ok(stuck)
 }
 
 async fn list<K>(api: Api<K>) -> Result<Vec<Value>>
@@ -533,6 +541,10 @@ async fn judge(
             &keeper_volumes,
             recording,
         ));
+        violations.extend(fences::power_offs(recording, &instances, LIVENESS_WINDOW));
+        violations.extend(fences::at_most_fenced(recording, MAX_FENCED));
+        let nodes = list::<Node>(Api::all(client.clone())).await?;
+        violations.extend(fences::recovered(recording, &nodes));
     }
     Ok(violations)
 }
@@ -675,7 +687,12 @@ fn arguments(program: Program, index: usize, kubeconfig: &Path, webhook_port: u1
         Program::OutOfServiceGc => args.extend([
             "--auto-untaint=true".to_owned(),
             "--auto-taint-after=3s".to_owned(),
-            "--liveness-guard-window=3s".to_owned(),
+            format!("--liveness-guard-window={}s", LIVENESS_WINDOW.as_secs()),
+            "--fence-after=4s".to_owned(),
+            "--fence-timeout=20s".to_owned(),
+            "--recover-after-cleanup=true".to_owned(),
+            "--recover-timeout=15s".to_owned(),
+            format!("--max-fenced={MAX_FENCED}"),
         ]),
     }
     args

@@ -110,6 +110,11 @@ pub enum Event {
     Partition {
         node: String,
     },
+    /// The machine hangs: its kubelet and containers stop, but the cloud still says running,
+    /// until someone power-cycles it.
+    Hang {
+        node: String,
+    },
     Heal {
         node: String,
     },
@@ -238,6 +243,7 @@ enum Kind {
     PowerCycle,
     TerminateInstance,
     Partition,
+    Hang,
     SkewClock,
     Taint,
     Untaint,
@@ -252,13 +258,14 @@ enum Kind {
     Fault,
 }
 
-const WEIGHTS: [(Kind, u32); 18] = [
+const WEIGHTS: [(Kind, u32); 19] = [
     (Kind::DeleteNodes, 10),
     (Kind::ForceRemoveFinalizer, 2),
     (Kind::RecreateNode, 8),
     (Kind::PowerCycle, 8),
     (Kind::TerminateInstance, 2),
     (Kind::Partition, 4),
+    (Kind::Hang, 3),
     (Kind::SkewClock, 2),
     (Kind::Taint, 6),
     (Kind::Untaint, 2),
@@ -464,6 +471,12 @@ fn draw(
             let healed = later(rng, 2.0, 10.0);
             push(healed, Event::Heal { node });
         }
+        Kind::Hang => push(
+            at,
+            Event::Hang {
+                node: any_node(rng),
+            },
+        ),
         Kind::SkewClock => {
             let seconds = *[-3600, -30, 30, 3600].choose(rng).unwrap_or(&30);
             push(

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -30,6 +30,27 @@ pub struct Instance {
     /// When each terminate call came (RFC 3339 with milliseconds) and the store's
     /// resourceVersion then, so a judge can order the calls among watched changes.
     pub terminate_call_log: Vec<Call>,
+    /// Every power change asked for over `/sim/v1`, in order, with who asked when the caller
+    /// said (`?by=<who>`: the explorer's world names itself; a program's provider does not).
+    #[serde(default)]
+    pub power_call_log: Vec<PowerCall>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PowerCall {
+    /// `power-off` or `power-on`.
+    pub power: String,
+    pub at: String,
+    pub revision: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+/// `?by=<who>` on a power change.
+#[derive(Debug, Default, Deserialize)]
+struct CallBy {
+    by: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,6 +127,7 @@ impl Cloud {
                 state: "running".to_owned(),
                 terminate_calls: 0,
                 terminate_call_log: Vec::new(),
+                power_call_log: Vec::new(),
             });
         }
     }
@@ -178,6 +200,20 @@ impl Cloud {
             _ => {}
         }
         Some(instance)
+    }
+
+    /// Counts a power change asked for over `/sim/v1`, before it is carried out.
+    fn record_power(&self, id: &str, on: bool, by: Option<String>) {
+        if let Some(instance) = self.lock().get_mut(id) {
+            instance.power_call_log.push(PowerCall {
+                power: if on { "power-on" } else { "power-off" }.to_owned(),
+                at: jiff::Timestamp::now()
+                    .strftime("%Y-%m-%dT%H:%M:%S%.3fZ")
+                    .to_string(),
+                revision: self.store.revision(),
+                by,
+            });
+        }
     }
 
     /// The end of a delayed power-off, unless the machine was powered on (or ended) meanwhile.
@@ -255,8 +291,10 @@ async fn reclaim(
 async fn power_off(
     State(cloud): State<Cloud>,
     Path(id): Path<String>,
+    Query(by): Query<CallBy>,
 ) -> Result<Json<Instance>, StatusCode> {
     cloud.reconcile();
+    cloud.record_power(&id, false, by.by);
     cloud
         .set_power(&id, false)
         .map(Json)
@@ -266,8 +304,10 @@ async fn power_off(
 async fn power_on(
     State(cloud): State<Cloud>,
     Path(id): Path<String>,
+    Query(by): Query<CallBy>,
 ) -> Result<Json<Instance>, StatusCode> {
     cloud.reconcile();
+    cloud.record_power(&id, true, by.by);
     cloud
         .set_power(&id, true)
         .map(Json)
