@@ -97,6 +97,7 @@ pub fn check_charts() -> Result<()> {
     let out = project_root().join("target/charts");
     fs::create_dir_all(&out)?;
     let mut checked = 0;
+    let mut refused = 0;
     for chart in chart_dirs(&charts)? {
         let name = chart
             .file_name()
@@ -129,9 +130,43 @@ pub fn check_charts() -> Result<()> {
             fs::write(out.join(format!("{name}-{suffix}.yaml")), &rendered.stdout)?;
             checked += 1;
         }
+        refused += check_refusals(&helm, &chart, &name)?;
     }
-    println!("charts: {checked} value sets linted and rendered");
+    println!("charts: {checked} value sets linted and rendered, {refused} refused as they must be");
     Ok(())
+}
+
+/// Each `ci/refused/*-values.yaml` must fail to render, with an error that contains the text of
+/// its first line (`# refused: <text>`): a value set the program would refuse at start is
+/// refused at install, naming the value and the fix.
+fn check_refusals(helm: &Path, chart: &Path, name: &str) -> Result<usize> {
+    let mut refused = 0;
+    for values in values_in(&chart.join("ci/refused"))? {
+        let text = fs::read_to_string(&values)?;
+        let Some(expected) = text
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("# refused: "))
+        else {
+            bail!("{}: the first line must be `# refused: <text of the error>`", values.display());
+        };
+        let rendered = Command::new(helm)
+            .args(["template", "release-name"])
+            .arg(chart)
+            .arg("--values")
+            .arg(&values)
+            .output()?;
+        let stderr = String::from_utf8_lossy(&rendered.stderr);
+        if rendered.status.success() || !stderr.contains(expected.trim()) {
+            bail!(
+                "helm template {name} with {} must fail with {expected:?}; it {}",
+                values.display(),
+                if rendered.status.success() { "rendered".to_owned() } else { format!("failed with: {stderr}") }
+            );
+        }
+        refused += 1;
+    }
+    Ok(refused)
 }
 
 fn chart_dirs(charts: &Path) -> Result<Vec<PathBuf>> {
@@ -149,7 +184,10 @@ fn chart_dirs(charts: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn ci_values(chart: &Path) -> Result<Vec<PathBuf>> {
-    let dir = chart.join("ci");
+    values_in(&chart.join("ci"))
+}
+
+fn values_in(dir: &Path) -> Result<Vec<PathBuf>> {
     if !dir.is_dir() {
         return Ok(Vec::new());
     }
