@@ -148,7 +148,10 @@ fn check_refusals(helm: &Path, chart: &Path, name: &str) -> Result<usize> {
             .next()
             .and_then(|line| line.strip_prefix("# refused: "))
         else {
-            bail!("{}: the first line must be `# refused: <text of the error>`", values.display());
+            bail!(
+                "{}: the first line must be `# refused: <text of the error>`",
+                values.display()
+            );
         };
         let rendered = Command::new(helm)
             .args(["template", "release-name"])
@@ -161,7 +164,11 @@ fn check_refusals(helm: &Path, chart: &Path, name: &str) -> Result<usize> {
             bail!(
                 "helm template {name} with {} must fail with {expected:?}; it {}",
                 values.display(),
-                if rendered.status.success() { "rendered".to_owned() } else { format!("failed with: {stderr}") }
+                if rendered.status.success() {
+                    "rendered".to_owned()
+                } else {
+                    format!("failed with: {stderr}")
+                }
             );
         }
         refused += 1;

@@ -17,13 +17,13 @@ use nodegrace_core::program::Started;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::cleanup::{Settings, Shared};
 use crate::cli::{Args, FencingArgs};
 use crate::controller::Controller;
 use crate::fencing::{FenceSettings, Fencer};
 use crate::guard::Heartbeats;
 use crate::metrics::Metrics;
 use crate::qualify::TaintClock;
+use crate::shared::{Settings, Shared};
 use crate::tainting::AutoTaint;
 
 pub const PROGRAM: &str = "out-of-service-gc";
@@ -200,7 +200,6 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
                 attachments,
                 heartbeats,
                 taint_clock: TaintClock::default(),
-                fencer,
             }),
             nodes,
             dirty: Arc::clone(&cluster.dirty),
@@ -211,6 +210,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
                     .clone()
                     .map(|provider| Metered::wrap(provider, provider_metrics.clone())),
             }),
+            fencer,
         };
         Ok(cluster.lead(controller).await?)
     });

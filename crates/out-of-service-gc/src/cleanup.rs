@@ -1,8 +1,9 @@
 //! One out-of-service node's cleanup: each pass reads the Node and its heartbeat Lease from the
 //! API (never the cache), then force-deletes the pods that do not tolerate the taint, deletes
 //! the VolumeAttachments no remaining pod uses, reports, and — with `--auto-untaint` — removes
-//! the taint once the node is back and clean. Passes are idempotent: a new leader, or a pass
-//! after an error, simply does what is still to do.
+//! the taint once the node is back and clean; a clean node this controller fenced is handed to
+//! the fencer to be powered on again (`--recover-after-cleanup`). Passes are idempotent: a new
+//! leader, or a pass after an error, simply does what is still to do.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,10 +15,10 @@ use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use nodegrace_core::k8s::api_errors::{ApiErrorClass, classify_delete, status_code};
 use nodegrace_core::k8s::events::{EventReport, object_reference};
-use nodegrace_core::k8s::node_identity::{NodeIdentity, UpdateError, Updated};
+use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::pods::is_terminal;
 use nodegrace_core::k8s::reporter::{ConditionGuard, Reporter};
@@ -28,47 +29,17 @@ use serde_json::json;
 use crate::fence_mark::{Step, clear_mark, mark};
 use crate::fencing::Fencer;
 use crate::fresh::Fresh;
-use crate::guard::{Evidence, Heartbeat, Heartbeats, NODE_LEASE_NAMESPACE};
-use crate::metrics::Metrics;
+use crate::guard::{Evidence, Heartbeat, NODE_LEASE_NAMESPACE};
 use crate::qualify::{
-    EXPECTED_EFFECT, NodeStatus, OUT_OF_SERVICE_TAINT, PodVerdict, TaintClock, node_status,
-    pod_verdict, ready_since,
+    EXPECTED_EFFECT, NodeStatus, OUT_OF_SERVICE_TAINT, PodVerdict, node_status, pod_verdict,
+    ready_since,
 };
+use crate::shared::{PassError, Shared};
 use crate::status::{DISRUPTION_REASON, Phase, after_cleanup, plural};
 
 const ACTION: &str = "OutOfServiceCleanup";
 /// Force actions in flight at once for one node.
 const CONCURRENCY: usize = 64;
-
-/// What every node's cleanup shares.
-pub struct Shared {
-    pub client: Client,
-    pub reporter: Reporter,
-    pub metrics: Metrics,
-    pub settings: Settings,
-    pub attachments: Watched<VolumeAttachment>,
-    /// The nodes' heartbeats as this process saw them (fed by a Lease watch when the guard is
-    /// on, and by the fresh read before each force action).
-    pub heartbeats: Arc<Heartbeats>,
-    pub taint_clock: TaintClock,
-    /// `--fence-after`: the fencing agent, which also powers a clean node on again.
-    pub fencer: Option<Arc<Fencer>>,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct Settings {
-    pub liveness_guard: bool,
-    pub guard_window: Option<Duration>,
-    pub auto_untaint: bool,
-}
 
 /// The node as the API has it right now.
 #[derive(Debug, Clone)]
@@ -96,61 +67,6 @@ impl LiveView {
 pub enum Outcome {
     Finished,
     Wait(Option<Duration>),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PassError {
-    #[error("{what}: {source}")]
-    Api {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// Some force actions of the pass failed, others landed: worth retrying soon, not after a
-    /// backoff that grew while the node was being worked through.
-    #[error("{0} (other actions of the pass succeeded)")]
-    Partial(Box<PassError>),
-    #[error("{what}: {source}")]
-    Contended {
-        what: String,
-        #[source]
-        source: UpdateError,
-    },
-}
-
-impl PassError {
-    fn api(what: impl Into<String>, source: kube::Error) -> Self {
-        Self::Api {
-            what: what.into(),
-            source,
-        }
-    }
-
-    /// A write through [`NodeIdentity::update`] that failed.
-    pub fn update(what: impl Into<String>, error: UpdateError) -> Self {
-        match error {
-            UpdateError::Api(source) => Self::api(what, source),
-            contended @ UpdateError::Contended(_) => Self::Contended {
-                what: what.into(),
-                source: contended,
-            },
-        }
-    }
-
-    pub fn kind(&self) -> &'static str {
-        let source = match self {
-            Self::Api { source, .. } => source,
-            Self::Partial(inner) => return inner.kind(),
-            Self::Contended { .. } => return "conflict",
-        };
-        match status_code(source) {
-            Some(403) => "forbidden",
-            Some(429) => "throttled",
-            Some(500..) => "server",
-            Some(_) => "api",
-            None => "unreachable",
-        }
-    }
 }
 
 /// What was said already, so a pass that finds the same state says nothing new.
@@ -181,6 +97,8 @@ pub struct NodeCleanup {
     /// another task's.
     node: NodeIdentity,
     pods: Watched<Pod>,
+    /// `--fence-after`: the fencing agent, which also powers a clean fenced node on again.
+    fencer: Option<Arc<Fencer>>,
     live: Fresh<LiveView>,
     said: Mutex<Said>,
     /// Pods and VolumeAttachments (by UID) whose deletion the API server accepted: the watches
@@ -210,7 +128,7 @@ fn trim_pod(pod: &mut Pod) {
 
 impl NodeCleanup {
     /// Starts watching the pods bound to `node` (and only those).
-    pub fn new(shared: Arc<Shared>, node: NodeIdentity) -> Self {
+    pub fn new(shared: Arc<Shared>, node: NodeIdentity, fencer: Option<Arc<Fencer>>) -> Self {
         let pods = Watched::start_trimmed(
             Api::all(shared.client.clone()),
             watcher::Config::default().fields(&format!("spec.nodeName={}", node.name())),
@@ -221,6 +139,7 @@ impl NodeCleanup {
             shared,
             node,
             pods,
+            fencer,
             live: Fresh::default(),
             said: Mutex::default(),
             deleted: Mutex::default(),
@@ -442,7 +361,7 @@ impl NodeCleanup {
                 ),
             );
         }
-        match (&self.shared.fencer, view.node.as_deref()) {
+        match (&self.fencer, view.node.as_deref()) {
             (Some(fencer), Some(node)) => Ok(Outcome::Wait(
                 fencer.recover(&self.shared, &self.node, node).await?,
             )),
@@ -825,7 +744,7 @@ impl NodeCleanup {
             ),
         );
         self.report(&Phase::TaintRemoved);
-        if let (Some(fencer), Some(fence)) = (&self.shared.fencer, fence) {
+        if let (Some(fencer), Some(fence)) = (&self.fencer, fence) {
             fencer.recovered(&self.shared, &self.node, fence);
         }
         Ok(Outcome::Finished)

@@ -23,9 +23,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use crate::cleanup::{NodeCleanup, Outcome, PassError, Shared};
+use crate::cleanup::{NodeCleanup, Outcome};
 use crate::fencing::{FenceOutcome, Fencer};
 use crate::qualify::OUT_OF_SERVICE_TAINT;
+use crate::shared::{PassError, Shared};
 use crate::tainting::{Attempt, AutoTaint, due_at};
 
 /// How soon a node that could not be confirmed powered off is asked about again.
@@ -42,6 +43,7 @@ pub struct Controller {
     pub nodes: Watched<Node>,
     pub dirty: Arc<Dirty>,
     pub auto_taint: Option<AutoTaint>,
+    pub fencer: Option<Arc<Fencer>>,
 }
 
 struct Worker {
@@ -68,7 +70,7 @@ impl Controller {
         let mut attempts: JoinSet<(NodeIdentity, Attempt)> = JoinSet::new();
         // By name: the Node object last told about (a namesake is told about afresh).
         let mut told_unconfirmed: HashMap<String, NodeIdentity> = HashMap::new();
-        let mut fencing = self.shared.fencer.clone().map(FenceWork::new);
+        let mut fencing = self.fencer.clone().map(FenceWork::new);
         for node in self.nodes.state() {
             self.dirty
                 .mark(&node.metadata.name.clone().unwrap_or_default());
@@ -93,8 +95,11 @@ impl Controller {
                         if let Some(identity) = identity.clone().filter(|_| tainted) {
                             let (poke, poked) = watch::channel(());
                             let stop = acting.child_token();
-                            let cleanup =
-                                NodeCleanup::new(Arc::clone(&self.shared), identity.clone());
+                            let cleanup = NodeCleanup::new(
+                                Arc::clone(&self.shared),
+                                identity.clone(),
+                                self.fencer.clone(),
+                            );
                             running.spawn(look_after(
                                 cleanup,
                                 poked,

@@ -18,5 +18,6 @@ pub mod fresh;
 pub mod guard;
 pub mod metrics;
 pub mod qualify;
+pub mod shared;
 pub mod status;
 pub mod tainting;

@@ -18,8 +18,8 @@ use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 
-use crate::cleanup::{PassError, Shared};
 use crate::qualify::{EXPECTED_EFFECT, OUT_OF_SERVICE_TAINT, not_ready_for, not_ready_since};
+use crate::shared::{PassError, Shared};
 use crate::status::{AUTO_TAINT_VALUE, FENCED_ANNOTATION};
 
 #[derive(Debug, Clone)]

@@ -153,10 +153,10 @@ async fn a_node_that_still_heartbeats_is_refused_with_an_event() -> Result<()> {
 async fn shared_without_guard(
     client: &kube::Client,
     attachment_watch: nodegrace_core::k8s::watched::WatchCounters,
-) -> Result<std::sync::Arc<out_of_service_gc::cleanup::Shared>> {
+) -> Result<std::sync::Arc<out_of_service_gc::shared::Shared>> {
     use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
     use nodegrace_core::k8s::watched::Watched;
-    use out_of_service_gc::cleanup::{Settings, Shared};
+    use out_of_service_gc::shared::{Settings, Shared};
     let (reporter, _flushed) =
         Reporter::start(ApiSink::new(client.clone(), "out-of-service-gc", "test"));
     let attachments = Watched::start(
@@ -179,7 +179,6 @@ async fn shared_without_guard(
             tokio::time::Instant::now(),
         )),
         taint_clock: out_of_service_gc::qualify::TaintClock::default(),
-        fencer: None,
     }))
 }
 
@@ -201,6 +200,7 @@ async fn a_taint_removed_before_the_action_deletes_nothing() -> Result<()> {
     let cleanup = NodeCleanup::new(
         std::sync::Arc::clone(&shared),
         identity(&client, "node-1").await?,
+        None,
     );
     cleanup.pods().synced().await?;
     ensure!(
@@ -547,6 +547,7 @@ async fn a_pass_on_caches_behind_its_own_deletions_does_not_repeat_them() -> Res
     let cleanup = NodeCleanup::new(
         std::sync::Arc::clone(&shared),
         identity(&client, "node-1").await?,
+        None,
     );
     cleanup.pods().synced().await?;
     ensure!(cleanup.pods().state().len() == 2);

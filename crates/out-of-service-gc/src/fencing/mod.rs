@@ -28,19 +28,21 @@ use nodegrace_core::k8s::reporter::ConditionGuard;
 use nodegrace_core::k8s::selectors::selector_matches;
 use nodegrace_core::k8s::watched::Watched;
 
-use crate::cleanup::{PassError, Shared};
 use crate::fence_mark::{FENCE_LABEL, Mark, Step, clear_mark, do_not_fence, mark, set_mark};
 use crate::guard::Heartbeat;
 use crate::qualify::{EXPECTED_EFFECT, OUT_OF_SERVICE_TAINT, not_ready_since};
+use crate::shared::{PassError, Shared};
 use crate::status::{AUTO_TAINT_VALUE, FENCED_ANNOTATION};
+
+mod recovery;
 
 /// The node condition that tells where a fence stands.
 pub const CONDITION: &str = "OutOfServiceFence";
 const ACTION: &str = "Fence";
 /// How often the provider is asked whether a machine is off yet.
-const POLL: Duration = Duration::from_secs(1);
+pub(crate) const POLL: Duration = Duration::from_secs(1);
 /// How soon a held or failed fence is looked at again (a change of the node comes sooner).
-const RECHECK: Duration = Duration::from_secs(10);
+pub(crate) const RECHECK: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct FenceSettings {
@@ -89,12 +91,12 @@ impl std::fmt::Debug for Fencer {
 }
 
 /// One line of the fence's story on the node: the condition, and an Event when it is news.
-struct Report {
-    reason: &'static str,
+pub(crate) struct Report {
+    pub reason: &'static str,
     /// The condition's status: `True` while a machine is held off or on its way.
-    holding: bool,
-    warning: bool,
-    message: String,
+    pub holding: bool,
+    pub warning: bool,
+    pub message: String,
 }
 
 impl Fencer {
@@ -162,7 +164,7 @@ impl Fencer {
         );
     }
 
-    fn report(&self, shared: &Shared, name: &str, uid: &str, report: Report) {
+    pub(crate) fn report(&self, shared: &Shared, name: &str, uid: &str, report: Report) {
         let Report {
             reason,
             holding,
@@ -436,19 +438,21 @@ impl Fencer {
             return Ok(FenceOutcome::NotDue);
         }
         let silent = matches!(self.heartbeat(shared, identity).await?, Heartbeat::Silent);
-        if silent
-            && matches!(state, Ok(InstanceState::Running))
-            && let Err(error) = self.provider.power(&id, Power::Off).await
-        {
-            return self
-                .fail(
-                    shared,
-                    identity,
-                    format!("the power-off request failed: {error}"),
-                )
-                .await;
+        let mut requested = since;
+        if silent && matches!(state, Ok(InstanceState::Running)) {
+            if let Err(error) = self.provider.power(&id, Power::Off).await {
+                return self
+                    .fail(
+                        shared,
+                        identity,
+                        format!("the power-off request failed: {error}"),
+                    )
+                    .await;
+            }
+            // Sent again now: the machine gets the whole --fence-timeout from here.
+            requested = Timestamp::now();
         }
-        self.confirm(shared, identity, &id, since).await
+        self.confirm(shared, identity, &id, requested).await
     }
 
     /// Polls the provider until it reports the machine off, then marks the node fenced and
@@ -674,214 +678,9 @@ impl Fencer {
             .filter(|node| !identity.is(node))
             .count())
     }
-
-    /// `--recover-after-cleanup`, called by the cleanup of a fenced node once nothing that
-    /// must go is left: powers the machine on, and after `--recover-timeout` without the node
-    /// Ready, off again for good. Returns when to look again.
-    pub async fn recover(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-        node: &Node,
-    ) -> Result<Option<Duration>, PassError> {
-        let Some(found) = mark(node) else {
-            return Ok(None);
-        };
-        if !self.settings.recover || readiness(node) == Readiness::Ready {
-            return Ok(None);
-        }
-        let Ok(id) = identity.machine(node) else {
-            return Ok(None);
-        };
-        match found.step {
-            Step::Fenced => self.power_on(shared, identity, &id).await,
-            Step::Recovering => {
-                let since = found.since.unwrap_or_else(Timestamp::now);
-                let deadline = since
-                    .checked_add(self.settings.recover_timeout)
-                    .unwrap_or(Timestamp::MAX);
-                let now = Timestamp::now();
-                if now < deadline {
-                    return Ok(Some(
-                        Duration::try_from(deadline.duration_since(now)).unwrap_or(POLL),
-                    ));
-                }
-                self.give_up(shared, identity, &id).await
-            }
-            Step::Fencing | Step::RecoveryFailed => Ok(None),
-        }
-    }
-
-    async fn power_on(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-        id: &ProviderId,
-    ) -> Result<Option<Duration>, PassError> {
-        let at = Timestamp::now();
-        let stamped = identity
-            .update(&shared.client, |current| {
-                let fenced = mark(current).is_some_and(|mark| mark.step == Step::Fenced);
-                if !fenced || readiness(current) == Readiness::Ready {
-                    return false;
-                }
-                set_mark(current, Step::Recovering, at);
-                true
-            })
-            .await
-            .map_err(|error| {
-                PassError::update(format!("mark node {} recovering", identity.name()), error)
-            })?;
-        if !matches!(stamped, Updated::Written(_)) {
-            return Ok(Some(Duration::ZERO));
-        }
-        if let Err(error) = self.provider.power(id, Power::On).await {
-            identity
-                .update(&shared.client, |current| {
-                    let recovering =
-                        mark(current).is_some_and(|mark| mark.step == Step::Recovering);
-                    if recovering {
-                        set_mark(current, Step::Fenced, at);
-                    }
-                    recovering
-                })
-                .await
-                .map_err(|error| {
-                    PassError::update(format!("mark node {} fenced", identity.name()), error)
-                })?;
-            self.report(
-                shared,
-                identity.name(),
-                identity.uid(),
-                Report {
-                    reason: "PowerOnFailed",
-                    holding: true,
-                    warning: true,
-                    message: format!(
-                        "The node is clean, but powering machine {id} on failed: {error}; tried \
-                         again in {}s",
-                        RECHECK.as_secs()
-                    ),
-                },
-            );
-            return Ok(Some(RECHECK));
-        }
-        self.report(
-            shared,
-            identity.name(),
-            identity.uid(),
-            Report {
-                reason: "PoweringOn",
-                holding: true,
-                warning: false,
-                message: format!(
-                    "The node is clean: machine {id} powered on at {at}; the taint goes when the \
-                     node is Ready, or the machine goes off again if it is not Ready within \
-                     --recover-timeout ({}s)",
-                    self.settings.recover_timeout.as_secs()
-                ),
-            },
-        );
-        Ok(Some(self.settings.recover_timeout))
-    }
-
-    async fn give_up(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-        id: &ProviderId,
-    ) -> Result<Option<Duration>, PassError> {
-        // Off before it is written off: a machine that boots late must not run beside the
-        // workload that moved away from it.
-        if let Err(error) = self.provider.power(id, Power::Off).await {
-            self.report(
-                shared,
-                identity.name(),
-                identity.uid(),
-                Report {
-                    reason: "RecoveryFailed",
-                    holding: true,
-                    warning: true,
-                    message: format!(
-                        "Not Ready within --recover-timeout, and powering machine {id} off again \
-                         failed: {error}; tried again in {}s",
-                        RECHECK.as_secs()
-                    ),
-                },
-            );
-            return Ok(Some(RECHECK));
-        }
-        let at = Timestamp::now();
-        let written = identity
-            .update(&shared.client, |current| {
-                let recovering = mark(current).is_some_and(|mark| mark.step == Step::Recovering);
-                if !recovering || readiness(current) == Readiness::Ready {
-                    return false;
-                }
-                set_mark(current, Step::RecoveryFailed, at);
-                true
-            })
-            .await
-            .map_err(|error| {
-                PassError::update(
-                    format!("mark node {} recovery-failed", identity.name()),
-                    error,
-                )
-            })?;
-        if !matches!(written, Updated::Written(_)) {
-            return Ok(Some(Duration::ZERO));
-        }
-        shared.metrics.fence.recovery("failed");
-        self.report(
-            shared,
-            identity.name(),
-            identity.uid(),
-            Report {
-                reason: "RecoveryFailed",
-                holding: true,
-                warning: true,
-                message: format!(
-                    "Not Ready within --recover-timeout ({}s) of the power-on: machine {id} is \
-                     powered off again and left off. Repair it, then remove the label \
-                     {FENCE_LABEL} (it counts against --max-fenced until then)",
-                    self.settings.recover_timeout.as_secs()
-                ),
-            },
-        );
-        Ok(None)
-    }
-
-    /// The node is Ready and its taint went (`--auto-untaint`): a recovery ends here.
-    pub fn recovered(&self, shared: &Shared, identity: &NodeIdentity, found: Mark) {
-        if found.step != Step::Recovering {
-            return;
-        }
-        shared.metrics.fence.recovery("recovered");
-        let took = found
-            .since
-            .map(|since| seconds_between(since, Timestamp::now()));
-        if let Some(took) = took {
-            shared.metrics.fence.recovery.observe(took);
-        }
-        self.report(
-            shared,
-            identity.name(),
-            identity.uid(),
-            Report {
-                reason: "Recovered",
-                holding: false,
-                warning: false,
-                message: format!(
-                    "Back: Ready {}after the power-on; the out-of-service taint and the fence \
-                     are removed",
-                    took.map(|took| format!("{took:.1}s ")).unwrap_or_default()
-                ),
-            },
-        );
-    }
 }
 
-fn seconds_between(from: Timestamp, to: Timestamp) -> f64 {
+pub(crate) fn seconds_between(from: Timestamp, to: Timestamp) -> f64 {
     to.duration_since(from).as_secs_f64().max(0.0)
 }
 

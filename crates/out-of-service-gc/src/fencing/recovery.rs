@@ -1,0 +1,222 @@
+//! `--recover-after-cleanup`: a machine this controller fenced is powered on again once its
+//! node is clean, and its node's return ends the fence; a machine that does not come back in
+//! `--recover-timeout` is powered off again and left off for a person.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use nodegrace_core::instances::{Power, ProviderId};
+use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
+use nodegrace_core::k8s::nodes::{Readiness, readiness};
+
+use super::{Fencer, POLL, RECHECK, Report, seconds_between};
+use crate::fence_mark::{FENCE_LABEL, Mark, Step, mark, set_mark};
+use crate::shared::{PassError, Shared};
+
+impl Fencer {
+    /// `--recover-after-cleanup`, called by the cleanup of a fenced node once nothing that
+    /// must go is left: powers the machine on, and after `--recover-timeout` without the node
+    /// Ready, off again for good. Returns when to look again.
+    pub async fn recover(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        node: &Node,
+    ) -> Result<Option<Duration>, PassError> {
+        let Some(found) = mark(node) else {
+            return Ok(None);
+        };
+        if !self.settings.recover || readiness(node) == Readiness::Ready {
+            return Ok(None);
+        }
+        let Ok(id) = identity.machine(node) else {
+            return Ok(None);
+        };
+        match found.step {
+            Step::Fenced => self.power_on(shared, identity, &id).await,
+            Step::Recovering => {
+                let since = found.since.unwrap_or_else(Timestamp::now);
+                let deadline = since
+                    .checked_add(self.settings.recover_timeout)
+                    .unwrap_or(Timestamp::MAX);
+                let now = Timestamp::now();
+                if now < deadline {
+                    return Ok(Some(
+                        Duration::try_from(deadline.duration_since(now)).unwrap_or(POLL),
+                    ));
+                }
+                self.give_up(shared, identity, &id).await
+            }
+            Step::Fencing | Step::RecoveryFailed => Ok(None),
+        }
+    }
+
+    async fn power_on(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        id: &ProviderId,
+    ) -> Result<Option<Duration>, PassError> {
+        let at = Timestamp::now();
+        let stamped = identity
+            .update(&shared.client, |current| {
+                let fenced = mark(current).is_some_and(|mark| mark.step == Step::Fenced);
+                if !fenced || readiness(current) == Readiness::Ready {
+                    return false;
+                }
+                set_mark(current, Step::Recovering, at);
+                true
+            })
+            .await
+            .map_err(|error| {
+                PassError::update(format!("mark node {} recovering", identity.name()), error)
+            })?;
+        if !matches!(stamped, Updated::Written(_)) {
+            return Ok(Some(Duration::ZERO));
+        }
+        if let Err(error) = self.provider.power(id, Power::On).await {
+            identity
+                .update(&shared.client, |current| {
+                    let recovering =
+                        mark(current).is_some_and(|mark| mark.step == Step::Recovering);
+                    if recovering {
+                        set_mark(current, Step::Fenced, at);
+                    }
+                    recovering
+                })
+                .await
+                .map_err(|error| {
+                    PassError::update(format!("mark node {} fenced", identity.name()), error)
+                })?;
+            self.report(
+                shared,
+                identity.name(),
+                identity.uid(),
+                Report {
+                    reason: "PowerOnFailed",
+                    holding: true,
+                    warning: true,
+                    message: format!(
+                        "The node is clean, but powering machine {id} on failed: {error}; tried \
+                         again in {}s",
+                        RECHECK.as_secs()
+                    ),
+                },
+            );
+            return Ok(Some(RECHECK));
+        }
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "PoweringOn",
+                holding: true,
+                warning: false,
+                message: format!(
+                    "The node is clean: machine {id} powered on at {at}; the taint goes when the \
+                     node is Ready, or the machine goes off again if it is not Ready within \
+                     --recover-timeout ({}s)",
+                    self.settings.recover_timeout.as_secs()
+                ),
+            },
+        );
+        Ok(Some(self.settings.recover_timeout))
+    }
+
+    async fn give_up(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        id: &ProviderId,
+    ) -> Result<Option<Duration>, PassError> {
+        // Off before it is written off: a machine that boots late must not run beside the
+        // workload that moved away from it.
+        if let Err(error) = self.provider.power(id, Power::Off).await {
+            self.report(
+                shared,
+                identity.name(),
+                identity.uid(),
+                Report {
+                    reason: "RecoveryFailed",
+                    holding: true,
+                    warning: true,
+                    message: format!(
+                        "Not Ready within --recover-timeout, and powering machine {id} off again \
+                         failed: {error}; tried again in {}s",
+                        RECHECK.as_secs()
+                    ),
+                },
+            );
+            return Ok(Some(RECHECK));
+        }
+        let at = Timestamp::now();
+        let written = identity
+            .update(&shared.client, |current| {
+                let recovering = mark(current).is_some_and(|mark| mark.step == Step::Recovering);
+                if !recovering || readiness(current) == Readiness::Ready {
+                    return false;
+                }
+                set_mark(current, Step::RecoveryFailed, at);
+                true
+            })
+            .await
+            .map_err(|error| {
+                PassError::update(
+                    format!("mark node {} recovery-failed", identity.name()),
+                    error,
+                )
+            })?;
+        if !matches!(written, Updated::Written(_)) {
+            return Ok(Some(Duration::ZERO));
+        }
+        shared.metrics.fence.recovery("failed");
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "RecoveryFailed",
+                holding: true,
+                warning: true,
+                message: format!(
+                    "Not Ready within --recover-timeout ({}s) of the power-on: machine {id} is \
+                     powered off again and left off. Repair it, then remove the label \
+                     {FENCE_LABEL} (it counts against --max-fenced until then)",
+                    self.settings.recover_timeout.as_secs()
+                ),
+            },
+        );
+        Ok(None)
+    }
+
+    /// The node is Ready and its taint went (`--auto-untaint`): a recovery ends here.
+    pub fn recovered(&self, shared: &Shared, identity: &NodeIdentity, found: Mark) {
+        if found.step != Step::Recovering {
+            return;
+        }
+        shared.metrics.fence.recovery("recovered");
+        let took = found
+            .since
+            .map(|since| seconds_between(since, Timestamp::now()));
+        if let Some(took) = took {
+            shared.metrics.fence.recovery.observe(took);
+        }
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "Recovered",
+                holding: false,
+                warning: false,
+                message: format!(
+                    "Back: Ready {}after the power-on; the out-of-service taint and the fence \
+                     are removed",
+                    took.map(|took| format!("{took:.1}s ")).unwrap_or_default()
+                ),
+            },
+        );
+    }
+}
