@@ -17,6 +17,7 @@ use nodegrace_core::instances::{InstanceProvider, InstanceState};
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
+use nodegrace_core::k8s::taints::put_taint;
 
 use crate::qualify::{EXPECTED_EFFECT, OUT_OF_SERVICE_TAINT, not_ready_for, not_ready_since};
 use crate::shared::{PassError, Shared};
@@ -178,13 +179,7 @@ impl AutoTaint {
                 {
                     return false;
                 }
-                current
-                    .spec
-                    .get_or_insert_with(Default::default)
-                    .taints
-                    .get_or_insert_with(Vec::new)
-                    .push(taint.clone());
-                true
+                put_taint(current, &taint)
             })
             .await
             .map_err(|error| PassError::update(format!("taint node {name}"), error))?;

@@ -42,6 +42,21 @@ pub async fn remove_taint(
     .await
 }
 
+/// Puts `taint` on `node` (an object about to be written) unless one of its key and effect is
+/// there. Returns whether it was added.
+pub fn put_taint(node: &mut Node, taint: &Taint) -> bool {
+    let taints = node
+        .spec
+        .get_or_insert_with(Default::default)
+        .taints
+        .get_or_insert_with(Vec::new);
+    if taints.iter().any(|t| same_taint(t, taint)) {
+        return false;
+    }
+    taints.push(taint.clone());
+    true
+}
+
 /// Taints are identified by key and effect, as the API validates them.
 fn same_taint(a: &Taint, b: &Taint) -> bool {
     a.key == b.key && a.effect == b.effect

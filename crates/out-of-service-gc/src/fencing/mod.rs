@@ -26,6 +26,7 @@ use nodegrace_core::k8s::nodes::{Readiness, node_reference, readiness, taint_wit
 use nodegrace_core::k8s::partition::partitioned;
 use nodegrace_core::k8s::reporter::ConditionGuard;
 use nodegrace_core::k8s::selectors::selector_matches;
+use nodegrace_core::k8s::taints::put_taint;
 use nodegrace_core::k8s::watched::Watched;
 
 use crate::fence_mark::{FENCE_LABEL, Mark, Step, clear_mark, do_not_fence, mark, set_mark};
@@ -387,15 +388,9 @@ impl Fencer {
             },
         );
         if !state.powered_off()
-            && let Err(error) = self.provider.power(&id, Power::Off).await
+            && let Err(why) = self.power_off(&id).await
         {
-            return self
-                .fail(
-                    shared,
-                    identity,
-                    format!("the power-off request failed: {error}"),
-                )
-                .await;
+            return self.fail(shared, identity, why).await;
         }
         self.confirm(shared, identity, &id, stamped_at).await
     }
@@ -440,19 +435,51 @@ impl Fencer {
         let silent = matches!(self.heartbeat(shared, identity).await?, Heartbeat::Silent);
         let mut requested = since;
         if silent && matches!(state, Ok(InstanceState::Running)) {
-            if let Err(error) = self.provider.power(&id, Power::Off).await {
-                return self
-                    .fail(
-                        shared,
-                        identity,
-                        format!("the power-off request failed: {error}"),
-                    )
-                    .await;
+            if let Err(why) = self.power_off(&id).await {
+                return self.fail(shared, identity, why).await;
             }
             // Sent again now: the machine gets the whole --fence-timeout from here.
             requested = Timestamp::now();
         }
         self.confirm(shared, identity, &id, requested).await
+    }
+
+    /// Asks for the power-off; the error as a fence failure says it.
+    async fn power_off(&self, id: &ProviderId) -> Result<(), String> {
+        self.provider
+            .power(id, Power::Off)
+            .await
+            .map_err(|error| format!("the power-off request failed: {error}"))
+    }
+
+    /// Moves the fence on `identity`'s Node from `from` to `to` (begun `at`), decided on the
+    /// version written: only while it is at `from` and the node is not Ready. Returns whether
+    /// it was written.
+    pub(crate) async fn advance(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        from: Step,
+        to: Step,
+        at: Timestamp,
+    ) -> Result<bool, PassError> {
+        let written = identity
+            .update(&shared.client, |current| {
+                let at_step = mark(current).is_some_and(|found| found.step == from);
+                if !at_step || readiness(current) == Readiness::Ready {
+                    return false;
+                }
+                set_mark(current, to, at);
+                true
+            })
+            .await
+            .map_err(|error| {
+                PassError::update(
+                    format!("mark node {} {}", identity.name(), to.as_str()),
+                    error,
+                )
+            })?;
+        Ok(matches!(written, Updated::Written(_)))
     }
 
     /// Polls the provider until it reports the machine off, then marks the node fenced and
@@ -518,12 +545,7 @@ impl Fencer {
                     .get_or_insert_with(Default::default)
                     .insert(FENCED_ANNOTATION.to_owned(), off_at.to_string());
                 if taint_with_key(current, OUT_OF_SERVICE_TAINT).is_none() {
-                    current
-                        .spec
-                        .get_or_insert_with(Default::default)
-                        .taints
-                        .get_or_insert_with(Vec::new)
-                        .push(taint.clone());
+                    put_taint(current, &taint);
                 }
                 true
             })

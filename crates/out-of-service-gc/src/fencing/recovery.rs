@@ -7,11 +7,11 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use nodegrace_core::instances::{Power, ProviderId};
-use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
+use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::nodes::{Readiness, readiness};
 
 use super::{Fencer, POLL, RECHECK, Report, seconds_between};
-use crate::fence_mark::{FENCE_LABEL, Mark, Step, mark, set_mark};
+use crate::fence_mark::{FENCE_LABEL, Mark, Step, mark};
 use crate::shared::{PassError, Shared};
 
 impl Fencer {
@@ -59,36 +59,15 @@ impl Fencer {
         id: &ProviderId,
     ) -> Result<Option<Duration>, PassError> {
         let at = Timestamp::now();
-        let stamped = identity
-            .update(&shared.client, |current| {
-                let fenced = mark(current).is_some_and(|mark| mark.step == Step::Fenced);
-                if !fenced || readiness(current) == Readiness::Ready {
-                    return false;
-                }
-                set_mark(current, Step::Recovering, at);
-                true
-            })
-            .await
-            .map_err(|error| {
-                PassError::update(format!("mark node {} recovering", identity.name()), error)
-            })?;
-        if !matches!(stamped, Updated::Written(_)) {
+        if !self
+            .advance(shared, identity, Step::Fenced, Step::Recovering, at)
+            .await?
+        {
             return Ok(Some(Duration::ZERO));
         }
         if let Err(error) = self.provider.power(id, Power::On).await {
-            identity
-                .update(&shared.client, |current| {
-                    let recovering =
-                        mark(current).is_some_and(|mark| mark.step == Step::Recovering);
-                    if recovering {
-                        set_mark(current, Step::Fenced, at);
-                    }
-                    recovering
-                })
-                .await
-                .map_err(|error| {
-                    PassError::update(format!("mark node {} fenced", identity.name()), error)
-                })?;
+            self.advance(shared, identity, Step::Recovering, Step::Fenced, at)
+                .await?;
             self.report(
                 shared,
                 identity.name(),
@@ -151,24 +130,16 @@ impl Fencer {
             );
             return Ok(Some(RECHECK));
         }
-        let at = Timestamp::now();
-        let written = identity
-            .update(&shared.client, |current| {
-                let recovering = mark(current).is_some_and(|mark| mark.step == Step::Recovering);
-                if !recovering || readiness(current) == Readiness::Ready {
-                    return false;
-                }
-                set_mark(current, Step::RecoveryFailed, at);
-                true
-            })
-            .await
-            .map_err(|error| {
-                PassError::update(
-                    format!("mark node {} recovery-failed", identity.name()),
-                    error,
-                )
-            })?;
-        if !matches!(written, Updated::Written(_)) {
+        if !self
+            .advance(
+                shared,
+                identity,
+                Step::Recovering,
+                Step::RecoveryFailed,
+                Timestamp::now(),
+            )
+            .await?
+        {
             return Ok(Some(Duration::ZERO));
         }
         shared.metrics.fence.recovery("failed");
