@@ -163,6 +163,7 @@ async fn a_hung_machine_is_fenced_cleaned_and_brought_back_keeping_a_tolerated_v
         "NotReadySeen",
         "Fencing",
         "Fenced",
+        "OutOfServiceTaintAdded",
         "OutOfServiceCleanupDone",
         "PoweringOn",
         "OutOfServiceTaintRemoved",

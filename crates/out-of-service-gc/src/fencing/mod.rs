@@ -580,11 +580,22 @@ impl Fencer {
                 warning: true,
                 message: format!(
                     "Machine {id} confirmed off at {off_at} ({} reports it {last}); added \
-                     {FENCED_ANNOTATION}={off_at} and {OUT_OF_SERVICE_TAINT}={AUTO_TAINT_VALUE}:{EXPECTED_EFFECT}",
+                     {FENCED_ANNOTATION}={off_at}",
                     self.provider.name()
                 ),
             },
         );
+        // The taint's own Event, as `--auto-taint-after` and operators' tools say it.
+        shared.reporter.event(EventReport::normal(
+            node_reference(identity.name()),
+            "OutOfServiceTaintAdded",
+            "OutOfServiceTaint",
+            format!(
+                "Added {OUT_OF_SERVICE_TAINT}={AUTO_TAINT_VALUE}:{EXPECTED_EFFECT}: NotReady for \
+                 more than {}s and fenced at {off_at}",
+                self.settings.after.as_secs()
+            ),
+        ));
         Ok(FenceOutcome::NotDue)
     }
 
