@@ -78,4 +78,67 @@ fn bad_durations_and_provider_options_name_the_flag() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Fencing that could not work is refused at start, naming the flag and what to set.
+#[test]
+fn fencing_without_a_way_to_fence_is_refused_naming_the_fix() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    let sim = runtime.block_on(kube_sim::KubeSim::start(kube_sim::SimOptions::default()))?;
+    let kubeconfig = format!("--kubeconfig={}", sim.kubeconfig_path().display());
+    for (flags, says) in [
+        (
+            &["--fence-after=5m"][..],
+            "--fence-after cannot fence: there is no --instance-provider",
+        ),
+        (
+            &[
+                "--fence-after=5m",
+                "--instance-provider=exec",
+                "--instance-provider-command=/bin/true",
+            ][..],
+            "--instance-provider=exec has verbs for state and terminate only, no power-off",
+        ),
+        (
+            &["--recover-after-cleanup=true"][..],
+            "--recover-after-cleanup powers on machines that --fence-after powered off",
+        ),
+        (
+            &[
+                "--fence-after=5m",
+                "--instance-provider=sim",
+                "--recover-after-cleanup=true",
+            ][..],
+            "--recover-after-cleanup needs --auto-untaint=true",
+        ),
+        (
+            &["--fence-after=500ms", "--instance-provider=sim"][..],
+            "--fence-after must be at least 1s",
+        ),
+        (
+            &[
+                "--fence-after=5m",
+                "--instance-provider=sim",
+                "--max-fenced=0",
+            ][..],
+            "--max-fenced 0 would never fence",
+        ),
+        (
+            &[
+                "--fence-after=5m",
+                "--instance-provider=sim",
+                "--not-ready-max-fraction=2",
+            ][..],
+            "--not-ready-max-fraction must be a fraction from 0 to 1",
+        ),
+    ] {
+        let output = Command::new(BINARY)
+            .args([kubeconfig.as_str(), "--admin-listen=127.0.0.1:0"])
+            .args(flags)
+            .output()?;
+        let stderr = String::from_utf8(output.stderr)?;
+        anyhow::ensure!(output.status.code() == Some(1), "{flags:?}: {stderr}");
+        anyhow::ensure!(stderr.contains(says), "{flags:?}: {stderr}");
+    }
+    Ok(())
+}
+
 nodegrace_core::operator_reference_tests!(PROGRAM, Args, Metrics);
