@@ -658,7 +658,7 @@ impl NodeCleanup {
             ));
             return Ok(Outcome::Wait(None));
         }
-        // Left from before: a pod that had to go and was bound before the node turned Ready,
+        // Left from before: a pod that has to go and was bound before the node turned Ready,
         // and an attachment of before that no pod on the node now keeps — judged by the rule
         // that decided during the cleanup what stays (`Staying`), so the volume of a pod that
         // tolerates the taint is not waited for: it was never to go.
@@ -670,10 +670,15 @@ impl NodeCleanup {
         };
         let now = Timestamp::now();
         let since = self.taint_since(view, taint, now);
+        // A pod already released (force-deleted, finished, kept only by another's finalizer)
+        // is done with, as the cleanup counted it: it holds the taint no more than it held
+        // the cleanup.
         let (left, staying): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) =
             self.pods.state().into_iter().partition(|pod| {
-                pod_verdict(pod, taint, since, now) != PodVerdict::Tolerated
-                    && before(pod.metadata.creation_timestamp.as_ref())
+                matches!(
+                    pod_verdict(pod, taint, since, now),
+                    PodVerdict::ForceDelete | PodVerdict::ForceDeleteAt(_)
+                ) && before(pod.metadata.creation_timestamp.as_ref())
             });
         let pods_left = left.len();
         let attachments = self.attachments();
