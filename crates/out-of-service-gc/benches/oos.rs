@@ -181,14 +181,9 @@ async fn failover(with_controller: bool) -> Result<Duration> {
         .create(&client)
         .await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let placed = |pod: &Pod| {
-        (pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .then(|| pod.spec.as_ref().and_then(|s| s.node_name.clone()))
-            .flatten()
-    };
     let mut node = None;
     while node.is_none() {
-        node = pods.get_opt("db-0").await?.as_ref().and_then(placed);
+        node = pods.get_opt("db-0").await?.as_ref().and_then(running_on);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let node = node.unwrap_or_default();
@@ -197,16 +192,9 @@ async fn failover(with_controller: bool) -> Result<Duration> {
     taint(&client, &node).await?;
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
     loop {
-        if let Some(new_node) = pods.get_opt("db-0").await?.as_ref().and_then(placed)
+        if let Some(new_node) = pods.get_opt("db-0").await?.as_ref().and_then(running_on)
             && new_node != node
-            && attachments
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .any(|va| {
-                    va.spec.node_name == new_node && va.status.as_ref().is_some_and(|s| s.attached)
-                })
+            && attached_on(&attachments, &new_node).await?
         {
             return Ok(started.elapsed());
         }

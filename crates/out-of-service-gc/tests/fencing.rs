@@ -35,26 +35,11 @@ fn machine_state(sim: &KubeSim, node: &str) -> String {
         .unwrap_or_default()
 }
 
-async fn node_events(client: &Client, node: &str) -> Result<Vec<String>> {
-    let all: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
-    let mut events: Vec<_> = all
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(node))
-        .collect();
-    events.sort_by_key(|e| {
-        e.event_time
-            .as_ref()
-            .map(|t| t.0)
-            .or(e.first_timestamp.as_ref().map(|t| t.0))
-    });
-    Ok(events.into_iter().filter_map(|e| e.reason).collect())
-}
-
 async fn has_event(client: &Client, node: &str, reason: &str) -> Result<bool> {
-    Ok(node_events(client, node).await?.iter().any(|r| r == reason))
+    Ok(event_reasons(client, node)
+        .await?
+        .iter()
+        .any(|r| r == reason))
 }
 
 fn label(node: &Node) -> Option<String> {
@@ -170,11 +155,11 @@ async fn a_hung_machine_is_fenced_cleaned_and_brought_back_keeping_a_tolerated_v
         "Recovered",
     ];
     wait_for("the fence's story in Events", || async {
-        let seen = node_events(&client, "node-1").await?;
+        let seen = event_reasons(&client, "node-1").await?;
         Ok(story.iter().all(|reason| seen.iter().any(|r| r == reason)))
     })
     .await?;
-    let seen = node_events(&client, "node-1").await?;
+    let seen = event_reasons(&client, "node-1").await?;
     let order: Vec<usize> = story
         .iter()
         .map(|reason| seen.iter().position(|r| r == reason).unwrap_or(usize::MAX))

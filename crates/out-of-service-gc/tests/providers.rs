@@ -10,8 +10,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::PostParams;
 use kube::{Api, Client};
 use kube_sim::KubeSim;
 use nodegrace_core::instances::redfish::{MachineConfig, RedfishConfig};
@@ -21,7 +21,6 @@ use provider_testbed::moto::Moto;
 use provider_testbed::sushy::{Sushy, System};
 use serde_json::json;
 use tokio::process::{Child, Command};
-use tokio_util::sync::CancellationToken;
 
 mod common;
 use common::*;
@@ -67,41 +66,21 @@ async fn machine_node(client: &Client, name: &str, provider_id: &str) -> Result<
     Ok(())
 }
 
-async fn reasons(client: &Client, node: &str) -> Result<Vec<String>> {
-    Ok(Api::<Event>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|event| event.involved_object.name.as_deref() == Some(node))
-        .filter_map(|event| event.reason)
-        .collect())
-}
-
 /// Plays the hung machine of `node`: once the provider says it is off, and then on again, its
-/// kubelet boots (a hung machine that was power-cycled comes back). Returns when it did.
-async fn play_machine<F, Fut>(
-    client: Client,
-    node: &'static str,
-    stop: CancellationToken,
-    is_on: F,
-) -> Result<bool>
+/// kubelet boots (a hung machine that was power-cycled comes back).
+async fn play_machine<F, Fut>(client: Client, node: &'static str, is_on: F) -> Result<()>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<bool>>,
 {
-    let mut was_off = false;
-    while !stop.is_cancelled() {
-        let on = is_on().await?;
-        if !on {
-            was_off = true;
-        } else if was_off {
-            revive(&client, node).await?;
-            return Ok(true);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(false)
+    // sushy's fake driver lands each power change 1 to 11 s after the request.
+    let within = Duration::from_secs(90);
+    nodegrace_core::testing::wait_for("the machine powered off", within, || async {
+        Ok(!is_on().await?)
+    })
+    .await?;
+    nodegrace_core::testing::wait_for("the machine powered on again", within, &is_on).await?;
+    revive(&client, node).await
 }
 
 /// The database on the hung node, whose volume must move.
@@ -147,12 +126,12 @@ async fn fence_and_recover(
         "Recovered",
     ];
     wait_for("the fence's Events", || async {
-        let seen = reasons(client, hung).await?;
+        let seen = event_reasons(client, hung).await?;
         Ok(story.iter().all(|reason| seen.iter().any(|r| r == reason)))
     })
     .await?;
     wait_for("the ghost held for its unknown machine", || async {
-        Ok(reasons(client, ghost)
+        Ok(event_reasons(client, ghost)
             .await?
             .iter()
             .any(|r| r == ghost_held))
@@ -187,12 +166,7 @@ async fn aws_stops_a_hung_instance_with_force_and_starts_it_again() -> Result<()
         &format!("aws:///{ZONE}/i-00000000000000000"),
     )
     .await?;
-    let nodes: Api<Node> = Api::all(client.clone());
-    wait_for("every node Ready", || async {
-        let listed = nodes.list(&ListParams::default()).await?.items;
-        Ok(listed.len() == 6 && listed.iter().all(ready))
-    })
-    .await?;
+    all_ready(&client, 6).await?;
     database(&client, "hung").await?;
     let _program = start(
         &sim,
@@ -208,24 +182,22 @@ async fn aws_stops_a_hung_instance_with_force_and_starts_it_again() -> Result<()
     )?;
     stop_kubelet(&client, "hung").await?;
     stop_kubelet(&client, "ghost").await?;
-    let stop = CancellationToken::new();
     let hung_id = ids[0].clone();
     let machine = {
-        let (client, stop) = (client.clone(), stop.clone());
+        let client = client.clone();
         let moto = &moto;
         let hung_id = hung_id.clone();
-        play_machine(client, "hung", stop, move || {
+        play_machine(client, "hung", move || {
             let hung_id = hung_id.clone();
             async move { Ok(moto.state(REGION, &hung_id).await?.as_deref() == Some("running")) }
         })
     };
-    let (played, flow) = tokio::join!(machine, async {
-        let flow = fence_and_recover(&client, "hung", "ghost", "FenceHeldMachineNotFound").await;
-        stop.cancel();
-        flow
-    });
+    let (played, flow) = tokio::join!(
+        machine,
+        fence_and_recover(&client, "hung", "ghost", "FenceHeldMachineNotFound")
+    );
+    played?;
     flow?;
-    ensure!(played?, "the machine was never power-cycled");
     let stops = moto.program_calls("StopInstances").await?;
     ensure!(stops.len() == 1, "StopInstances sent {} times", stops.len());
     ensure!(
@@ -286,12 +258,7 @@ async fn redfish_forces_a_hung_system_off_and_powers_it_on_again() -> Result<()>
     for name in names.iter().chain(std::iter::once(&"ghost")) {
         machine_node(&client, name, &format!("redfish:///{name}")).await?;
     }
-    let nodes: Api<Node> = Api::all(client.clone());
-    wait_for("every node Ready", || async {
-        let listed = nodes.list(&ListParams::default()).await?.items;
-        Ok(listed.len() == 6 && listed.iter().all(ready))
-    })
-    .await?;
+    all_ready(&client, 6).await?;
     database(&client, "hung").await?;
     let _program = start(
         &sim,
@@ -321,18 +288,16 @@ async fn redfish_forces_a_hung_system_off_and_powers_it_on_again() -> Result<()>
     };
     stop_kubelet(&client, "hung").await?;
     stop_kubelet(&client, "ghost").await?;
-    let stop = CancellationToken::new();
-    let machine = play_machine(client.clone(), "hung", stop.clone(), || async {
+    let machine = play_machine(client.clone(), "hung", || async {
         Ok(state("hung").await? == InstanceState::Running)
     });
-    let (played, flow) = tokio::join!(machine, async {
-        // A system the BMC does not have is an error of the map, not a machine gone.
-        let flow = fence_and_recover(&client, "hung", "ghost", "FenceHeldProvider").await;
-        stop.cancel();
-        flow
-    });
+    // A system the BMC does not have is an error of the map, not a machine gone.
+    let (played, flow) = tokio::join!(
+        machine,
+        fence_and_recover(&client, "hung", "ghost", "FenceHeldProvider")
+    );
+    played?;
     flow?;
-    ensure!(played?, "the system was never power-cycled");
     let resets = |system: &System, kind: &str| {
         bmc.seen()
             .iter()

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use nodegrace_core::controller::Backoff;
 use nodegrace_core::instances::InstanceProvider;
 use nodegrace_core::k8s::reporter::Reporter;
-use nodegrace_core::k8s::selectors::selector_matches;
+use nodegrace_core::k8s::selectors::selects_node;
 use nodegrace_core::k8s::watched::Watched;
 
 use crate::api::NodeDrainRule;
@@ -37,9 +37,7 @@ pub struct Settings {
 impl Settings {
     /// Whether the controller manages `node` (adds its finalizer).
     pub fn manages(&self, node: &Node) -> bool {
-        let empty = std::collections::BTreeMap::new();
-        let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
-        selector_matches(&self.node_selector, labels).unwrap_or(false)
+        selects_node(&self.node_selector, node)
     }
 }
 

@@ -25,7 +25,7 @@ use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::{Readiness, node_reference, readiness, taint_with_key};
 use nodegrace_core::k8s::partition::partitioned;
 use nodegrace_core::k8s::reporter::ConditionGuard;
-use nodegrace_core::k8s::selectors::selector_matches;
+use nodegrace_core::k8s::selectors::selects_node;
 use nodegrace_core::k8s::taints::put_taint;
 use nodegrace_core::k8s::watched::Watched;
 
@@ -116,9 +116,7 @@ impl Fencer {
     }
 
     pub fn manages(&self, node: &Node) -> bool {
-        let empty = std::collections::BTreeMap::new();
-        let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
-        selector_matches(&self.settings.selector, labels).unwrap_or(false)
+        selects_node(&self.settings.selector, node)
     }
 
     /// When `node` is to be looked at: a fence under way at once (resumed after a restart), a

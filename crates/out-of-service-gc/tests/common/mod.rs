@@ -294,3 +294,32 @@ pub async fn renew_late(
         last = Instant::now();
     }
 }
+
+/// The reasons of the Events about `node`, in the order they happened.
+pub async fn event_reasons(client: &Client, node: &str) -> Result<Vec<String>> {
+    let all: Api<Event> = Api::all(client.clone());
+    let mut about: Vec<Event> = all
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(node))
+        .collect();
+    about.sort_by_key(|e| {
+        e.event_time
+            .as_ref()
+            .map(|t| t.0)
+            .or(e.first_timestamp.as_ref().map(|t| t.0))
+    });
+    Ok(about.into_iter().filter_map(|e| e.reason).collect())
+}
+
+/// Waits until the cluster has `count` nodes and every one is Ready.
+pub async fn all_ready(client: &Client, count: usize) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for("every node Ready", || async {
+        let listed = nodes.list(&ListParams::default()).await?.items;
+        Ok(listed.len() == count && listed.iter().all(ready))
+    })
+    .await
+}
