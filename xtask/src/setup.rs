@@ -6,9 +6,10 @@ use anyhow::{Result, bail};
 
 use crate::run_command;
 
-/// Binaries the logind harness and the kubectl tests start. elogind itself is not installed (it
-/// would remove systemd); the harness unpacks it under target/.
-const SYSTEM_COMMANDS: &[(&str, &str)] = &[
+/// Binaries the demo's machines need: the logind harness's bus and namespaces, elogind's
+/// unpacking, and npm for helm. elogind itself is not installed (it would remove systemd); the
+/// harness unpacks it under target/.
+const DEMO_COMMANDS: &[(&str, &str)] = &[
     ("dbus-daemon", "dbus-daemon"),
     ("busctl", "systemd"),
     ("systemd-inhibit", "systemd"),
@@ -17,24 +18,40 @@ const SYSTEM_COMMANDS: &[(&str, &str)] = &[
     ("setpriv", "util-linux"),
     ("dpkg-deb", "dpkg"),
     ("npm", "npm"),
+];
+
+/// What the tests add to the demo's.
+const TEST_COMMANDS: &[(&str, &str)] = &[
     // An independent reader of our OCI images: `cargo xtask image --check` verifies with it.
     ("skopeo", "skopeo"),
     // The reference Redfish client the redfish provider's tests check their readings against.
     ("fence_redfish", "fence-agents"),
 ];
 
+/// Everything the tests and the image checks use, installed when missing.
 pub fn ensure_system_packages() -> Result<()> {
-    let missing: Vec<&str> = SYSTEM_COMMANDS
-        .iter()
-        .filter(|(command, _)| !on_path(command))
-        .map(|(_, package)| *package)
-        .collect();
-    if !missing.is_empty() {
-        install_packages(&missing)?;
-    }
+    ensure_commands(DEMO_COMMANDS.iter().chain(TEST_COMMANDS))?;
     ensure_python_packages()?;
     if !on_path("kubectl") {
         println!("warning: kubectl is not on PATH; the kubectl conformance tests will skip");
+    }
+    Ok(())
+}
+
+/// Only what the demo runs: a newcomer's first run does not wait for the test servers
+/// (fence-agents, moto, sushy-tools) it never starts.
+pub fn ensure_demo_packages() -> Result<()> {
+    ensure_commands(DEMO_COMMANDS.iter())
+}
+
+fn ensure_commands<'a>(commands: impl Iterator<Item = &'a (&'a str, &'a str)>) -> Result<()> {
+    let mut missing: Vec<&str> = commands
+        .filter(|(command, _)| !on_path(command))
+        .map(|(_, package)| *package)
+        .collect();
+    missing.dedup();
+    if !missing.is_empty() {
+        install_packages(&missing)?;
     }
     Ok(())
 }

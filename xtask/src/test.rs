@@ -2,6 +2,7 @@
 //! (idempotently), then runs every check a change must pass.
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
@@ -10,15 +11,22 @@ use crate::{
 };
 
 pub fn run() -> Result<()> {
-    disk::ensure_room_for_a_test_run()?;
-    setup::ensure_system_packages()?;
-    ensure_nextest()?;
-    helm::ensure_helm()?;
+    let mut steps = Steps::default();
+    let result = run_steps(&mut steps);
+    steps.print();
+    result
+}
 
-    step("format", || {
+fn run_steps(steps: &mut Steps) -> Result<()> {
+    let mut step = |name, body: &mut dyn FnMut() -> Result<()>| steps.run(name, body);
+    step("disk", &mut disk::ensure_room_for_a_test_run)?;
+    step("system packages", &mut setup::ensure_system_packages)?;
+    step("nextest", &mut ensure_nextest)?;
+    step("helm", &mut || helm::ensure_helm().map(drop))?;
+    step("format", &mut || {
         run_command(cargo().args(["fmt", "--all", "--", "--check"]))
     })?;
-    step("clippy", || {
+    step("clippy", &mut || {
         run_command(cargo().args([
             "clippy",
             "--workspace",
@@ -28,17 +36,17 @@ pub fn run() -> Result<()> {
             "warnings",
         ]))
     })?;
-    step("docs", || {
+    step("docs", &mut || {
         run_command(
             cargo()
                 .args(["doc", "--no-deps", "--package", "nodegrace-core"])
                 .env("RUSTDOCFLAGS", "-D warnings"),
         )
     })?;
-    step("charts", helm::check_charts)?;
-    step("workflows", actionlint::check_workflows)?;
+    step("charts", &mut helm::check_charts)?;
+    step("workflows", &mut actionlint::check_workflows)?;
     // Unpacking elogind once up front keeps that download out of the first test's time.
-    step("provision elogind", || {
+    step("provision elogind", &mut || {
         run_command(cargo().args([
             "run",
             "--quiet",
@@ -48,21 +56,26 @@ pub fn run() -> Result<()> {
             "provision",
         ]))
     })?;
-    step("tests", || {
+    // Built apart from the run (nextest builds exactly this) so the two times show apart.
+    step("build tests", &mut || {
+        run_command(cargo().args(["test", "--workspace", "--no-run", "--quiet"]))
+    })?;
+    step("tests", &mut || {
         run_command(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast"]))
     })?;
-    step("peer tests", peer_tests::run)?;
+    step("peer tests", &mut peer_tests::run)?;
     // The README's first command is the e2e's story with all four charts; e2e adds each chart
     // alone and the least-privilege proof, against the release binaries.
-    step("e2e", || e2e::run(&e2e::E2eArgs::default()))?;
+    step("e2e", &mut || e2e::run(&e2e::E2eArgs::default()))?;
     // Random histories of the seeds on record, against the same release binaries.
-    step("explore", explore::fixed_seeds)?;
-    // The e2e just built and ran these release binaries: the images carry exactly them.
-    step("images", || {
+    step("explore", &mut explore::fixed_seeds)?;
+    // What the images ship: the programs built again with the size-optimised `image` profile.
+    step("images", &mut || {
+        image::build_binaries(&image::PROGRAMS)?;
         let built = image::build_all(&image::PROGRAMS)?;
         image::check_all(&built)
     })?;
-    step("stray processes", check_no_stray_processes)?;
+    step("stray processes", &mut check_no_stray_processes)?;
     Ok(())
 }
 
@@ -77,9 +90,33 @@ fn ensure_nextest() -> Result<()> {
     Ok(())
 }
 
-fn step(name: &str, body: impl FnOnce() -> Result<()>) -> Result<()> {
-    println!("==> {name}");
-    body().map_err(|e| e.context(format!("step `{name}` failed")))
+/// Each step's wall time, printed at the end (also after a failure): what a run from nothing
+/// spends its time on.
+#[derive(Default)]
+struct Steps {
+    took: Vec<(&'static str, Duration)>,
+    started: Option<Instant>,
+}
+
+impl Steps {
+    fn run(&mut self, name: &'static str, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        println!("==> {name}");
+        self.started.get_or_insert_with(Instant::now);
+        let started = Instant::now();
+        let result = body();
+        self.took.push((name, started.elapsed()));
+        result.map_err(|e| e.context(format!("step `{name}` failed")))
+    }
+
+    fn print(&self) {
+        println!("\n==> time per step");
+        for (name, took) in &self.took {
+            println!("{:>8.1} s  {name}", took.as_secs_f64());
+        }
+        if let Some(started) = self.started {
+            println!("{:>8.1} s  in all", started.elapsed().as_secs_f64());
+        }
+    }
 }
 
 /// The logind harness and the demo promise a clean teardown; a leftover elogind, bus daemon,

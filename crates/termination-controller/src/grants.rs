@@ -15,7 +15,7 @@ use kube::api::{ListParams, PostParams};
 use kube::core::Selector;
 use nodegrace_core::clock::Clock;
 use nodegrace_core::k8s::api_errors::status_code;
-use nodegrace_core::k8s::nodes::{Readiness, readiness, taints};
+use nodegrace_core::k8s::nodes::{Readiness, readiness, taints, trim_for_cache};
 use nodegrace_core::k8s::watched::Watched;
 
 use crate::api::{
@@ -28,6 +28,8 @@ use crate::windows::{Gate, Windows};
 /// `DeletionTimeout` for `disruptedPods`): a grant taken by an admission that did not go
 /// through must not hold the budget forever.
 pub const UNUSED_GRANT_EXPIRY: Duration = Duration::from_secs(120);
+/// Nodes per page of a fresh read (client-go's informers list 500 at a time too).
+const FRESH_READ_PAGE: u32 = 500;
 /// Conflicts retried within one attempt before the caller is told to come back.
 const CONFLICT_RETRIES: usize = 5;
 
@@ -254,16 +256,42 @@ impl Budgets {
         &self,
         budget: &NodeDisruptionBudget,
     ) -> Result<Vec<Arc<Node>>, kube::Error> {
-        let selector = budget
-            .spec
-            .selector
-            .clone()
-            .and_then(|selector| Selector::try_from(selector).ok());
-        let Some(selector) = selector.filter(|selector| !selector.selects_all()) else {
+        match narrowing(budget) {
+            Some(selector) => self.fresh_nodes_selected(&selector).await,
+            None => self.fresh_nodes().await,
+        }
+    }
+
+    /// The nodes any of `budgets` may cover, as the API server has them now, each once.
+    async fn fresh_nodes_of_all(
+        &self,
+        budgets: &[Arc<NodeDisruptionBudget>],
+    ) -> Result<Vec<Arc<Node>>, kube::Error> {
+        let Some(selectors) = budgets
+            .iter()
+            .map(|budget| narrowing(budget))
+            .collect::<Option<Vec<Selector>>>()
+        else {
             return self.fresh_nodes().await;
         };
+        let mut seen = HashSet::new();
+        let mut nodes = Vec::new();
+        for selector in selectors {
+            for node in self.fresh_nodes_selected(&selector).await? {
+                if seen.insert(node.metadata.uid.clone()) {
+                    nodes.push(node);
+                }
+            }
+        }
+        Ok(nodes)
+    }
+
+    async fn fresh_nodes_selected(
+        &self,
+        selector: &Selector,
+    ) -> Result<Vec<Arc<Node>>, kube::Error> {
         match self
-            .fresh_nodes_where(&ListParams::default().labels_from(&selector))
+            .fresh_nodes_where(&ListParams::default().labels_from(selector))
             .await
         {
             // A value the API refuses in a selector: the budget covers every node.
@@ -272,15 +300,23 @@ impl Budgets {
         }
     }
 
+    /// One consistent read, in pages (every page is of the first one's resourceVersion), each
+    /// trimmed as the cache is: a read of thousands of nodes holds one page's bodies at a
+    /// time, not thousands of image lists.
     async fn fresh_nodes_where(&self, params: &ListParams) -> Result<Vec<Arc<Node>>, kube::Error> {
-        Ok(self
-            .node_api
-            .list(params)
-            .await?
-            .items
-            .into_iter()
-            .map(Arc::new)
-            .collect())
+        let mut params = params.clone().limit(FRESH_READ_PAGE);
+        let mut nodes = Vec::new();
+        loop {
+            let page = self.node_api.list(&params).await?;
+            nodes.extend(page.items.into_iter().map(|mut node| {
+                trim_for_cache(&mut node);
+                Arc::new(node)
+            }));
+            match page.metadata.continue_.filter(|token| !token.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(nodes),
+            }
+        }
     }
 
     /// Before the cordon that starts `node`'s disruption: whether, on a fresh read, a budget
@@ -352,7 +388,7 @@ impl Budgets {
     ) -> Result<Option<Refusal>, kube::Error> {
         let mut budget = cached.clone();
         for _ in 0..CONFLICT_RETRIES {
-            let nodes = self.fresh_nodes().await?;
+            let nodes = self.fresh_nodes_of(&budget).await?;
             let now = self.clock.now();
             if let Some(refusal) = refusal(&budget, node, facts, &nodes, now) {
                 return Ok(Some(refusal));
@@ -418,6 +454,17 @@ pub fn verdict(
         granted.push(budget.name().to_owned());
     }
     Verdict::Granted { budgets: granted }
+}
+
+/// The label selector that narrows `budget`'s nodes; `None` when it covers every node (no
+/// selector, an empty one, or one that cannot be read).
+fn narrowing(budget: &NodeDisruptionBudget) -> Option<Selector> {
+    budget
+        .spec
+        .selector
+        .clone()
+        .and_then(|selector| Selector::try_from(selector).ok())
+        .filter(|selector| !selector.selects_all())
 }
 
 /// The budgets covering `node`, by name (the order grants are taken in).
@@ -676,25 +723,52 @@ pub struct Refreshed {
 
 /// Grants the waiting nodes what the budgets allow (see [`allocate`]) and brings every budget's
 /// status up to date, one write per budget; a 409 is left to the next change (the watch
-/// delivers the newer version, which triggers another pass). A pass that would grant a node or
-/// drop a grant is decided again on a fresh read of the nodes ([`Budgets::fresh_nodes`]);
-/// one that only updates numbers goes by the cache.
+/// delivers the newer version, which triggers another pass). The budgets a pass would grant
+/// from or drop a grant of are decided again on a fresh read of their own nodes (a
+/// label-selector LIST each, [`Budgets::fresh_nodes_of`]), with the budgets of every node
+/// those grants go to: a pass costs the size of the budgets it moves, not the cluster's. The
+/// rest go by the cache, and grant nothing.
 pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Error> {
     let cached = budgets.cache.state();
     let now = budgets.clock.now();
-    let mut nodes = budgets.nodes.state();
-    let mut allocation = allocate(&cached, &nodes, now);
-    let drops_a_grant = cached.iter().any(|budget| {
-        let kept = status_for(budget, &nodes, now).disrupted_nodes.len();
-        budget
-            .status
-            .as_ref()
-            .is_some_and(|status| status.disrupted_nodes.len() > kept)
-    });
-    if !allocation.grants.is_empty() || drops_a_grant {
-        nodes = budgets.fresh_nodes().await?;
-        allocation = allocate(&cached, &nodes, now);
-    }
+    let cached_nodes = budgets.nodes.state();
+    let by_cache = allocate(&cached, &cached_nodes, now);
+    let moved = moved_budgets(&cached, &cached_nodes, &by_cache, now);
+    let mut nodes_of: HashMap<String, Arc<[Arc<Node>]>> = HashMap::new();
+    let allocation = if moved.is_empty() {
+        by_cache
+    } else {
+        let moving: Vec<Arc<NodeDisruptionBudget>> = cached
+            .iter()
+            .filter(|budget| moved.contains(budget.name()))
+            .cloned()
+            .collect();
+        let fresh: Arc<[Arc<Node>]> = budgets.fresh_nodes_of_all(&moving).await?.into();
+        for budget in &moving {
+            nodes_of.insert(budget.name().to_owned(), Arc::clone(&fresh));
+        }
+        // Only the nodes every budget covering them was read fresh for are judged again; any
+        // other keeps the cache's verdict and is granted nothing this pass.
+        let judged: Vec<Arc<Node>> = fresh
+            .iter()
+            .filter(|node| {
+                covering(&cached, &facts(node))
+                    .iter()
+                    .all(|budget| moved.contains(budget.name()))
+            })
+            .cloned()
+            .collect();
+        let mut again = allocate(&moving, &judged, now);
+        let mut waiting = by_cache.waiting;
+        for node in &judged {
+            if let Some(uid) = node.metadata.uid.as_deref() {
+                waiting.remove(uid);
+            }
+        }
+        waiting.extend(again.waiting);
+        again.waiting = waiting;
+        again
+    };
     let Allocation {
         mut grants,
         mut started,
@@ -712,7 +786,10 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
             let more = started.remove(budget.name()).unwrap_or_default();
             count_started(&budget, status, more, now);
         }
-        let status = status_for(&updated, &nodes, now);
+        let nodes = nodes_of
+            .get(budget.name())
+            .map_or(&cached_nodes[..], |fresh| &fresh[..]);
+        let status = status_for(&updated, nodes, now);
         refreshed
             .allowed
             .push((budget.name().to_owned(), status.disruptions_allowed));
@@ -739,6 +816,44 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
         }
     }
     Ok(refreshed)
+}
+
+/// The budgets a pass moves, by name: those that would grant a node or drop a grant, and
+/// every budget covering a node granted, so that node is judged whole.
+fn moved_budgets(
+    budgets: &[Arc<NodeDisruptionBudget>],
+    nodes: &[Arc<Node>],
+    allocation: &Allocation,
+    now: Timestamp,
+) -> HashSet<String> {
+    let mut moved: HashSet<String> = budgets
+        .iter()
+        .filter(|budget| {
+            let kept = status_for(budget, nodes, now).disrupted_nodes.len();
+            budget
+                .status
+                .as_ref()
+                .is_some_and(|status| status.disrupted_nodes.len() > kept)
+        })
+        .map(|budget| budget.name().to_owned())
+        .collect();
+    let granted: HashSet<&str> = allocation
+        .grants
+        .values()
+        .flatten()
+        .map(|(node, _)| node.as_str())
+        .collect();
+    for node in nodes {
+        let facts = facts(node);
+        if granted.contains(facts.name) {
+            moved.extend(
+                covering(budgets, &facts)
+                    .iter()
+                    .map(|budget| budget.name().to_owned()),
+            );
+        }
+    }
+    moved
 }
 
 impl Budgets {
