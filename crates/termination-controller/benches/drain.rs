@@ -6,8 +6,10 @@
 //! the controller's RSS with 5,000 nodes and 150,000 pods in the cluster. Then a rollout:
 //! 5,000 nodes, 1,000 of them deleted at once under a NodeDisruptionBudget of 10 % (100 at a
 //! time), against 100 deleted the same way: wall time, the controller's CPU time, budget
-//! status conflicts and the most nodes disrupted at once (seen by a watch of our own).
-//! `cargo bench --bench drain -- rollout` runs the rollout alone.
+//! status conflicts, the most nodes disrupted at once (seen by a watch of our own) and the
+//! controller's peak RSS; then 5,000 of 10,000 nodes deleted at once under the same 10 %, whose
+//! CPU per node should be the 1,000-node run's.
+//! `cargo bench --bench drain -- rollout` runs the rollout alone, `-- rss` the memory alone.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,11 +38,26 @@ impl Drop for Running {
     }
 }
 
+/// The controller's command: the binary, or the profiler `NODEGRACE_BENCH_PROFILER` names
+/// (`heaptrack -o /tmp/tc`, say) running it; where the memory goes is then the profiler's
+/// to say.
+fn controller_command() -> Command {
+    match std::env::var("NODEGRACE_BENCH_PROFILER") {
+        Ok(profiler) if !profiler.trim().is_empty() => {
+            let mut words = profiler.split_whitespace();
+            let mut command = Command::new(words.next().unwrap_or_default());
+            command.args(words).arg(BINARY);
+            command
+        }
+        _ => Command::new(BINARY),
+    }
+}
+
 fn start_controller(sim: &KubeSim, extra: &[&str]) -> Result<(Running, u16)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let child = Command::new(BINARY)
+    let child = controller_command()
         .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
         .arg(format!("--admin-listen=127.0.0.1:{port}"))
         .args([
@@ -240,12 +257,22 @@ async fn rss_at_scale() -> Result<f64> {
 /// Nodes in the rollout's pool, under the 10 % budget.
 const POOL: usize = 1_000;
 
+/// A rollout's cluster: `nodes` in all, the first `pool` of them managed under a 10 % budget,
+/// `deleted` of those deleted at once.
+#[derive(Clone, Copy)]
+struct Fleet {
+    nodes: usize,
+    pool: usize,
+    deleted: usize,
+}
+
 /// What one rollout measured.
 struct Rollout {
     seconds: f64,
     cpu_seconds: f64,
     conflicts: u64,
     max_disrupted: usize,
+    max_rss_mib: f64,
 }
 
 fn disrupted(node: &Node) -> bool {
@@ -304,12 +331,17 @@ fn watch_pool(
     (most_seen, gone_seen)
 }
 
-/// 5,000 nodes with a pod each; the first 1,000 in the pool under a 10 % budget; `deleted`
-/// of them deleted at once.
-async fn rollout(deleted: usize) -> Result<Rollout> {
+/// `fleet.nodes` nodes with a pod each; the first `fleet.pool` in the pool under a 10 %
+/// budget; `fleet.deleted` of them deleted at once.
+async fn rollout(fleet: Fleet) -> Result<Rollout> {
     use futures::{StreamExt, TryStreamExt};
+    let Fleet {
+        nodes: size,
+        pool,
+        deleted,
+    } = fleet;
     let sim = sim_with_crd(SimOptions {
-        nodes: 5_000,
+        nodes: size,
         pods_per_node: 1,
         world: WorldOptions {
             // Kubelets stop the evicted pods; nothing replaces them, and no node goes
@@ -324,7 +356,7 @@ async fn rollout(deleted: usize) -> Result<Rollout> {
     .await?;
     let client = sim.client();
     let nodes: Api<Node> = Api::all(client.clone());
-    futures::stream::iter(0..POOL)
+    futures::stream::iter(0..pool)
         .map(|index| {
             let nodes = nodes.clone();
             async move {
@@ -369,6 +401,8 @@ async fn rollout(deleted: usize) -> Result<Rollout> {
     let (most, mut gone) = watch_pool(&client);
     let pid = controller.0.id();
     let cpu_before = nodegrace_core::testing::cpu_seconds(pid);
+    let (rss_done, rss_stop) = tokio::sync::oneshot::channel::<()>();
+    let rss_peak = tokio::spawn(peak_rss(pid, rss_stop));
     let started = Instant::now();
     futures::stream::iter(0..deleted)
         .map(|index| {
@@ -389,6 +423,8 @@ async fn rollout(deleted: usize) -> Result<Rollout> {
     .await??;
     let seconds = started.elapsed().as_secs_f64();
     let cpu_seconds = nodegrace_core::testing::cpu_seconds(pid) - cpu_before;
+    let _ = rss_done.send(());
+    let max_rss_mib = rss_peak.await?;
     let admin = nodegrace_core::testing::Admin {
         address: ([127, 0, 0, 1], port).into(),
         prefix: "nodegrace_termination_controller",
@@ -406,7 +442,20 @@ async fn rollout(deleted: usize) -> Result<Rollout> {
         cpu_seconds,
         conflicts: conflicts.round() as u64,
         max_disrupted,
+        max_rss_mib,
     })
+}
+
+/// The most RSS `pid` had, sampled every 100 ms until `stop`.
+async fn peak_rss(pid: u32, mut stop: tokio::sync::oneshot::Receiver<()>) -> f64 {
+    let mut peak: f64 = 0.0;
+    loop {
+        peak = peak.max(nodegrace_core::testing::rss_mib(pid));
+        tokio::select! {
+            _ = &mut stop => return peak,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
 }
 
 fn main() -> Result<()> {
@@ -415,16 +464,31 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     let rollout_only = std::env::args().any(|arg| arg == "rollout");
+    let rss_only = std::env::args().any(|arg| arg == "rss");
     runtime.block_on(async {
+        if rss_only {
+            println!("termination rss MiB={:.0}", rss_at_scale().await?);
+            return Ok(());
+        }
         if !rollout_only {
             drain_and_memory().await?;
         }
-        let thousand = rollout(POOL).await?;
-        let hundred = rollout(POOL / 10).await?;
+        let thousand = rollout(Fleet {
+            nodes: 5_000,
+            pool: POOL,
+            deleted: POOL,
+        })
+        .await?;
+        let hundred = rollout(Fleet {
+            nodes: 5_000,
+            pool: POOL,
+            deleted: POOL / 10,
+        })
+        .await?;
         for (nodes, run) in [(POOL, &thousand), (POOL / 10, &hundred)] {
             println!(
-                "rollout nodes={nodes} s={:.1} controller-cpu-s={:.2} status-conflicts={} max-disrupted={}",
-                run.seconds, run.cpu_seconds, run.conflicts, run.max_disrupted
+                "rollout nodes={nodes} s={:.1} controller-cpu-s={:.2} status-conflicts={} max-disrupted={} rss-max-MiB={:.0}",
+                run.seconds, run.cpu_seconds, run.conflicts, run.max_disrupted, run.max_rss_mib
             );
         }
         let per_node = |run: &Rollout, nodes: usize| run.cpu_seconds * 1000.0 / nodes as f64;
@@ -433,6 +497,24 @@ fn main() -> Result<()> {
             per_node(&thousand, POOL),
             per_node(&hundred, POOL / 10),
             per_node(&thousand, POOL) / per_node(&hundred, POOL / 10)
+        );
+        // Half of a fleet twice the size, under the same 10 %: at most 500 disrupted at once,
+        // and each node should cost what it cost in the 1,000-node run.
+        let large = Fleet {
+            nodes: 10_000,
+            pool: 5_000,
+            deleted: 5_000,
+        };
+        let fleet = rollout(large).await?;
+        println!(
+            "rollout nodes={} s={:.1} controller-cpu-s={:.2} max-disrupted={} rss-max-MiB={:.0} cpu-ms-per-node={:.1} ratio-to-1000={:.2}",
+            large.deleted,
+            fleet.seconds,
+            fleet.cpu_seconds,
+            fleet.max_disrupted,
+            fleet.max_rss_mib,
+            per_node(&fleet, large.deleted),
+            per_node(&fleet, large.deleted) / per_node(&thousand, POOL)
         );
         Ok(())
     })

@@ -318,6 +318,7 @@ pub async fn start_with_clock(
                 attachments,
                 provider,
                 waiting: std::sync::RwLock::default(),
+                turns: crate::turns::Turns::default(),
             }),
             dirty: Arc::clone(&cluster.dirty),
         };

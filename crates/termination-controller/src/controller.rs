@@ -112,16 +112,24 @@ impl Controller {
             let mut fractions_moved = false;
             for name in self.dirty.take() {
                 let Some(node) = shared.nodes().get(None, &name) else {
-                    let gone = shapes.remove(&name).is_some();
-                    wake_tasks |= gone;
-                    fractions_moved |= gone;
+                    let gone = shapes.remove(&name);
+                    if let Some(uid) = gone.as_ref().and_then(|shape| shape.uid.as_deref()) {
+                        shared.turns.wake(uid);
+                    }
+                    wake_tasks |= gone.is_some();
+                    fractions_moved |= gone.is_some();
                     continue;
                 };
                 let shape = NodeShape::of(&node);
                 let ready = shape.ready;
                 let before = shapes.insert(name.clone(), shape.clone());
                 fractions_moved |= before.as_ref().map(|before| before.ready) != Some(ready);
-                wake_tasks |= before != Some(shape);
+                if before.as_ref() != Some(&shape) {
+                    wake_tasks = true;
+                    if let Some(uid) = &shape.uid {
+                        shared.turns.wake(uid);
+                    }
+                }
                 let Some(identity) = NodeIdentity::of(&node) else {
                     continue;
                 };
@@ -179,6 +187,7 @@ impl Controller {
                 changed = budgets.changed() => {
                     if changed.is_err() { break }
                     wake_tasks = true;
+                    wake_granted(shared);
                 }
                 changed = pdbs.changed() => {
                     if changed.is_err() { break }
@@ -226,6 +235,20 @@ impl Controller {
         }
         running.shutdown().await;
         bookkeeping.shutdown().await;
+    }
+}
+
+/// Wakes the waiting nodes the budgets have granted: a grant the leader's pass wrote is seen
+/// once the budget's watch delivers it.
+fn wake_granted(shared: &Shared) {
+    for budget in shared.budgets.cache.state() {
+        let grants = budget
+            .status
+            .iter()
+            .flat_map(|status| status.disrupted_nodes.values());
+        for uid in grants.filter_map(|grant| grant.uid.as_deref()) {
+            shared.turns.wake(uid);
+        }
     }
 }
 

@@ -108,6 +108,27 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+impl Verdict {
+    /// Whether a node waiting with `self` sees nothing new in `other`: the same budget and the
+    /// same refusal, a window's times included, but not the numbers, which move with every
+    /// node of the budget and are in its status.
+    pub fn same_wait(&self, other: &Self) -> bool {
+        match (self, other) {
+            (
+                Self::Waiting {
+                    budget: a,
+                    refusal: Refusal::Exhausted(_),
+                },
+                Self::Waiting {
+                    budget: b,
+                    refusal: Refusal::Exhausted(_),
+                },
+            ) => a == b,
+            _ => self == other,
+        }
+    }
+}
+
 /// What a budget's spec says, read: its limit and its windows.
 #[derive(Debug, Clone)]
 pub struct Rules {

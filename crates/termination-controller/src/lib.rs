@@ -21,6 +21,7 @@ pub mod queues;
 pub mod shared;
 pub mod termination;
 pub mod tiers;
+pub mod turns;
 pub mod uninstall;
 pub mod webhook;
 pub mod windows;

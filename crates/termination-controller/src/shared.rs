@@ -19,6 +19,7 @@ use crate::api::NodeDrainRule;
 use crate::drain_rules::{Applied, NodeRules};
 use crate::grants::{Budgets, Verdict};
 use crate::metrics::Metrics;
+use crate::turns::Turns;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -59,6 +60,8 @@ pub struct Shared {
     /// Why each node waiting for its budgets waits (by UID), from the leader's last
     /// allocation pass.
     pub waiting: RwLock<Arc<HashMap<String, Verdict>>>,
+    /// The waiting nodes' own wake-ups.
+    pub turns: Turns,
 }
 
 impl Shared {
@@ -78,8 +81,22 @@ impl Shared {
         rules.applied(pod, labels)
     }
 
+    /// Records the pass's verdicts and wakes the nodes whose wait they changed (granted, or
+    /// waiting on something new; not a budget's numbers moving).
     pub fn set_waiting(&self, waiting: HashMap<String, Verdict>) {
-        *self.waiting.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(waiting);
+        let new = Arc::new(waiting);
+        let old = std::mem::replace(
+            &mut *self.waiting.write().unwrap_or_else(PoisonError::into_inner),
+            Arc::clone(&new),
+        );
+        for (uid, verdict) in new.iter() {
+            if old.get(uid).is_none_or(|before| !before.same_wait(verdict)) {
+                self.turns.wake(uid);
+            }
+        }
+        for uid in old.keys().filter(|uid| !new.contains_key(*uid)) {
+            self.turns.wake(uid);
+        }
     }
 
     /// Why the node with `uid` waits, if the last allocation pass saw it waiting.

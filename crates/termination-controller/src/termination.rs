@@ -177,8 +177,11 @@ impl NodeTermination {
         stop: &CancellationToken,
     ) -> Result<Finished, StepError> {
         // 1. Every budget covering the node grants its disruption. The leader's allocation
-        // pass writes the grants (oldest deletion first); this task waits to see them. A node
-        // already cordoned has begun its disruption and counts as disrupted everywhere.
+        // pass writes the grants (oldest deletion first); this task waits to see them, woken
+        // only when its own verdict, Node or grant changes (`turns`). A node already cordoned
+        // has begun its disruption and counts as disrupted everywhere.
+        let shared = Arc::clone(&self.shared);
+        let mut turn = shared.turns.wait(self.node.uid());
         let node = loop {
             let Some(node) = self.current() else {
                 return Ok(Finished::Released);
@@ -202,7 +205,7 @@ impl NodeTermination {
                     self.shared.budgets.release(&node, &budgets).await?;
                     tokio::select! {
                         () = stop.cancelled() => return Ok(Finished::Stopped),
-                        changed = wake.changed() => if changed.is_err() { return Ok(Finished::Stopped) },
+                        () = turn.woken() => {}
                     }
                     continue;
                 }
@@ -246,17 +249,21 @@ impl NodeTermination {
                 } else {
                     "AwaitingBudget"
                 };
+                // Nor the condition: it is written when the wait changes, not at every node of
+                // the budget that comes or goes (the budget's status has the numbers).
+                let waiting = match &refusal {
+                    Refusal::Exhausted(_) => planned.clone(),
+                    _ => format!("NodeDisruptionBudget {budget}: {refusal}"),
+                };
                 self.maintenance_planned(reason, planned);
-                self.condition(
-                    "AwaitingBudget",
-                    format!("NodeDisruptionBudget {budget}: {refusal}"),
-                );
+                self.condition("AwaitingBudget", waiting);
             }
             tokio::select! {
                 () = stop.cancelled() => return Ok(Finished::Stopped),
-                changed = wake.changed() => if changed.is_err() { return Ok(Finished::Stopped) },
+                () = turn.woken() => {}
             }
         };
+        drop(turn);
         // Only where it was set: a write per node would cost every rollout a status request
         // per node for a condition most nodes never had.
         if self.reported.contains_key(MAINTENANCE_PLANNED)
