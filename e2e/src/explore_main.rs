@@ -1,4 +1,4 @@
-//! `nodegrace-explore`: what `cargo xtask explore` runs once the release binaries are built.
+//! `nodegrace-explore`: what `cargo xtask explore` runs once the binaries are built.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,7 +13,7 @@ use nodegrace_e2e::explore::schedule::Provider;
 #[derive(Debug, Parser)]
 #[command(
     name = "nodegrace-explore",
-    about = "Plays random cluster histories against the release binaries on kube-sim and checks invariants from what the API server and the simulated cloud saw; exits non-zero if any run broke one"
+    about = "Plays random cluster histories against the built binaries on kube-sim and checks invariants from what the API server and the simulated cloud saw; exits non-zero if any run broke one"
 )]
 struct Args {
     /// The first seed; run K plays seed+K.

@@ -22,7 +22,7 @@ impl ImageBinaries {
         let binary = self.dir.join(program);
         if !binary.is_file() {
             bail!(
-                "{} does not exist (build it with `cargo build --release -p {program}`)",
+                "{} does not exist (build it with `cargo build -p {program}`)",
                 binary.display()
             );
         }

@@ -1,4 +1,4 @@
-//! nodegrace end to end: the demo (`cargo xtask demo`) runs the release binaries as an operator
+//! nodegrace end to end: the demo (`cargo xtask demo`) runs the built binaries as an operator
 //! would — kube-sim as the cluster, each chart installed with helm and its pods run by kube-sim
 //! as processes under their ServiceAccount's RBAC, each machine with a real elogind — and plays
 //! a story whose acts check their own outcome.

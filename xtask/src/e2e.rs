@@ -1,6 +1,6 @@
 //! `cargo xtask e2e`: the charts installed with the real helm into a fresh kube-sim, their
-//! pods run by kube-sim as processes of the release binaries under their ServiceAccounts'
-//! RBAC, then the scenarios. Each run is the demo binary (`nodegrace-demo`) with a choice of
+//! pods run by kube-sim as processes of the built binaries (the tests' dev profile) under
+//! their ServiceAccounts' RBAC, then the scenarios. Each run is the demo binary (`nodegrace-demo`) with a choice of
 //! charts and acts, so the scenarios are written once, against the cluster's kubeconfig:
 //! - each chart alone: installed, its pods Ready;
 //! - all four together: every act of the story (shutdown by priority, a Lease blocking
@@ -9,7 +9,7 @@
 //! - uninstall: termination-controller's pre-delete hook releases every node;
 //! - least privilege: every rule of every chart's Roles and ClusterRoles removed, one at a
 //!   time, in a fresh cluster: the chart's scenario must get the API server's 403 for it;
-//! - real instance providers: the release termination-controller terminating the machines of
+//! - real instance providers: the built termination-controller terminating the machines of
 //!   deleted nodes through `aws` (moto), `redfish` (sushy-tools' emulator) and `cluster-api` (a
 //!   management kube-sim), one line each.
 //!
@@ -140,9 +140,9 @@ fn sim() -> Result<()> {
 }
 
 /// The node-termination scenario per real instance provider against its protocol's server
-/// (termination-controller's `providers` tests), with the release binary; their lines.
+/// (termination-controller's `providers` tests), with the built binary; their lines.
 fn instance_providers() -> Result<Vec<String>> {
-    println!("\n==> e2e: termination through each real instance provider (release binary)");
+    println!("\n==> e2e: termination through each real instance provider (the built binary)");
     let binary = demo::binary("termination-controller");
     let output = cargo()
         .current_dir(project_root())
