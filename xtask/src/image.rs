@@ -95,12 +95,87 @@ pub fn build_binaries(programs: &[&str]) -> Result<()> {
         "==> {IMAGE_PROFILE}-profile build of {}",
         programs.join(", ")
     );
+    run_command(&mut binaries_build(programs))
+}
+
+/// The images' build has a target directory of its own: Cargo locks a target directory for
+/// each build, and this one may run while other steps build and run the dev binaries.
+fn image_target_dir() -> PathBuf {
+    target_dir().join("image-build")
+}
+
+fn binaries_build(programs: &[&str]) -> Command {
     let mut build = cargo();
-    build.args(["build", "--profile", IMAGE_PROFILE]);
+    build
+        .current_dir(project_root())
+        .args(["build", "--profile", IMAGE_PROFILE, "--target-dir"])
+        .arg(image_target_dir());
     for program in programs {
         build.args(["--package", program]);
     }
-    run_command(&mut build)
+    build
+}
+
+/// The images' build started in the background, at the lowest CPU priority: the test command
+/// runs it beside the e2e and the explorer, whose time is mostly spent waiting on timers, and
+/// which it must not slow.
+#[derive(Debug)]
+pub struct BackgroundBuild {
+    child: std::process::Child,
+    log: PathBuf,
+    started: std::time::Instant,
+}
+
+pub fn start_binaries_build(programs: &[&str]) -> Result<BackgroundBuild> {
+    let log = target_dir().join("image-build.log");
+    std::fs::create_dir_all(target_dir())?;
+    let output = std::fs::File::create(&log)?;
+    let build = binaries_build(programs);
+    let child = Command::new("nice")
+        .args(["-n", "19"])
+        .arg(build.get_program())
+        .args(build.get_args())
+        .current_dir(project_root())
+        .stdout(output.try_clone()?)
+        .stderr(output)
+        .spawn()
+        .context("could not start the images' build")?;
+    println!(
+        "==> {IMAGE_PROFILE}-profile build of {} started in the background (nice 19; log: {})",
+        programs.join(", "),
+        log.display()
+    );
+    Ok(BackgroundBuild {
+        child,
+        log,
+        started: std::time::Instant::now(),
+    })
+}
+
+impl BackgroundBuild {
+    /// Waits for the build; its log is shown when it failed.
+    pub fn wait(mut self) -> Result<()> {
+        let status = self.child.wait()?;
+        println!(
+            "==> {IMAGE_PROFILE}-profile build finished {:.1} s after it started",
+            self.started.elapsed().as_secs_f64()
+        );
+        if !status.success() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            bail!("the images' build failed ({status}):\n{log}");
+        }
+        Ok(())
+    }
+}
+
+/// A test command that stopped early does not leave the build running.
+impl Drop for BackgroundBuild {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 /// Writes every image under `target/images/` and prints what it wrote.
@@ -198,7 +273,7 @@ fn chart_facts(program: &str) -> Result<ChartFacts> {
 }
 
 fn build(program: &str, source: &Source, out: &Path) -> Result<Built> {
-    let binary = target_dir().join(IMAGE_PROFILE).join(program);
+    let binary = image_target_dir().join(IMAGE_PROFILE).join(program);
     let binary_bytes = std::fs::metadata(&binary)
         .with_context(|| {
             format!(

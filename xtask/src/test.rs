@@ -63,15 +63,21 @@ fn run_steps(steps: &mut Steps) -> Result<()> {
     step("tests", &mut || {
         run_command(cargo().args(["nextest", "run", "--workspace", "--no-fail-fast"]))
     })?;
+    // From here on the steps mostly wait (kube-sim's timers, real elogind, the explorer's
+    // histories): the images' build runs beside them at the lowest CPU priority.
+    let images_build = image::start_binaries_build(&image::PROGRAMS)?;
     step("peer tests", &mut peer_tests::run)?;
     // The README's first command is the e2e's story with all four charts; e2e adds each chart
-    // alone and the least-privilege proof, against the release binaries.
+    // alone and the least-privilege proof, against the built binaries.
     step("e2e", &mut || e2e::run(&e2e::E2eArgs::default()))?;
-    // Random histories of the seeds on record, against the same release binaries.
+    // Random histories of the seeds on record, against the same binaries.
     step("explore", &mut explore::fixed_seeds)?;
-    // What the images ship: the programs built again with the size-optimised `image` profile.
+    // What the images ship: the programs built with the size-optimised `image` profile.
+    let mut images_build = Some(images_build);
     step("images", &mut || {
-        image::build_binaries(&image::PROGRAMS)?;
+        if let Some(build) = images_build.take() {
+            build.wait()?;
+        }
         let built = image::build_all(&image::PROGRAMS)?;
         image::check_all(&built)
     })?;

@@ -656,6 +656,17 @@ pub fn allocate(
     nodes: &[Arc<Node>],
     now: Timestamp,
 ) -> Allocation {
+    allocate_among(budgets, nodes, now, |_| true)
+}
+
+/// [`allocate`] with the budgets' numbers counted over all of `nodes`, but only the waiting
+/// nodes `judged` picks granted or refused.
+fn allocate_among(
+    budgets: &[Arc<NodeDisruptionBudget>],
+    nodes: &[Arc<Node>],
+    now: Timestamp,
+    judged: impl Fn(&Node) -> bool,
+) -> Allocation {
     let mut allocation = Allocation::default();
     let mut left: HashMap<&str, Result<Units, SpecError>> = budgets
         .iter()
@@ -669,7 +680,7 @@ pub fn allocate(
         .iter()
         .filter(|node| {
             let facts = facts(node);
-            facts.awaits_grants && !facts.disrupting
+            facts.awaits_grants && !facts.disrupting && judged(node)
         })
         .collect();
     waiters.sort_by(|a, b| {
@@ -769,19 +780,16 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
             nodes_of.insert(budget.name().to_owned(), Arc::clone(&fresh));
         }
         // Only the nodes every budget covering them was read fresh for are judged again; any
-        // other keeps the cache's verdict and is granted nothing this pass.
-        let judged: Vec<Arc<Node>> = fresh
-            .iter()
-            .filter(|node| {
-                covering(&cached, &facts(node))
-                    .iter()
-                    .all(|budget| moved.contains(budget.name()))
-            })
-            .cloned()
-            .collect();
-        let mut again = allocate(&moving, &judged, now);
+        // other keeps the cache's verdict and is granted nothing this pass. Every fresh node
+        // counts in its budgets' numbers.
+        let whole = |node: &Node| {
+            covering(&cached, &facts(node))
+                .iter()
+                .all(|budget| moved.contains(budget.name()))
+        };
+        let mut again = allocate_among(&moving, &fresh, now, whole);
         let mut waiting = by_cache.waiting;
-        for node in &judged {
+        for node in fresh.iter().filter(|node| whole(node)) {
             if let Some(uid) = node.metadata.uid.as_deref() {
                 waiting.remove(uid);
             }
@@ -1058,6 +1066,31 @@ mod tests {
             .get(budget)
             .map(|grants| grants.iter().map(|(node, _)| node.clone()).collect())
             .unwrap_or_default()
+    }
+
+    /// A pass that reads only some budgets fresh judges only the nodes wholly under them, but
+    /// counts every node in their numbers: a node left unjudged still takes its budget's room.
+    #[test]
+    fn nodes_left_unjudged_still_count_in_their_budgets_numbers() {
+        let now: Timestamp = "2026-11-23T10:10:00Z".parse().unwrap();
+        let pool = json!({"selector": {"matchLabels": {"pool": "a"}}, "maxUnavailable": 1});
+        let nodes = vec![
+            deleted_at(&node("first", true, true), "2026-11-23T10:01:00Z"),
+            deleted_at(&node("second", true, true), "2026-11-23T10:02:00Z"),
+            node("down", false, false),
+            node("up", true, false),
+        ];
+        let only_second = |node: &Node| node.metadata.name.as_deref() == Some("second");
+        let allocation = allocate_among(&[named("pool", &pool)], &nodes, now, only_second);
+        assert!(
+            granted_nodes(&allocation, "pool").is_empty(),
+            "down is unavailable"
+        );
+        assert!(
+            !allocation.waiting.contains_key("uid-first"),
+            "first was not judged"
+        );
+        assert!(allocation.waiting.contains_key("uid-second"));
     }
 
     #[test]
