@@ -272,6 +272,8 @@ struct Rollout {
     cpu_seconds: f64,
     conflicts: u64,
     max_disrupted: usize,
+    /// Once the finalizers are on, before the first deletion.
+    rss_before_mib: f64,
     max_rss_mib: f64,
 }
 
@@ -400,6 +402,7 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
     finalizer_on_every(&nodes, ListParams::default().labels("pool=rollout")).await?;
     let (most, mut gone) = watch_pool(&client);
     let pid = controller.0.id();
+    let rss_before_mib = nodegrace_core::testing::rss_mib(pid);
     let cpu_before = nodegrace_core::testing::cpu_seconds(pid);
     let (rss_done, rss_stop) = tokio::sync::oneshot::channel::<()>();
     let rss_peak = tokio::spawn(peak_rss(pid, rss_stop));
@@ -442,6 +445,7 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
         cpu_seconds,
         conflicts: conflicts.round() as u64,
         max_disrupted,
+        rss_before_mib,
         max_rss_mib,
     })
 }
@@ -487,8 +491,13 @@ fn main() -> Result<()> {
         .await?;
         for (nodes, run) in [(POOL, &thousand), (POOL / 10, &hundred)] {
             println!(
-                "rollout nodes={nodes} s={:.1} controller-cpu-s={:.2} status-conflicts={} max-disrupted={} rss-max-MiB={:.0}",
-                run.seconds, run.cpu_seconds, run.conflicts, run.max_disrupted, run.max_rss_mib
+                "rollout nodes={nodes} s={:.1} controller-cpu-s={:.2} status-conflicts={} max-disrupted={} rss-before-MiB={:.0} rss-max-MiB={:.0}",
+                run.seconds,
+                run.cpu_seconds,
+                run.conflicts,
+                run.max_disrupted,
+                run.rss_before_mib,
+                run.max_rss_mib
             );
         }
         let per_node = |run: &Rollout, nodes: usize| run.cpu_seconds * 1000.0 / nodes as f64;
@@ -507,11 +516,12 @@ fn main() -> Result<()> {
         };
         let fleet = rollout(large).await?;
         println!(
-            "rollout nodes={} s={:.1} controller-cpu-s={:.2} max-disrupted={} rss-max-MiB={:.0} cpu-ms-per-node={:.1} ratio-to-1000={:.2}",
+            "rollout nodes={} s={:.1} controller-cpu-s={:.2} max-disrupted={} rss-before-MiB={:.0} rss-max-MiB={:.0} cpu-ms-per-node={:.1} ratio-to-1000={:.2}",
             large.deleted,
             fleet.seconds,
             fleet.cpu_seconds,
             fleet.max_disrupted,
+            fleet.rss_before_mib,
             fleet.max_rss_mib,
             per_node(&fleet, large.deleted),
             per_node(&fleet, large.deleted) / per_node(&thousand, POOL)

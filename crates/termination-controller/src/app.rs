@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{NodeDisruptionBudget, NodeDrainRule};
 use crate::cli::{Args, Command, PlanArgs, PlanFormat, ReleaseNodesArgs, WebhookArgs};
 use crate::controller::Controller;
+use crate::fresh_nodes::FreshNodes;
 use crate::grants::Budgets;
 use crate::metrics::Metrics;
 use crate::plan;
@@ -286,7 +287,7 @@ pub async fn start_with_clock(
             api: Api::all(client.clone()),
             cache: ndbs,
             nodes,
-            node_api: Api::all(client.clone()),
+            fresh: Arc::new(FreshNodes::new(Api::all(client.clone()))),
             clock,
         };
         let webhook = webhook.map(|(listener, mode, source, loaded)| {

@@ -11,25 +11,24 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use kube::core::Selector;
 use nodegrace_core::clock::Clock;
 use nodegrace_core::k8s::api_errors::status_code;
-use nodegrace_core::k8s::nodes::{Readiness, readiness, taints, trim_for_cache};
+use nodegrace_core::k8s::nodes::{Readiness, readiness, taints};
 use nodegrace_core::k8s::watched::Watched;
 
 use crate::api::{
     DISRUPTED_TAINT, FINALIZER, Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus,
 };
 use crate::budget::{Limit, NodeFacts, Numbers, SpecError, numbers, selects};
+use crate::fresh_nodes::{FreshNodes, Nodes};
 use crate::windows::{Gate, Windows};
 
 /// How long a grant for a node that was never deleted is kept (the disruption controller's
 /// `DeletionTimeout` for `disruptedPods`): a grant taken by an admission that did not go
 /// through must not hold the budget forever.
 pub const UNUSED_GRANT_EXPIRY: Duration = Duration::from_secs(120);
-/// Nodes per page of a fresh read (client-go's informers list 500 at a time too).
-const FRESH_READ_PAGE: u32 = 500;
 /// Conflicts retried within one attempt before the caller is told to come back.
 const CONFLICT_RETRIES: usize = 5;
 
@@ -230,8 +229,8 @@ pub struct Budgets {
     pub api: Api<NodeDisruptionBudget>,
     pub cache: Watched<NodeDisruptionBudget>,
     pub nodes: Watched<Node>,
-    /// For the fresh reads every grant (and every grant dropped) is decided on.
-    pub node_api: Api<Node>,
+    /// The fresh reads every grant (and every grant dropped) is decided on.
+    pub fresh: Arc<FreshNodes>,
     /// Grant times, expiries and maintenance windows are read off this clock.
     pub clock: Arc<dyn Clock>,
 }
@@ -266,17 +265,15 @@ impl Budgets {
     /// cache alone: a cache can be any time behind while its watch is down (a replica cut off
     /// from the API server serves reviews all the same), and numbers counted from it — a
     /// namesake unknown, a gone node still Ready — over-spend the budget.
-    pub async fn fresh_nodes(&self) -> Result<Vec<Arc<Node>>, kube::Error> {
-        self.fresh_nodes_where(&ListParams::default()).await
+    pub async fn fresh_nodes(&self) -> Result<Nodes, kube::Error> {
+        self.fresh.read("").await
     }
 
     /// The nodes `budget` may cover, as the API server has them now: only its selector's, so a
-    /// check per cordon costs the budget's size, not the cluster's. A selector the API cannot
-    /// take (the budget is invalid, and covers every node) reads every node.
-    async fn fresh_nodes_of(
-        &self,
-        budget: &NodeDisruptionBudget,
-    ) -> Result<Vec<Arc<Node>>, kube::Error> {
+    /// check per cordon costs the budget's size, not the cluster's, and the checks of many
+    /// nodes at once share their reads ([`FreshNodes`]). A selector the API cannot take (the
+    /// budget is invalid, and covers every node) reads every node.
+    async fn fresh_nodes_of(&self, budget: &NodeDisruptionBudget) -> Result<Nodes, kube::Error> {
         match narrowing(budget) {
             Some(selector) => self.fresh_nodes_selected(&selector).await,
             None => self.fresh_nodes().await,
@@ -287,7 +284,7 @@ impl Budgets {
     async fn fresh_nodes_of_all(
         &self,
         budgets: &[Arc<NodeDisruptionBudget>],
-    ) -> Result<Vec<Arc<Node>>, kube::Error> {
+    ) -> Result<Nodes, kube::Error> {
         let Some(selectors) = budgets
             .iter()
             .map(|budget| narrowing(budget))
@@ -295,48 +292,26 @@ impl Budgets {
         else {
             return self.fresh_nodes().await;
         };
+        if let [selector] = &selectors[..] {
+            return self.fresh_nodes_selected(selector).await;
+        }
         let mut seen = HashSet::new();
         let mut nodes = Vec::new();
         for selector in selectors {
-            for node in self.fresh_nodes_selected(&selector).await? {
+            for node in self.fresh_nodes_selected(&selector).await?.iter() {
                 if seen.insert(node.metadata.uid.clone()) {
-                    nodes.push(node);
+                    nodes.push(Arc::clone(node));
                 }
             }
         }
-        Ok(nodes)
+        Ok(nodes.into())
     }
 
-    async fn fresh_nodes_selected(
-        &self,
-        selector: &Selector,
-    ) -> Result<Vec<Arc<Node>>, kube::Error> {
-        match self
-            .fresh_nodes_where(&ListParams::default().labels_from(selector))
-            .await
-        {
+    async fn fresh_nodes_selected(&self, selector: &Selector) -> Result<Nodes, kube::Error> {
+        match self.fresh.read(&selector.to_string()).await {
             // A value the API refuses in a selector: the budget covers every node.
             Err(error) if status_code(&error) == Some(400) => self.fresh_nodes().await,
             read => read,
-        }
-    }
-
-    /// One consistent read, in pages (every page is of the first one's resourceVersion), each
-    /// trimmed as the cache is: a read of thousands of nodes holds one page's bodies at a
-    /// time, not thousands of image lists.
-    async fn fresh_nodes_where(&self, params: &ListParams) -> Result<Vec<Arc<Node>>, kube::Error> {
-        let mut params = params.clone().limit(FRESH_READ_PAGE);
-        let mut nodes = Vec::new();
-        loop {
-            let page = self.node_api.list(&params).await?;
-            nodes.extend(page.items.into_iter().map(|mut node| {
-                trim_for_cache(&mut node);
-                Arc::new(node)
-            }));
-            match page.metadata.continue_.filter(|token| !token.is_empty()) {
-                Some(token) => params = params.continue_token(&token),
-                None => return Ok(nodes),
-            }
         }
     }
 
@@ -775,7 +750,7 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
             .filter(|budget| moved.contains(budget.name()))
             .cloned()
             .collect();
-        let fresh: Arc<[Arc<Node>]> = budgets.fresh_nodes_of_all(&moving).await?.into();
+        let fresh = budgets.fresh_nodes_of_all(&moving).await?;
         for budget in &moving {
             nodes_of.insert(budget.name().to_owned(), Arc::clone(&fresh));
         }

@@ -13,6 +13,7 @@ pub mod controller;
 pub mod drain;
 pub mod drain_rules;
 pub mod explain;
+pub mod fresh_nodes;
 pub mod grants;
 pub mod hooks;
 pub mod metrics;

@@ -608,7 +608,9 @@ async fn a_grant_is_decided_on_a_fresh_read_never_on_a_cache_left_behind() -> Re
             watcher::Config::default(),
             WatchCounters::default(),
         ),
-        node_api: Api::all(real.client()),
+        fresh: std::sync::Arc::new(termination_controller::fresh_nodes::FreshNodes::new(
+            Api::all(real.client()),
+        )),
         clock: std::sync::Arc::new(nodegrace_core::clock::SystemClock),
     };
     budgets.cache.synced().await?;
