@@ -93,3 +93,118 @@ impl FreshNodes {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+
+    use futures::future::BoxFuture;
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// Counts the LISTs of nodes and holds each until `gate` gives a permit.
+    #[derive(Clone)]
+    struct Lists {
+        count: Arc<AtomicUsize>,
+        gate: Arc<Semaphore>,
+    }
+
+    impl<S> tower::Layer<S> for Lists {
+        type Service = Held<S>;
+        fn layer(&self, inner: S) -> Held<S> {
+            Held {
+                inner,
+                lists: self.clone(),
+            }
+        }
+    }
+
+    #[derive(Clone)]
+    struct Held<S> {
+        inner: S,
+        lists: Lists,
+    }
+
+    impl<S, B> tower::Service<http::Request<B>> for Held<S>
+    where
+        S: tower::Service<http::Request<B>>,
+        S::Future: Send + 'static,
+    {
+        type Response = S::Response;
+        type Error = S::Error;
+        type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+            self.inner.poll_ready(cx)
+        }
+
+        fn call(&mut self, request: http::Request<B>) -> Self::Future {
+            let listing = request.uri().path() == "/api/v1/nodes";
+            if listing {
+                self.lists.count.fetch_add(1, Ordering::SeqCst);
+            }
+            let gate = Arc::clone(&self.lists.gate);
+            let response = self.inner.call(request);
+            Box::pin(async move {
+                if listing {
+                    gate.acquire().await.expect("the gate stays open").forget();
+                }
+                response.await
+            })
+        }
+    }
+
+    /// Callers that asked while a read was under way share the next read; none gets a read
+    /// that began before it asked.
+    #[tokio::test]
+    async fn callers_share_the_first_read_that_began_after_they_asked() {
+        let sim = kube_sim::cluster::Cluster::new(3).start().await.unwrap();
+        let lists = Lists {
+            count: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+        };
+        let kubeconfig = Kubeconfig::read_from(sim.kubeconfig_path()).unwrap();
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .unwrap();
+        let client = kube::client::ClientBuilder::try_from(config)
+            .unwrap()
+            .with_layer(&lists)
+            .build();
+        let fresh = Arc::new(FreshNodes::new(Api::all(client)));
+        let read = |fresh: &Arc<FreshNodes>| {
+            let fresh = Arc::clone(fresh);
+            tokio::spawn(async move { fresh.read("").await.map(|nodes| nodes.len()) })
+        };
+
+        let first = read(&fresh);
+        while lists.count.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Asked while the first read is held under way: it is too old for them.
+        let (second, third) = (read(&fresh), read(&fresh));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        lists.gate.add_permits(100);
+        for caller in [first, second, third] {
+            assert_eq!(caller.await.unwrap().unwrap(), 3);
+        }
+        assert_eq!(
+            lists.count.load(Ordering::SeqCst),
+            2,
+            "one read for the two who waited"
+        );
+
+        assert_eq!(fresh.read("").await.unwrap().len(), 3);
+        assert_eq!(
+            lists.count.load(Ordering::SeqCst),
+            3,
+            "a later caller reads anew"
+        );
+    }
+}
