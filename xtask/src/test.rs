@@ -66,12 +66,12 @@ fn run_steps(steps: &mut Steps) -> Result<()> {
     // From here on the steps mostly wait (kube-sim's timers, real elogind, the explorer's
     // histories): the images' build runs beside them at the lowest CPU priority.
     let images_build = image::start_binaries_build(&image::PROGRAMS)?;
-    step("peer tests", &mut peer_tests::run)?;
+    step("peer tests", &mut peer_tests::run_after_tests)?;
     // The README's first command is the e2e's story with all four charts; e2e adds each chart
     // alone and the least-privilege proof, against the built binaries.
-    step("e2e", &mut || e2e::run(&e2e::E2eArgs::default()))?;
+    step("e2e", &mut e2e::run_after_tests)?;
     // Random histories of the seeds on record, against the same binaries.
-    step("explore", &mut explore::fixed_seeds)?;
+    step("explore", &mut explore::fixed_seeds_after_tests)?;
     // What the images ship: the programs built with the size-optimised `image` profile.
     let mut images_build = Some(images_build);
     step("images", &mut || {
