@@ -56,16 +56,12 @@ const SUITES: [Suite; 2] = [
 
 pub fn run() -> Result<()> {
     run_command(cargo().args(["build", "--quiet", "--package", "kube-sim"]))?;
-    run_suites()
+    run_after_tests()
 }
 
 /// The suites against the kube-sim the test command's test build left (see
 /// [`crate::demo::Binaries`]: building it alone would rebuild what that build unified).
 pub fn run_after_tests() -> Result<()> {
-    run_suites()
-}
-
-fn run_suites() -> Result<()> {
     let simulator = target_dir().join("debug/kube-sim");
     ensure!(
         simulator.is_file(),

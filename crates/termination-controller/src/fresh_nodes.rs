@@ -22,7 +22,6 @@ pub type Nodes = Arc<[Arc<Node>]>;
 /// The last read of one selector; its lock is held while a read is under way.
 type Slot = Arc<tokio::sync::Mutex<Option<Read>>>;
 
-#[derive(Clone)]
 struct Read {
     began: Instant,
     nodes: Nodes,
