@@ -90,7 +90,8 @@ impl Controller {
         let mut workers: HashSet<String> = HashSet::new();
         // Nodes (by uid) whose finalizer a task removed: the cache may still show them with
         // it for a moment, and they must not get a second task.
-        let mut released: HashSet<String> = HashSet::new();
+        // By UID, with the name to look it up by.
+        let mut released: HashMap<String, String> = HashMap::new();
         let mut running: JoinSet<(NodeIdentity, Finished)> = JoinSet::new();
         let mut bookkeeping: JoinSet<String> = JoinSet::new();
         let mut in_bookkeeping: HashSet<String> = HashSet::new();
@@ -134,7 +135,7 @@ impl Controller {
                     continue;
                 };
                 if ours(&node) {
-                    if !released.contains(identity.uid())
+                    if !released.contains_key(identity.uid())
                         && workers.insert(identity.uid().to_owned())
                     {
                         let task = NodeTermination::new(Arc::clone(shared), identity.clone());
@@ -198,13 +199,15 @@ impl Controller {
                     if let Ok((node, finished)) = finished {
                         workers.remove(node.uid());
                         if finished == Finished::Released {
-                            released.insert(node.uid().to_owned());
+                            released.insert(node.uid().to_owned(), node.name().to_owned());
                         }
                         self.dirty.mark(node.name());
                     }
-                    // Forget released nodes once they are gone from the cache.
-                    let present: HashSet<String> = shared.nodes().state().iter().filter_map(|node| node.metadata.uid.clone()).collect();
-                    released.retain(|uid| present.contains(uid));
+                    // Forget released nodes once they are gone from the cache: a lookup each,
+                    // not a scan of the cache per finished node.
+                    released.retain(|uid, name| {
+                        shared.nodes().get(None, name).is_some_and(|node| node.metadata.uid.as_deref() == Some(uid.as_str()))
+                    });
                 }
                 Some(done) = bookkeeping.join_next() => {
                     if let Ok(name) = done {

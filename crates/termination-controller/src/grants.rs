@@ -537,7 +537,12 @@ pub fn status_for(
     let old = budget.status.clone().unwrap_or_default();
     let by_name: HashMap<&str, &Node> = nodes
         .iter()
-        .filter_map(|node| Some((node.metadata.name.as_deref()?, node.as_ref())))
+        .filter_map(|node| {
+            let name = node.metadata.name.as_deref()?;
+            old.disrupted_nodes
+                .contains_key(name)
+                .then_some((name, node.as_ref()))
+        })
         .collect();
     let mut status = NodeDisruptionBudgetStatus {
         observed_generation: budget.metadata.generation,
@@ -631,7 +636,40 @@ pub fn allocate(
     nodes: &[Arc<Node>],
     now: Timestamp,
 ) -> Allocation {
-    allocate_among(budgets, nodes, now, |_| true)
+    let own = own_nodes(budgets, nodes);
+    allocate_among(budgets, nodes, &own, now, |_| true)
+}
+
+/// Per budget (by name), the nodes of `nodes` it covers or has granted: every look a pass
+/// takes at a budget then costs the budget's size, not the cluster's, and each node's facts
+/// are read once per pass. The budgets' numbers and statuses over these are what they are
+/// over all of `nodes`.
+type OwnNodes = HashMap<String, Vec<Arc<Node>>>;
+
+fn own_nodes(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<Node>]) -> OwnNodes {
+    let mut own: OwnNodes = budgets
+        .iter()
+        .map(|budget| (budget.name().to_owned(), Vec::new()))
+        .collect();
+    for node in nodes {
+        let facts = facts(node);
+        for budget in budgets {
+            let granted = budget
+                .status
+                .as_ref()
+                .is_some_and(|status| status.disrupted_nodes.contains_key(facts.name));
+            if (granted || covers(budget, &facts))
+                && let Some(nodes) = own.get_mut(budget.name())
+            {
+                nodes.push(Arc::clone(node));
+            }
+        }
+    }
+    own
+}
+
+fn own_of<'a>(own: &'a OwnNodes, budget: &NodeDisruptionBudget) -> &'a [Arc<Node>] {
+    own.get(budget.name()).map_or(&[], Vec::as_slice)
 }
 
 /// [`allocate`] with the budgets' numbers counted over all of `nodes`, but only the waiting
@@ -639,6 +677,7 @@ pub fn allocate(
 fn allocate_among(
     budgets: &[Arc<NodeDisruptionBudget>],
     nodes: &[Arc<Node>],
+    own: &OwnNodes,
     now: Timestamp,
     judged: impl Fn(&Node) -> bool,
 ) -> Allocation {
@@ -646,8 +685,10 @@ fn allocate_among(
     let mut left: HashMap<&str, Result<Units, SpecError>> = budgets
         .iter()
         .map(|budget| {
-            let state = Rules::of(budget, now)
-                .map(|rules| rules.units(budget_numbers(budget, rules.limit, nodes), budget, now));
+            let state = Rules::of(budget, now).map(|rules| {
+                let numbers = budget_numbers(budget, rules.limit, own_of(own, budget));
+                rules.units(numbers, budget, now)
+            });
             (budget.name(), state)
         })
         .collect();
@@ -739,9 +780,10 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
     let cached = budgets.cache.state();
     let now = budgets.clock.now();
     let cached_nodes = budgets.nodes.state();
-    let by_cache = allocate(&cached, &cached_nodes, now);
-    let moved = moved_budgets(&cached, &cached_nodes, &by_cache, now);
-    let mut nodes_of: HashMap<String, Arc<[Arc<Node>]>> = HashMap::new();
+    let cached_own = own_nodes(&cached, &cached_nodes);
+    let by_cache = allocate_among(&cached, &cached_nodes, &cached_own, now, |_| true);
+    let moved = moved_budgets(&cached, &cached_nodes, &cached_own, &by_cache, now);
+    let mut fresh_own = OwnNodes::new();
     let allocation = if moved.is_empty() {
         by_cache
     } else {
@@ -751,9 +793,7 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
             .cloned()
             .collect();
         let fresh = budgets.fresh_nodes_of_all(&moving).await?;
-        for budget in &moving {
-            nodes_of.insert(budget.name().to_owned(), Arc::clone(&fresh));
-        }
+        fresh_own = own_nodes(&moving, &fresh);
         // Only the nodes every budget covering them was read fresh for are judged again; any
         // other keeps the cache's verdict and is granted nothing this pass. Every fresh node
         // counts in its budgets' numbers.
@@ -762,7 +802,7 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
                 .iter()
                 .all(|budget| moved.contains(budget.name()))
         };
-        let mut again = allocate_among(&moving, &fresh, now, whole);
+        let mut again = allocate_among(&moving, &fresh, &fresh_own, now, whole);
         let mut waiting = by_cache.waiting;
         for node in fresh.iter().filter(|node| whole(node)) {
             if let Some(uid) = node.metadata.uid.as_deref() {
@@ -790,10 +830,12 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
             let more = started.remove(budget.name()).unwrap_or_default();
             count_started(&budget, status, more, now);
         }
-        let nodes = nodes_of
-            .get(budget.name())
-            .map_or(&cached_nodes[..], |fresh| &fresh[..]);
-        let status = status_for(&updated, nodes, now);
+        let own = if fresh_own.contains_key(budget.name()) {
+            &fresh_own
+        } else {
+            &cached_own
+        };
+        let status = status_for(&updated, own_of(own, &budget), now);
         refreshed
             .allowed
             .push((budget.name().to_owned(), status.disruptions_allowed));
@@ -827,13 +869,16 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
 fn moved_budgets(
     budgets: &[Arc<NodeDisruptionBudget>],
     nodes: &[Arc<Node>],
+    own: &OwnNodes,
     allocation: &Allocation,
     now: Timestamp,
 ) -> HashSet<String> {
     let mut moved: HashSet<String> = budgets
         .iter()
         .filter(|budget| {
-            let kept = status_for(budget, nodes, now).disrupted_nodes.len();
+            let kept = status_for(budget, own_of(own, budget), now)
+                .disrupted_nodes
+                .len();
             budget
                 .status
                 .as_ref()
@@ -847,7 +892,7 @@ fn moved_budgets(
         .flatten()
         .map(|(node, _)| node.as_str())
         .collect();
-    for node in nodes {
+    for node in nodes.iter().filter(|_| !granted.is_empty()) {
         let facts = facts(node);
         if granted.contains(facts.name) {
             moved.extend(
@@ -1056,7 +1101,9 @@ mod tests {
             node("up", true, false),
         ];
         let only_second = |node: &Node| node.metadata.name.as_deref() == Some("second");
-        let allocation = allocate_among(&[named("pool", &pool)], &nodes, now, only_second);
+        let budgets = [named("pool", &pool)];
+        let own = own_nodes(&budgets, &nodes);
+        let allocation = allocate_among(&budgets, &nodes, &own, now, only_second);
         assert!(
             granted_nodes(&allocation, "pool").is_empty(),
             "down is unavailable"
