@@ -9,7 +9,8 @@
 //! status conflicts, the most nodes disrupted at once (seen by a watch of our own) and the
 //! controller's peak RSS; then 5,000 of 10,000 nodes deleted at once under the same 10 %, whose
 //! CPU per node should be the 1,000-node run's.
-//! `cargo bench --bench drain -- rollout` runs the rollout alone, `-- rss` the memory alone.
+//! `cargo bench --bench drain -- rollout` runs the rollouts alone, `-- fleet` the 1,000-node
+//! and the large one alone, `-- rss` the memory alone.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -469,12 +470,13 @@ fn main() -> Result<()> {
         .build()?;
     let rollout_only = std::env::args().any(|arg| arg == "rollout");
     let rss_only = std::env::args().any(|arg| arg == "rss");
+    let fleet_only = std::env::args().any(|arg| arg == "fleet");
     runtime.block_on(async {
         if rss_only {
             println!("termination rss MiB={:.0}", rss_at_scale().await?);
             return Ok(());
         }
-        if !rollout_only {
+        if !rollout_only && !fleet_only {
             drain_and_memory().await?;
         }
         let thousand = rollout(Fleet {
@@ -483,13 +485,21 @@ fn main() -> Result<()> {
             deleted: POOL,
         })
         .await?;
-        let hundred = rollout(Fleet {
-            nodes: 5_000,
-            pool: POOL,
-            deleted: POOL / 10,
-        })
-        .await?;
-        for (nodes, run) in [(POOL, &thousand), (POOL / 10, &hundred)] {
+        // `-- fleet`: the 1,000-node rollout and the large one, which is compared with it.
+        let hundred = if fleet_only {
+            None
+        } else {
+            Some(
+                rollout(Fleet {
+                    nodes: 5_000,
+                    pool: POOL,
+                    deleted: POOL / 10,
+                })
+                .await?,
+            )
+        };
+        for (nodes, run) in [(POOL, Some(&thousand)), (POOL / 10, hundred.as_ref())] {
+            let Some(run) = run else { continue };
             println!(
                 "rollout nodes={nodes} s={:.1} controller-cpu-s={:.2} status-conflicts={} max-disrupted={} rss-before-MiB={:.0} rss-max-MiB={:.0}",
                 run.seconds,
@@ -501,12 +511,14 @@ fn main() -> Result<()> {
             );
         }
         let per_node = |run: &Rollout, nodes: usize| run.cpu_seconds * 1000.0 / nodes as f64;
-        println!(
-            "rollout cpu-ms-per-node 1000-deleted={:.1} 100-deleted={:.1} ratio={:.2}",
-            per_node(&thousand, POOL),
-            per_node(&hundred, POOL / 10),
-            per_node(&thousand, POOL) / per_node(&hundred, POOL / 10)
-        );
+        if let Some(hundred) = &hundred {
+            println!(
+                "rollout cpu-ms-per-node 1000-deleted={:.1} 100-deleted={:.1} ratio={:.2}",
+                per_node(&thousand, POOL),
+                per_node(hundred, POOL / 10),
+                per_node(&thousand, POOL) / per_node(hundred, POOL / 10)
+            );
+        }
         // Half of a fleet twice the size, under the same 10 %: at most 500 disrupted at once,
         // and each node should cost what it cost in the 1,000-node run.
         let large = Fleet {

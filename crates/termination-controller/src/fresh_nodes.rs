@@ -3,20 +3,27 @@
 //! budget at once — a rollout's pass grants a hundred, and each checks its budget before its
 //! cordon — cost one or two reads between them, not one each. A read per node cost a rollout of
 //! 5,000 nodes a LIST of 5,000 nodes per node: 5 GB of memory and most of its CPU.
+//!
+//! A read parses only what the budgets look at ([`BudgetFields`]): parsing whole Nodes (labels,
+//! annotations, images, capacities, `managedFields`) to drop most of them was, after the reads
+//! themselves, the largest cost of a rollout of thousands.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Node;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Time};
 use kube::Api;
 use kube::api::ListParams;
-use nodegrace_core::k8s::nodes::trim_for_cache;
+use serde::Deserialize;
 
 /// Nodes per page (client-go's informers list 500 at a time too).
 const PAGE: u32 = 500;
 
-/// One read's nodes, trimmed as the cache's are.
+/// One read's nodes, with the fields the budgets read ([`BudgetFields`]).
 pub type Nodes = Arc<[Arc<Node>]>;
 
 /// The last read of one selector; its lock is held while a read is under way.
@@ -28,7 +35,8 @@ struct Read {
 }
 
 pub struct FreshNodes {
-    api: Api<Node>,
+    client: kube::Client,
+    request: kube::core::Request,
     /// By label selector ("" for every node).
     reads: Mutex<HashMap<String, Slot>>,
 }
@@ -42,7 +50,8 @@ impl std::fmt::Debug for FreshNodes {
 impl FreshNodes {
     pub fn new(api: Api<Node>) -> Self {
         Self {
-            api,
+            request: kube::core::Request::new(api.resource_url()),
+            client: api.into_client(),
             reads: Mutex::default(),
         }
     }
@@ -71,8 +80,8 @@ impl FreshNodes {
         Ok(nodes)
     }
 
-    /// One consistent read, in pages (each of the first one's resourceVersion), each trimmed as
-    /// the cache is: a read of thousands of nodes holds one page's bodies at a time.
+    /// One consistent read, in pages (each of the first one's resourceVersion): a read of
+    /// thousands of nodes holds one page's body at a time.
     async fn list(&self, selector: &str) -> Result<Nodes, kube::Error> {
         let mut params = ListParams::default().limit(PAGE);
         if !selector.is_empty() {
@@ -80,15 +89,108 @@ impl FreshNodes {
         }
         let mut nodes = Vec::new();
         loop {
-            let page = self.api.list(&params).await?;
-            nodes.extend(page.items.into_iter().map(|mut node| {
-                trim_for_cache(&mut node);
-                Arc::new(node)
-            }));
+            let mut request = self
+                .request
+                .list(&params)
+                .map_err(kube::Error::BuildRequest)?;
+            request.extensions_mut().insert("list");
+            let page: Page = self.client.request(request).await?;
+            nodes.extend(
+                page.items
+                    .into_iter()
+                    .map(|node| Arc::new(Node::from(node))),
+            );
             match page.metadata.continue_.filter(|token| !token.is_empty()) {
                 Some(token) => params = params.continue_token(&token),
                 None => return Ok(nodes.into()),
             }
+        }
+    }
+}
+
+/// A page of a node LIST, parsed as far as the budgets read it.
+#[derive(Deserialize)]
+struct Page {
+    metadata: ListMeta,
+    items: Vec<BudgetFields>,
+}
+
+/// What the budgets read of a Node ([`crate::grants::facts`], grants' UIDs and creation
+/// times); serde skips the rest of each object unparsed.
+#[derive(Deserialize)]
+struct BudgetFields {
+    metadata: Metadata,
+    spec: Option<Spec>,
+    status: Option<Status>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Metadata {
+    name: Option<String>,
+    uid: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+struct Spec {
+    taints: Option<Vec<Taint>>,
+    unschedulable: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct Status {
+    conditions: Option<Vec<Condition>>,
+}
+
+#[derive(Deserialize)]
+struct Condition {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+}
+
+impl From<BudgetFields> for Node {
+    fn from(node: BudgetFields) -> Self {
+        let Metadata {
+            name,
+            uid,
+            labels,
+            creation_timestamp,
+            deletion_timestamp,
+            finalizers,
+        } = node.metadata;
+        Self {
+            metadata: ObjectMeta {
+                name,
+                uid,
+                labels,
+                creation_timestamp,
+                deletion_timestamp,
+                finalizers,
+                ..ObjectMeta::default()
+            },
+            spec: node.spec.map(|spec| NodeSpec {
+                taints: spec.taints,
+                unschedulable: spec.unschedulable,
+                ..NodeSpec::default()
+            }),
+            status: node.status.map(|status| NodeStatus {
+                conditions: status.conditions.map(|conditions| {
+                    conditions
+                        .into_iter()
+                        .map(|condition| NodeCondition {
+                            type_: condition.type_,
+                            status: condition.status,
+                            ..NodeCondition::default()
+                        })
+                        .collect()
+                }),
+                ..NodeStatus::default()
+            }),
         }
     }
 }
@@ -154,6 +256,57 @@ mod tests {
                 response.await
             })
         }
+    }
+
+    /// A node parsed for the budgets gives every budget fact the whole Node gives.
+    #[test]
+    fn the_budgets_read_the_same_of_a_node_parsed_for_them() {
+        let value = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {
+                "name": "node-1", "uid": "u-1", "resourceVersion": "42",
+                "creationTimestamp": "2026-11-23T09:00:00Z",
+                "deletionTimestamp": "2026-11-23T10:00:00Z",
+                "labels": {"pool": "a", "zone": "z1"},
+                "annotations": {"note": "x"},
+                "finalizers": [crate::api::FINALIZER, "other/x"],
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}],
+            },
+            "spec": {"unschedulable": true, "podCIDR": "10.0.0.0/24", "taints": [
+                {"key": crate::api::DISRUPTED_TAINT, "effect": "NoSchedule"},
+                {"key": "k", "value": "v", "effect": "NoExecute", "timeAdded": "2026-11-23T09:30:00Z"},
+            ]},
+            "status": {
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok",
+                        "lastHeartbeatTime": "2026-11-23T09:59:00Z"},
+                ],
+                "capacity": {"cpu": "4"},
+                "images": [{"names": ["registry/a:1"], "sizeBytes": 1}],
+                "nodeInfo": {"kubeletVersion": "v1.33.0"},
+            },
+        });
+        let whole: Node = serde_json::from_value(value.clone()).unwrap();
+        let page: Page = serde_json::from_value(serde_json::json!({
+            "metadata": {"resourceVersion": "42"}, "items": [value],
+        }))
+        .unwrap();
+        let parsed = page.items.into_iter().map(Node::from).next().unwrap();
+        assert_eq!(crate::grants::facts(&parsed), crate::grants::facts(&whole));
+        assert_eq!(parsed.metadata.uid, whole.metadata.uid);
+        assert_eq!(
+            parsed.metadata.creation_timestamp,
+            whole.metadata.creation_timestamp
+        );
+        assert_eq!(
+            nodegrace_core::k8s::nodes::taints(&parsed),
+            nodegrace_core::k8s::nodes::taints(&whole)
+        );
+        assert_eq!(
+            parsed.spec.as_ref().and_then(|spec| spec.unschedulable),
+            Some(true)
+        );
     }
 
     /// Callers that asked while a read was under way share the next read; none gets a read
