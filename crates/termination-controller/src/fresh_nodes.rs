@@ -155,22 +155,15 @@ struct Condition {
 
 impl From<BudgetFields> for Node {
     fn from(node: BudgetFields) -> Self {
-        let Metadata {
-            name,
-            uid,
-            labels,
-            creation_timestamp,
-            deletion_timestamp,
-            finalizers,
-        } = node.metadata;
+        let metadata = node.metadata;
         Self {
             metadata: ObjectMeta {
-                name,
-                uid,
-                labels,
-                creation_timestamp,
-                deletion_timestamp,
-                finalizers,
+                name: metadata.name,
+                uid: metadata.uid,
+                labels: metadata.labels,
+                creation_timestamp: metadata.creation_timestamp,
+                deletion_timestamp: metadata.deletion_timestamp,
+                finalizers: metadata.finalizers,
                 ..ObjectMeta::default()
             },
             spec: node.spec.map(|spec| NodeSpec {
