@@ -88,9 +88,8 @@ impl Controller {
         // Termination tasks by the Node's UID: a namesake is another node, with a task of
         // its own.
         let mut workers: HashSet<String> = HashSet::new();
-        // Nodes (by uid) whose finalizer a task removed: the cache may still show them with
-        // it for a moment, and they must not get a second task.
-        // By UID, with the name to look it up by.
+        // Nodes whose finalizer a task removed (UID → name, to look each up by): the cache may
+        // still show them with it for a moment, and they must not get a second task.
         let mut released: HashMap<String, String> = HashMap::new();
         let mut running: JoinSet<(NodeIdentity, Finished)> = JoinSet::new();
         let mut bookkeeping: JoinSet<String> = JoinSet::new();

@@ -55,12 +55,6 @@ pub fn power_offs(recording: &[Seen], instances: &[Instance], window: Duration) 
     let mut allowed: Vec<(String, u64)> = Vec::new();
     let limit = jiff::SignedDuration::try_from(window.saturating_sub(WATCH_LAG))
         .unwrap_or(jiff::SignedDuration::ZERO);
-    // The judge's own re-lists of the Nodes (its watch expired or failed): (revision, received).
-    let relists: Vec<(u64, jiff::Timestamp)> = recording
-        .iter()
-        .filter(|seen| matches!((&seen.kind, &seen.change), (Kind::Node, Change::Resync(_))))
-        .map(|seen| (seen.revision, seen.received))
-        .collect();
     // The revision of the last version the judge saw of each Node.
     let mut last_seen: BTreeMap<String, u64> = BTreeMap::new();
     for seen in recording {
@@ -96,15 +90,9 @@ pub fn power_offs(recording: &[Seen], instances: &[Instance], window: Duration) 
                 // re-lists, the `fencing` between its last version and this one lived while
                 // the judge was blind (seed 40: the `expire-history` fault): a power-off in
                 // that stretch cannot be judged, so it is not called a violation.
-                let relisted = relists.iter().any(|(revision, received)| {
-                    *revision >= seen.revision
-                        && *received >= seen.received
-                        && received.duration_since(seen.received)
-                            < jiff::SignedDuration::from_secs(1)
-                });
                 if now.as_deref() == Some("fenced")
                     && before.as_deref() != Some("fencing")
-                    && relisted
+                    && seen.relisted
                 {
                     allowed.push((provider_id.to_owned(), previous.unwrap_or_default() + 1));
                 }

@@ -883,6 +883,7 @@ mod tests {
             change: Change::Upsert(
                 json!({"metadata": {"name": "node-4", "annotations": {"sim.nodegrace.io/kubelet": "booting"}}}),
             ),
+            relisted: false,
         };
         let none = BTreeSet::new();
         let just_back = [off(9, "2026-11-25T10:00:00.400Z")];
@@ -913,6 +914,7 @@ mod tests {
             change: Change::Upsert(
                 json!({"metadata": {"name": "keeper-0"}, "spec": {"nodeName": node}}),
             ),
+            relisted: false,
         };
         let bound = [keeper(3, "node-1")];
         assert_eq!(
@@ -942,6 +944,7 @@ mod tests {
             received: jiff::Timestamp::UNIX_EPOCH,
             kind: Kind::Node,
             change: Change::Upsert(node),
+            relisted: false,
         }
     }
 
@@ -954,6 +957,7 @@ mod tests {
                 "metadata": {"name": "workers", "resourceVersion": revision.to_string()},
                 "spec": {"selector": {"matchLabels": labels}, "maxUnavailable": 1},
             })),
+            relisted: false,
         }
     }
 

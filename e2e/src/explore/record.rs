@@ -37,6 +37,9 @@ pub struct Seen {
     pub received: jiff::Timestamp,
     pub kind: Kind,
     pub change: Change,
+    /// Delivered by a re-list (the watch expired or failed), not as a change: versions between
+    /// this object's last one and this may have lived while the judge was blind.
+    pub relisted: bool,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -157,6 +160,7 @@ async fn watch(api: Api<DynamicObject>, config: watcher::Config, kind: Kind, rec
                     received: jiff::Timestamp::now(),
                     kind,
                     change: Change::Upsert(value),
+                    relisted: listing,
                 });
             }
             watcher::Event::Delete(object) => {
@@ -168,6 +172,7 @@ async fn watch(api: Api<DynamicObject>, config: watcher::Config, kind: Kind, rec
                     received: jiff::Timestamp::now(),
                     kind,
                     change: Change::Removed(object.metadata.name.clone().unwrap_or_default()),
+                    relisted: false,
                 });
             }
             watcher::Event::Init => {
@@ -181,6 +186,7 @@ async fn watch(api: Api<DynamicObject>, config: watcher::Config, kind: Kind, rec
                     received: jiff::Timestamp::now(),
                     kind,
                     change: Change::Resync(std::mem::take(&mut listed)),
+                    relisted: true,
                 });
             }
         }
