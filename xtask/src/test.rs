@@ -105,11 +105,12 @@ fn ensure_nextest() -> Result<()> {
     Ok(())
 }
 
-/// Each step's wall time, printed at the end (also after a failure): what a run from nothing
-/// spends its time on.
+/// Each step's wall time and how busy it kept the machine's cores, printed at the end (also
+/// after a failure): what a run from nothing spends its time on, and whether a step waits
+/// (cores idle: run more at once) or computes (cores full: do less).
 #[derive(Default)]
 struct Steps {
-    took: Vec<(&'static str, Duration)>,
+    took: Vec<(&'static str, Duration, Option<f64>)>,
     started: Option<Instant>,
 }
 
@@ -118,15 +119,18 @@ impl Steps {
         println!("==> {name}");
         self.started.get_or_insert_with(Instant::now);
         let started = Instant::now();
+        let before = CpuTicks::now();
         let result = body();
-        self.took.push((name, started.elapsed()));
+        let busy = before.zip(CpuTicks::now()).map(|(a, b)| a.busy_until(&b));
+        self.took.push((name, started.elapsed(), busy));
         result.map_err(|e| e.context(format!("step `{name}` failed")))
     }
 
     fn print(&self) {
-        println!("\n==> time per step");
-        for (name, took) in &self.took {
-            println!("{:>8.1} s  {name}", took.as_secs_f64());
+        println!("\n==> time per step (cores busy: the whole machine's, the background build too)");
+        for (name, took, busy) in &self.took {
+            let busy = busy.map_or_else(String::new, |busy| format!("{:>4.0} %", busy * 100.0));
+            println!("{:>8.1} s  {busy:>6}  {name}", took.as_secs_f64());
         }
         if let Some(started) = self.started {
             println!("{:>8.1} s  in all", started.elapsed().as_secs_f64());
@@ -164,5 +168,42 @@ fn check_no_stray_processes() -> Result<()> {
             "processes left behind by the test suite:\n{}",
             strays.join("\n")
         )
+    }
+}
+
+/// The machine's CPU time so far, from the `cpu` line of /proc/stat.
+struct CpuTicks {
+    busy: u64,
+    all: u64,
+}
+
+impl CpuTicks {
+    fn now() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        // user nice system idle iowait irq softirq steal: idle and iowait are the waiting.
+        let all: u64 = fields.iter().take(8).sum();
+        let waiting = fields.get(3)? + fields.get(4)?;
+        Some(Self {
+            busy: all - waiting,
+            all,
+        })
+    }
+
+    /// The share of the cores busy between `self` and `later`.
+    #[allow(clippy::cast_precision_loss)]
+    fn busy_until(&self, later: &Self) -> f64 {
+        let all = later.all.saturating_sub(self.all);
+        if all == 0 {
+            return 0.0;
+        }
+        later.busy.saturating_sub(self.busy) as f64 / all as f64
     }
 }

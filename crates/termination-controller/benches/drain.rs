@@ -276,6 +276,8 @@ struct Rollout {
     /// Once the finalizers are on, before the first deletion.
     rss_before_mib: f64,
     max_rss_mib: f64,
+    /// From the last node gone until the controller is quiet: the reporter's trailing writes.
+    reporting_tail_seconds: f64,
 }
 
 fn disrupted(node: &Node) -> bool {
@@ -426,6 +428,11 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
     )
     .await??;
     let seconds = started.elapsed().as_secs_f64();
+    // What the rollout cost includes what it left queued: the conditions and Events the
+    // reporter writes after the nodes are gone. A 100-node rollout is over before its reporter
+    // has written a tenth of them, a 1,000-node one mostly is not: stopping the clock at the
+    // last node would bill the larger rollout for work the smaller one leaves uncounted.
+    let reporting_tail_seconds = until_quiet(pid).await;
     let cpu_seconds = nodegrace_core::testing::cpu_seconds(pid) - cpu_before;
     let _ = rss_done.send(());
     let max_rss_mib = rss_peak.await?;
@@ -448,7 +455,29 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
         max_disrupted,
         rss_before_mib,
         max_rss_mib,
+        reporting_tail_seconds,
     })
+}
+
+/// Waits until `pid` spends less than 1 % of a core for two seconds in a row (at most five
+/// minutes); returns how long that took.
+async fn until_quiet(pid: u32) -> f64 {
+    const QUIET_CPU_SECONDS_PER_SECOND: f64 = 0.01;
+    let started = Instant::now();
+    let mut last = nodegrace_core::testing::cpu_seconds(pid);
+    let mut quiet_seconds = 0;
+    while quiet_seconds < 2 && started.elapsed() < Duration::from_secs(300) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = nodegrace_core::testing::cpu_seconds(pid);
+        if now - last < QUIET_CPU_SECONDS_PER_SECOND {
+            quiet_seconds += 1;
+        } else {
+            quiet_seconds = 0;
+        }
+        last = now;
+    }
+    // The two quiet seconds belong to no one.
+    (started.elapsed().as_secs_f64() - 2.0).max(0.0)
 }
 
 /// The most RSS `pid` had, sampled every 100 ms until `stop`.
@@ -501,8 +530,9 @@ fn main() -> Result<()> {
         for (nodes, run) in [(POOL, Some(&thousand)), (POOL / 10, hundred.as_ref())] {
             let Some(run) = run else { continue };
             println!(
-                "rollout nodes={nodes} s={:.1} controller-cpu-s={:.2} status-conflicts={} max-disrupted={} rss-before-MiB={:.0} rss-max-MiB={:.0}",
+                "rollout nodes={nodes} s={:.1} reporting-tail-s={:.0} controller-cpu-s={:.2} status-conflicts={} max-disrupted={} rss-before-MiB={:.0} rss-max-MiB={:.0}",
                 run.seconds,
+                run.reporting_tail_seconds,
                 run.cpu_seconds,
                 run.conflicts,
                 run.max_disrupted,
@@ -528,9 +558,10 @@ fn main() -> Result<()> {
         };
         let fleet = rollout(large).await?;
         println!(
-            "rollout nodes={} s={:.1} controller-cpu-s={:.2} max-disrupted={} rss-before-MiB={:.0} rss-max-MiB={:.0} cpu-ms-per-node={:.1} ratio-to-1000={:.2}",
+            "rollout nodes={} s={:.1} reporting-tail-s={:.0} controller-cpu-s={:.2} max-disrupted={} rss-before-MiB={:.0} rss-max-MiB={:.0} cpu-ms-per-node={:.1} ratio-to-1000={:.2}",
             large.deleted,
             fleet.seconds,
+            fleet.reporting_tail_seconds,
             fleet.cpu_seconds,
             fleet.max_disrupted,
             fleet.rss_before_mib,

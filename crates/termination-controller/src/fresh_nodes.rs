@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Time};
@@ -24,8 +24,22 @@ const PAGE: u32 = 500;
 /// One read's nodes, with the fields the budgets read ([`BudgetFields`]).
 pub type Nodes = Arc<[Arc<Node>]>;
 
-/// The last read of one selector; its lock is held while a read is under way.
-type Slot = Arc<tokio::sync::Mutex<Option<Read>>>;
+/// The reads of one selector.
+struct Slot {
+    /// The last read; its lock is held while a read is under way.
+    last: tokio::sync::Mutex<Option<Read>>,
+    /// When the latest read began, for callers waiting to join the next.
+    begun: tokio::sync::watch::Sender<Instant>,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Self {
+            last: tokio::sync::Mutex::default(),
+            begun: tokio::sync::watch::Sender::new(Instant::now()),
+        }
+    }
+}
 
 struct Read {
     began: Instant,
@@ -36,7 +50,7 @@ pub struct FreshNodes {
     client: kube::Client,
     request: kube::core::Request,
     /// By label selector ("" for every node).
-    reads: Mutex<HashMap<String, Slot>>,
+    reads: Mutex<HashMap<String, Arc<Slot>>>,
 }
 
 impl std::fmt::Debug for FreshNodes {
@@ -57,19 +71,43 @@ impl FreshNodes {
     /// The nodes `selector` selects ("" for every node) as the API server has them, read
     /// after this call began.
     pub async fn read(&self, selector: &str) -> Result<Nodes, kube::Error> {
+        self.read_since(selector, Instant::now()).await
+    }
+
+    /// [`Self::read`], but joining a read some other caller begins within `within` rather than
+    /// starting one at once: a check that can wait that long shares the granting pass's next
+    /// read instead of adding one of its own. Still a read that began after this call did.
+    pub async fn read_joining(
+        &self,
+        selector: &str,
+        within: Duration,
+    ) -> Result<Nodes, kube::Error> {
         let asked = Instant::now();
-        let slot = Arc::clone(
+        let mut begun = self.slot(selector).begun.subscribe();
+        // Past `within`, or on any read beginning from now on: either way the read below
+        // gives the first that began after `asked`, waiting for it if it is under way.
+        let _ = tokio::time::timeout(within, begun.changed()).await;
+        self.read_since(selector, asked).await
+    }
+
+    fn slot(&self, selector: &str) -> Arc<Slot> {
+        Arc::clone(
             self.reads
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .entry(selector.to_owned())
                 .or_default(),
-        );
-        let mut last = slot.lock().await;
+        )
+    }
+
+    async fn read_since(&self, selector: &str, asked: Instant) -> Result<Nodes, kube::Error> {
+        let slot = self.slot(selector);
+        let mut last = slot.last.lock().await;
         if let Some(read) = last.as_ref().filter(|read| read.began > asked) {
             return Ok(Arc::clone(&read.nodes));
         }
         let began = Instant::now();
+        slot.begun.send_replace(began);
         let nodes = self.list(selector).await?;
         *last = Some(Read {
             began,
@@ -170,9 +208,11 @@ impl From<BudgetFields> for Node {
                 ..NodeSpec::default()
             }),
             status: node.status.map(|status| NodeStatus {
+                // The budgets read readiness alone: a pass then finds it at the first look.
                 conditions: status.conditions.map(|conditions| {
                     conditions
                         .into_iter()
+                        .filter(|condition| condition.type_ == "Ready")
                         .map(|condition| NodeCondition {
                             type_: condition.type_,
                             status: condition.status,
@@ -348,6 +388,58 @@ mod tests {
             lists.count.load(Ordering::SeqCst),
             3,
             "a later caller reads anew"
+        );
+    }
+
+    /// A caller that can wait shares the next read another caller begins within its window,
+    /// and reads on its own once the window has passed with none.
+    #[tokio::test]
+    async fn a_caller_that_can_wait_rides_on_the_next_read_begun() {
+        let sim = kube_sim::cluster::Cluster::new(3).start().await.unwrap();
+        let lists = Lists {
+            count: Arc::default(),
+            gate: Arc::new(Semaphore::new(100)),
+        };
+        let kubeconfig = Kubeconfig::read_from(sim.kubeconfig_path()).unwrap();
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .unwrap();
+        let client = kube::client::ClientBuilder::try_from(config)
+            .unwrap()
+            .with_layer(&lists)
+            .build();
+        let fresh = Arc::new(FreshNodes::new(Api::all(client)));
+        let joining = {
+            let fresh = Arc::clone(&fresh);
+            tokio::spawn(async move {
+                fresh
+                    .read_joining("", Duration::from_secs(600))
+                    .await
+                    .map(|nodes| nodes.len())
+            })
+        };
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(lists.count.load(Ordering::SeqCst), 0, "it waits to join");
+        assert_eq!(fresh.read("").await.unwrap().len(), 3);
+        assert_eq!(joining.await.unwrap().unwrap(), 3);
+        assert_eq!(
+            lists.count.load(Ordering::SeqCst),
+            1,
+            "one read for the two"
+        );
+
+        let alone = fresh
+            .read_joining("", Duration::from_millis(20))
+            .await
+            .unwrap();
+        assert_eq!(alone.len(), 3);
+        assert_eq!(
+            lists.count.load(Ordering::SeqCst),
+            2,
+            "with no read begun in its window it reads on its own"
         );
     }
 }

@@ -29,6 +29,9 @@ use crate::windows::{Gate, Windows};
 /// `DeletionTimeout` for `disruptedPods`): a grant taken by an admission that did not go
 /// through must not hold the budget forever.
 pub const UNUSED_GRANT_EXPIRY: Duration = Duration::from_secs(120);
+/// How long the check before a cordon waits to share a read another caller (the granting
+/// pass, every 200 ms at most while budgets move) begins, before it reads on its own.
+const CHECK_JOINS_A_READ_WITHIN: Duration = Duration::from_millis(300);
 /// Conflicts retried within one attempt before the caller is told to come back.
 const CONFLICT_RETRIES: usize = 5;
 
@@ -274,9 +277,23 @@ impl Budgets {
     /// nodes at once share their reads ([`FreshNodes`]). A selector the API cannot take (the
     /// budget is invalid, and covers every node) reads every node.
     async fn fresh_nodes_of(&self, budget: &NodeDisruptionBudget) -> Result<Nodes, kube::Error> {
-        match narrowing(budget) {
-            Some(selector) => self.fresh_nodes_selected(&selector).await,
-            None => self.fresh_nodes().await,
+        self.fresh_nodes_joining(budget, Duration::ZERO).await
+    }
+
+    /// [`Self::fresh_nodes_of`], sharing a read another caller begins `within`
+    /// ([`FreshNodes::read_joining`]).
+    async fn fresh_nodes_joining(
+        &self,
+        budget: &NodeDisruptionBudget,
+        within: Duration,
+    ) -> Result<Nodes, kube::Error> {
+        let selector = narrowing(budget).map_or_else(String::new, |selector| selector.to_string());
+        match self.fresh.read_joining(&selector, within).await {
+            // A value the API refuses in a selector: the budget covers every node.
+            Err(error) if !selector.is_empty() && status_code(&error) == Some(400) => {
+                self.fresh_nodes().await
+            }
+            read => read,
         }
     }
 
@@ -329,7 +346,11 @@ impl Budgets {
             let Ok(limit) = Limit::of(&budget.spec) else {
                 continue;
             };
-            let nodes = self.fresh_nodes_of(&budget).await?;
+            // The granting pass reads the budget's nodes again within its pace whenever it
+            // can grant more: a rollout's checks ride on those reads instead of doubling them.
+            let nodes = self
+                .fresh_nodes_joining(&budget, CHECK_JOINS_A_READ_WITHIN)
+                .await?;
             let numbers = budget_numbers(&budget, limit, &nodes);
             if numbers.available < numbers.desired {
                 return Ok(Some((budget.name().to_owned(), numbers)));
@@ -637,29 +658,40 @@ pub fn allocate(
     now: Timestamp,
 ) -> Allocation {
     let own = own_nodes(budgets, nodes);
-    allocate_among(budgets, nodes, &own, now, |_| true)
+    allocate_among(budgets, &own, now, |_| true)
 }
 
-/// Per budget (by name), the nodes of `nodes` it covers or has granted: every look a pass
-/// takes at a budget then costs the budget's size, not the cluster's, and each node's facts
-/// are read once per pass. The budgets' numbers and statuses over these are what they are
-/// over all of `nodes`.
-type OwnNodes = HashMap<String, Vec<Arc<Node>>>;
+/// One scan of a pass's nodes: per budget (by name) the nodes it covers or has granted, and
+/// the nodes waiting for grants. Every later look a pass takes at a budget then costs the
+/// budget's size, not the cluster's, and each node's facts are read once per pass. The
+/// budgets' numbers and statuses over these are what they are over all of the nodes.
+#[derive(Default)]
+struct OwnNodes {
+    by_budget: HashMap<String, Vec<Arc<Node>>>,
+    /// Deleting, held by our finalizer, not yet cordoned.
+    waiting: Vec<Arc<Node>>,
+}
 
 fn own_nodes(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<Node>]) -> OwnNodes {
-    let mut own: OwnNodes = budgets
-        .iter()
-        .map(|budget| (budget.name().to_owned(), Vec::new()))
-        .collect();
+    let mut own = OwnNodes {
+        by_budget: budgets
+            .iter()
+            .map(|budget| (budget.name().to_owned(), Vec::new()))
+            .collect(),
+        waiting: Vec::new(),
+    };
     for node in nodes {
         let facts = facts(node);
+        if facts.awaits_grants && !facts.disrupting {
+            own.waiting.push(Arc::clone(node));
+        }
         for budget in budgets {
             let granted = budget
                 .status
                 .as_ref()
                 .is_some_and(|status| status.disrupted_nodes.contains_key(facts.name));
             if (granted || covers(budget, &facts))
-                && let Some(nodes) = own.get_mut(budget.name())
+                && let Some(nodes) = own.by_budget.get_mut(budget.name())
             {
                 nodes.push(Arc::clone(node));
             }
@@ -669,14 +701,13 @@ fn own_nodes(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<Node>]) -> OwnN
 }
 
 fn own_of<'a>(own: &'a OwnNodes, budget: &NodeDisruptionBudget) -> &'a [Arc<Node>] {
-    own.get(budget.name()).map_or(&[], Vec::as_slice)
+    own.by_budget.get(budget.name()).map_or(&[], Vec::as_slice)
 }
 
-/// [`allocate`] with the budgets' numbers counted over all of `nodes`, but only the waiting
-/// nodes `judged` picks granted or refused.
+/// [`allocate`] with the budgets' numbers counted over `own`, but only the waiting nodes
+/// `judged` picks granted or refused.
 fn allocate_among(
     budgets: &[Arc<NodeDisruptionBudget>],
-    nodes: &[Arc<Node>],
     own: &OwnNodes,
     now: Timestamp,
     judged: impl Fn(&Node) -> bool,
@@ -692,13 +723,7 @@ fn allocate_among(
             (budget.name(), state)
         })
         .collect();
-    let mut waiters: Vec<&Arc<Node>> = nodes
-        .iter()
-        .filter(|node| {
-            let facts = facts(node);
-            facts.awaits_grants && !facts.disrupting && judged(node)
-        })
-        .collect();
+    let mut waiters: Vec<&Arc<Node>> = own.waiting.iter().filter(|node| judged(node)).collect();
     waiters.sort_by(|a, b| {
         (
             &a.metadata.deletion_timestamp.as_ref().map(|time| time.0),
@@ -781,9 +806,9 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
     let now = budgets.clock.now();
     let cached_nodes = budgets.nodes.state();
     let cached_own = own_nodes(&cached, &cached_nodes);
-    let by_cache = allocate_among(&cached, &cached_nodes, &cached_own, now, |_| true);
-    let moved = moved_budgets(&cached, &cached_nodes, &cached_own, &by_cache, now);
-    let mut fresh_own = OwnNodes::new();
+    let by_cache = allocate_among(&cached, &cached_own, now, |_| true);
+    let moved = moved_budgets(&cached, &cached_own, &by_cache, now);
+    let mut fresh_own = OwnNodes::default();
     let allocation = if moved.is_empty() {
         by_cache
     } else {
@@ -802,7 +827,7 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
                 .iter()
                 .all(|budget| moved.contains(budget.name()))
         };
-        let mut again = allocate_among(&moving, &fresh, &fresh_own, now, whole);
+        let mut again = allocate_among(&moving, &fresh_own, now, whole);
         let mut waiting = by_cache.waiting;
         for node in fresh.iter().filter(|node| whole(node)) {
             if let Some(uid) = node.metadata.uid.as_deref() {
@@ -830,7 +855,7 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
             let more = started.remove(budget.name()).unwrap_or_default();
             count_started(&budget, status, more, now);
         }
-        let own = if fresh_own.contains_key(budget.name()) {
+        let own = if fresh_own.by_budget.contains_key(budget.name()) {
             &fresh_own
         } else {
             &cached_own
@@ -868,7 +893,6 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
 /// every budget covering a node granted, so that node is judged whole.
 fn moved_budgets(
     budgets: &[Arc<NodeDisruptionBudget>],
-    nodes: &[Arc<Node>],
     own: &OwnNodes,
     allocation: &Allocation,
     now: Timestamp,
@@ -892,7 +916,8 @@ fn moved_budgets(
         .flatten()
         .map(|(node, _)| node.as_str())
         .collect();
-    for node in nodes.iter().filter(|_| !granted.is_empty()) {
+    // Only waiting nodes are granted.
+    for node in own.waiting.iter().filter(|_| !granted.is_empty()) {
         let facts = facts(node);
         if granted.contains(facts.name) {
             moved.extend(
@@ -1103,7 +1128,7 @@ mod tests {
         let only_second = |node: &Node| node.metadata.name.as_deref() == Some("second");
         let budgets = [named("pool", &pool)];
         let own = own_nodes(&budgets, &nodes);
-        let allocation = allocate_among(&budgets, &nodes, &own, now, only_second);
+        let allocation = allocate_among(&budgets, &own, now, only_second);
         assert!(
             granted_nodes(&allocation, "pool").is_empty(),
             "down is unavailable"
