@@ -57,11 +57,15 @@ fn on_aws(args: &[String]) -> bool {
         })
 }
 
+/// Histories the test command plays at once: at two, the step kept two cores 25 % busy (a
+/// history mostly waits on its programs' timers and kube-sim's).
+const TEST_JOBS: usize = 4;
+
 /// Seeds the test command plays with the nodes on EC2 (moto behind the fault interposer).
 const AWS_SEEDS: &str = "1,2,3,4";
 
-/// The test command's share: the seeds of `e2e/explore/seeds.txt`, two at once, and
-/// [`AWS_SEEDS`] with `--provider aws`.
+/// The test command's share: the seeds of `e2e/explore/seeds.txt` and [`AWS_SEEDS`] with
+/// `--provider aws`, [`TEST_JOBS`] at once.
 /// The recorded seeds, with the binaries the test command's test build left (see
 /// [`crate::demo::Binaries`]).
 pub fn fixed_seeds_after_tests() -> Result<()> {
@@ -82,14 +86,14 @@ pub fn fixed_seeds_after_tests() -> Result<()> {
         Command::new(&explorer)
             .current_dir(project_root())
             .arg(format!("--seeds={}", seeds.join(",")))
-            .arg("--jobs=2"),
+            .arg(format!("--jobs={TEST_JOBS}")),
     )?;
     run_command(
         Command::new(explorer)
             .current_dir(project_root())
             .arg("--provider=aws")
             .arg(format!("--seeds={AWS_SEEDS}"))
-            .arg("--jobs=2"),
+            .arg(format!("--jobs={TEST_JOBS}")),
     )
 }
 

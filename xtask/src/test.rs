@@ -62,12 +62,15 @@ fn run_steps(steps: &mut Steps) -> Result<()> {
     })?;
     // termination-controller's `providers` suite runs once, in the e2e step (against the same
     // built binary), where its figures are printed: running it here as well cost ~20 s.
+    // Four at once on two cores: two at once kept the cores 39 % busy (the tests wait on
+    // kube-sim's timers, real elogind and child processes far more than they compute).
     step("tests", &mut || {
         run_command(cargo().args([
             "nextest",
             "run",
             "--workspace",
             "--no-fail-fast",
+            "--test-threads=4",
             "-E",
             "not (package(termination-controller) and binary(providers))",
         ]))
