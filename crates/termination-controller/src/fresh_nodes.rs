@@ -289,6 +289,26 @@ mod tests {
         }
     }
 
+    /// Reads of a three-node kube-sim, each LIST counted and held until one of `permits`.
+    async fn counted_reads(permits: usize) -> (kube_sim::KubeSim, Lists, Arc<FreshNodes>) {
+        let sim = kube_sim::cluster::Cluster::new(3).start().await.unwrap();
+        let lists = Lists {
+            count: Arc::default(),
+            gate: Arc::new(Semaphore::new(permits)),
+        };
+        let kubeconfig = Kubeconfig::read_from(sim.kubeconfig_path()).unwrap();
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .unwrap();
+        let client = kube::client::ClientBuilder::try_from(config)
+            .unwrap()
+            .with_layer(&lists)
+            .build();
+        let fresh = Arc::new(FreshNodes::new(Api::all(client)));
+        (sim, lists, fresh)
+    }
+
     /// A node parsed for the budgets gives every budget fact the whole Node gives.
     #[test]
     fn the_budgets_read_the_same_of_a_node_parsed_for_them() {
@@ -344,21 +364,7 @@ mod tests {
     /// that began before it asked.
     #[tokio::test]
     async fn callers_share_the_first_read_that_began_after_they_asked() {
-        let sim = kube_sim::cluster::Cluster::new(3).start().await.unwrap();
-        let lists = Lists {
-            count: Arc::default(),
-            gate: Arc::new(Semaphore::new(0)),
-        };
-        let kubeconfig = Kubeconfig::read_from(sim.kubeconfig_path()).unwrap();
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .unwrap();
-        let client = kube::client::ClientBuilder::try_from(config)
-            .unwrap()
-            .with_layer(&lists)
-            .build();
-        let fresh = Arc::new(FreshNodes::new(Api::all(client)));
+        let (_sim, lists, fresh) = counted_reads(0).await;
         let read = |fresh: &Arc<FreshNodes>| {
             let fresh = Arc::clone(fresh);
             tokio::spawn(async move { fresh.read("").await.map(|nodes| nodes.len()) })
@@ -395,21 +401,7 @@ mod tests {
     /// and reads on its own once the window has passed with none.
     #[tokio::test]
     async fn a_caller_that_can_wait_rides_on_the_next_read_begun() {
-        let sim = kube_sim::cluster::Cluster::new(3).start().await.unwrap();
-        let lists = Lists {
-            count: Arc::default(),
-            gate: Arc::new(Semaphore::new(100)),
-        };
-        let kubeconfig = Kubeconfig::read_from(sim.kubeconfig_path()).unwrap();
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .unwrap();
-        let client = kube::client::ClientBuilder::try_from(config)
-            .unwrap()
-            .with_layer(&lists)
-            .build();
-        let fresh = Arc::new(FreshNodes::new(Api::all(client)));
+        let (_sim, lists, fresh) = counted_reads(100).await;
         let joining = {
             let fresh = Arc::clone(&fresh);
             tokio::spawn(async move {
