@@ -65,9 +65,8 @@ const TEST_JOBS: usize = 4;
 const AWS_SEEDS: &str = "1,2,3,4";
 
 /// The test command's share: the seeds of `e2e/explore/seeds.txt` and [`AWS_SEEDS`] with
-/// `--provider aws`, [`TEST_JOBS`] at once.
-/// The recorded seeds, with the binaries the test command's test build left (see
-/// [`crate::demo::Binaries`]).
+/// `--provider aws`, [`TEST_JOBS`] at once, with the binaries the test command's test build
+/// left (see [`crate::demo::Binaries`]).
 pub fn fixed_seeds_after_tests() -> Result<()> {
     let explorer = crate::demo::binary("nodegrace-explore");
     if !explorer.is_file() {

@@ -25,20 +25,12 @@ const PAGE: u32 = 500;
 pub type Nodes = Arc<[Arc<Node>]>;
 
 /// The reads of one selector.
+#[derive(Default)]
 struct Slot {
     /// The last read; its lock is held while a read is under way.
     last: tokio::sync::Mutex<Option<Read>>,
-    /// When the latest read began, for callers waiting to join the next.
-    begun: tokio::sync::watch::Sender<Instant>,
-}
-
-impl Default for Slot {
-    fn default() -> Self {
-        Self {
-            last: tokio::sync::Mutex::default(),
-            begun: tokio::sync::watch::Sender::new(Instant::now()),
-        }
-    }
+    /// Ticks as each read begins, for callers waiting to join the next.
+    begun: tokio::sync::watch::Sender<()>,
 }
 
 struct Read {
@@ -107,7 +99,7 @@ impl FreshNodes {
             return Ok(Arc::clone(&read.nodes));
         }
         let began = Instant::now();
-        slot.begun.send_replace(began);
+        slot.begun.send_replace(());
         let nodes = self.list(selector).await?;
         *last = Some(Read {
             began,

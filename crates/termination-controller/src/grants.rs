@@ -287,13 +287,9 @@ impl Budgets {
         budget: &NodeDisruptionBudget,
         within: Duration,
     ) -> Result<Nodes, kube::Error> {
-        let selector = narrowing(budget).map_or_else(String::new, |selector| selector.to_string());
-        match self.fresh.read_joining(&selector, within).await {
-            // A value the API refuses in a selector: the budget covers every node.
-            Err(error) if !selector.is_empty() && status_code(&error) == Some(400) => {
-                self.fresh_nodes().await
-            }
-            read => read,
+        match narrowing(budget) {
+            Some(selector) => self.fresh_nodes_selected(&selector, within).await,
+            None => self.fresh.read_joining("", within).await,
         }
     }
 
@@ -310,12 +306,16 @@ impl Budgets {
             return self.fresh_nodes().await;
         };
         if let [selector] = &selectors[..] {
-            return self.fresh_nodes_selected(selector).await;
+            return self.fresh_nodes_selected(selector, Duration::ZERO).await;
         }
         let mut seen = HashSet::new();
         let mut nodes = Vec::new();
         for selector in selectors {
-            for node in self.fresh_nodes_selected(&selector).await?.iter() {
+            for node in self
+                .fresh_nodes_selected(&selector, Duration::ZERO)
+                .await?
+                .iter()
+            {
                 if seen.insert(node.metadata.uid.clone()) {
                     nodes.push(Arc::clone(node));
                 }
@@ -324,8 +324,12 @@ impl Budgets {
         Ok(nodes.into())
     }
 
-    async fn fresh_nodes_selected(&self, selector: &Selector) -> Result<Nodes, kube::Error> {
-        match self.fresh.read(&selector.to_string()).await {
+    async fn fresh_nodes_selected(
+        &self,
+        selector: &Selector,
+        within: Duration,
+    ) -> Result<Nodes, kube::Error> {
+        match self.fresh.read_joining(&selector.to_string(), within).await {
             // A value the API refuses in a selector: the budget covers every node.
             Err(error) if status_code(&error) == Some(400) => self.fresh_nodes().await,
             read => read,
