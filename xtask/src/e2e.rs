@@ -15,11 +15,14 @@
 //!
 //! `--target kind` runs the scenarios a kind cluster can show instead (see `kind.rs`).
 
-use std::path::PathBuf;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 
 use crate::demo::{self, Binaries, Prepared};
@@ -67,10 +70,22 @@ pub fn run(args: &E2eArgs) -> Result<()> {
     }
 }
 
-/// One run's name, how long it took, and what it showed.
-struct Outcome {
-    scenario: String,
+/// How many scenarios run at once. Each waits more than it computes (on its cluster's
+/// processes, on their timers), so two cores take three.
+const SCENARIOS_AT_ONCE: usize = 3;
+
+/// A scenario to run: its name and the command that plays it.
+struct Scenario {
+    name: String,
+    command: Command,
+}
+
+/// How a scenario's run ended.
+struct Ran {
+    name: String,
     took: Duration,
+    passed: bool,
+    log: String,
 }
 
 /// The scenarios on kube-sim with the binaries the test command's test build left.
@@ -81,62 +96,70 @@ pub fn run_after_tests() -> Result<()> {
 fn sim(binaries: Binaries) -> Result<()> {
     let prepared = demo::prepare(binaries)?;
     let work = crate::target_dir().join("e2e");
-    let mut outcomes = Vec::new();
-    for chart in CHARTS {
-        let scenario = format!("{chart} alone: helm install, pods Ready");
-        let took = expect_success(
-            &prepared,
-            &scenario,
-            &[
-                "--chart",
-                chart,
-                "--install-only",
-                "--work-dir",
-                &work.join(chart).display().to_string(),
-            ],
-        )?;
-        outcomes.push(Outcome { scenario, took });
-    }
-    let scenario =
+    std::fs::create_dir_all(&work)?;
+    let scenario = |name: String, run: &str, args: &[&str]| {
+        let mut command = demo_command(&prepared, args);
+        command
+            .arg("--work-dir")
+            .arg(work.join(run).display().to_string());
+        Scenario { name, command }
+    };
+    // The longest first: the proofs of the two controllers' charts (most rules), the story,
+    // the providers; the short runs fill in behind them.
+    let mut scenarios: Vec<Scenario> = CHARTS
+        .iter()
+        .rev()
+        .map(|chart| {
+            scenario(
+                format!(
+                    "least privilege: {chart}'s RBAC rules removed one at a time, each refused in its scenario"
+                ),
+                &format!("least-privilege-{chart}"),
+                &["--least-privilege", "--chart", chart],
+            )
+        })
+        .collect();
+    scenarios.insert(
+        2,
+        scenario(
+            "all four charts: every act of the story".to_owned(),
+            "all",
+            &[],
+        ),
+    );
+    scenarios.insert(
+        3,
+        Scenario {
+            name: PROVIDERS.to_owned(),
+            command: instance_providers(),
+        },
+    );
+    scenarios.push(scenario(
         "termination-controller uninstalled: every node released, a later delete completes"
-            .to_owned();
-    let took = expect_success(
-        &prepared,
-        &scenario,
-        &[
-            "--chart",
-            "termination-controller",
-            "--act",
-            "uninstall",
-            "--work-dir",
-            &work.join("uninstall").display().to_string(),
-        ],
-    )?;
-    outcomes.push(Outcome { scenario, took });
-    let scenario = "all four charts: every act of the story".to_owned();
-    let took = expect_success(
-        &prepared,
-        &scenario,
-        &["--work-dir", &work.join("all").display().to_string()],
-    )?;
-    outcomes.push(Outcome { scenario, took });
-    let scenario =
-        "least privilege: each chart's RBAC rules removed one at a time, each refused in its scenario"
-            .to_owned();
-    let took = expect_success(
-        &prepared,
-        &scenario,
-        &[
-            "--least-privilege",
-            "--work-dir",
-            &work.join("least-privilege").display().to_string(),
-        ],
-    )?;
-    outcomes.push(Outcome { scenario, took });
-    let providers = instance_providers()?;
-    println!("\n==> e2e on kube-sim: every scenario passed");
-    for outcome in &outcomes {
-        println!("{:>7.1}s  {}", outcome.took.as_secs_f64(), outcome.scenario);
+            .to_owned(),
+        "uninstall",
+        &["--chart", "termination-controller", "--act", "uninstall"],
+    ));
+    for chart in CHARTS {
+        scenarios.push(scenario(
+            format!("{chart} alone: helm install, pods Ready"),
+            chart,
+            &["--chart", chart, "--install-only"],
+        ));
+    }
+    let ran = run_at_once(scenarios, &work)?;
+    let failed: Vec<&str> = ran
+        .iter()
+        .filter(|run| !run.passed)
+        .map(|run| run.name.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("e2e scenarios failed: {}", failed.join("; "));
+    }
+    let providers = provider_lines(&ran)?;
+    println!("\n==> e2e on kube-sim: every scenario passed ({SCENARIOS_AT_ONCE} at once)");
+    for run in &ran {
+        println!("{:>7.1}s  {}", run.took.as_secs_f64(), run.name);
     }
     for line in providers {
         println!("{line}");
@@ -144,12 +167,77 @@ fn sim(binaries: Binaries) -> Result<()> {
     Ok(())
 }
 
+/// Runs `scenarios`, [`SCENARIOS_AT_ONCE`] at a time, each one's output to a log of its own
+/// in `logs`; prints each log as its scenario ends. Returns the runs in the listed order.
+fn run_at_once(scenarios: Vec<Scenario>, logs: &Path) -> Result<Vec<Ran>> {
+    let count = scenarios.len();
+    let queue = Mutex::new(scenarios.into_iter().enumerate().collect::<VecDeque<_>>());
+    let (ended, endings) = mpsc::channel();
+    let mut ran: Vec<Option<Ran>> = (0..count).map(|_| None).collect();
+    std::thread::scope(|scope| -> Result<()> {
+        for _ in 0..SCENARIOS_AT_ONCE {
+            let ended = ended.clone();
+            let queue = &queue;
+            scope.spawn(move || {
+                loop {
+                    let next = queue.lock().map(|mut queue| queue.pop_front());
+                    let Ok(Some((index, mut scenario))) = next else {
+                        return;
+                    };
+                    let log = logs.join(format!("scenario-{index}.log"));
+                    let result = run_logged(&mut scenario.command, &log);
+                    if ended.send((index, scenario.name, result)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(ended);
+        for (index, name, result) in endings {
+            let (passed, took, log) = result?;
+            println!(
+                "\n==> e2e: {name} ({}, {:.1} s)",
+                if passed { "passed" } else { "FAILED" },
+                took.as_secs_f64()
+            );
+            print!("{log}");
+            ran[index] = Some(Ran {
+                name,
+                took,
+                passed,
+                log,
+            });
+        }
+        Ok(())
+    })?;
+    ran.into_iter()
+        .map(|run| run.context("a scenario's runner ended without an answer"))
+        .collect()
+}
+
+/// Runs `command` with its stdout and stderr in `log`: whether it passed, how long it took,
+/// and the log's text.
+fn run_logged(command: &mut Command, log: &Path) -> Result<(bool, Duration, String)> {
+    let file = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let started = Instant::now();
+    let status = command
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .status()
+        .with_context(|| format!("starting {command:?}"))?;
+    let took = started.elapsed();
+    let text = String::from_utf8_lossy(&std::fs::read(log)?).into_owned();
+    Ok((status.success(), took, text))
+}
+
+const PROVIDERS: &str = "termination through each real instance provider (the built binary)";
+
 /// The node-termination scenario per real instance provider against its protocol's server
-/// (termination-controller's `providers` tests), with the built binary; their lines.
-fn instance_providers() -> Result<Vec<String>> {
-    println!("\n==> e2e: termination through each real instance provider (the built binary)");
+/// (termination-controller's `providers` tests), with the built binary.
+fn instance_providers() -> Command {
     let binary = demo::binary("termination-controller");
-    let output = cargo()
+    let mut command = cargo();
+    command
         .current_dir(project_root())
         // The workspace's feature unification, as the tests' build had it: nothing rebuilt.
         .args([
@@ -164,19 +252,18 @@ fn instance_providers() -> Result<Vec<String>> {
             "--failure-output",
             "immediate",
         ])
-        .env("NODEGRACE_E2E_TERMINATION_CONTROLLER", &binary)
-        .output()?;
-    // nextest shows a test's output on stderr, its own summary on stdout.
-    let printed = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    print!("{printed}");
-    if !output.status.success() {
-        bail!("the instance providers' scenario failed");
-    }
-    let lines: Vec<String> = printed
+        .env("NODEGRACE_E2E_TERMINATION_CONTROLLER", &binary);
+    command
+}
+
+/// The providers' scenario's line per provider.
+fn provider_lines(ran: &[Ran]) -> Result<Vec<String>> {
+    let log = ran
+        .iter()
+        .find(|run| run.name == PROVIDERS)
+        .map(|run| run.log.as_str())
+        .unwrap_or_default();
+    let lines: Vec<String> = log
         .lines()
         .map(str::trim)
         .filter(|line| line.starts_with("provider "))
@@ -196,14 +283,4 @@ fn demo_command(prepared: &Prepared, args: &[&str]) -> Command {
         .arg(&prepared.helm)
         .args(args);
     command
-}
-
-fn expect_success(prepared: &Prepared, scenario: &str, args: &[&str]) -> Result<Duration> {
-    println!("\n==> e2e: {scenario}");
-    let started = Instant::now();
-    let status = demo_command(prepared, args).status()?;
-    if !status.success() {
-        bail!("e2e scenario `{scenario}` failed ({status})");
-    }
-    Ok(started.elapsed())
 }

@@ -7,7 +7,9 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
-use nodegrace_core::k8s::conditions::{ConditionChange, ConditionSpec, upsert_node_condition};
+use nodegrace_core::k8s::conditions::{
+    ConditionChange, ConditionSpec, upsert_node_condition, upsert_node_conditions,
+};
 use nodegrace_core::k8s::events::{EventPublisher, EventReport};
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::reporter::{ApiSink, ConditionGuard, Reporter};
@@ -68,6 +70,49 @@ async fn conditions_keep_their_transition_time_unless_the_status_changes() -> Re
     );
     // Other conditions are left alone (the patch merges by type).
     ensure!(transition_time(&nodes.get("n1").await?, "Ready").is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_nodes_conditions_are_written_together_each_under_its_own_guard() -> Result<()> {
+    let (_sim, nodes) = sim_with_node().await?;
+    let spec = |type_, status| ConditionSpec::new(type_, status, "Because", "m");
+    let changes = upsert_node_conditions(
+        &nodes,
+        "n1",
+        &[
+            (spec("First", "True"), ConditionGuard::Always),
+            // Nothing to clear: the guard refuses, nothing is added.
+            (
+                spec("Second", "False"),
+                ConditionGuard::OnlyReplacing("True"),
+            ),
+            (spec("Third", "True"), ConditionGuard::Always),
+        ],
+    )
+    .await?;
+    ensure!(
+        changes
+            == [
+                ConditionChange::Transitioned,
+                ConditionChange::Unchanged,
+                ConditionChange::Transitioned
+            ],
+        "{changes:?}"
+    );
+    let node = nodes.get("n1").await?;
+    for (type_, present) in [
+        ("First", true),
+        ("Second", false),
+        ("Third", true),
+        ("Ready", true),
+    ] {
+        ensure!(
+            transition_time(&node, type_).is_some() == present,
+            "{type_}: {:?}",
+            node.status
+        );
+    }
     Ok(())
 }
 

@@ -333,7 +333,9 @@ impl NodeTermination {
         if let Some(finished) = Box::pin(self.terminate_instance(stop)).await?.finished() {
             return Ok(finished);
         }
-        // 7. Release the node.
+        // 7. Release the node. Its conditions still queued would land after it is gone: on a
+        // namesake registered since, or as a wasted read. Dropped before the object can go.
+        self.shared.reporter.forget_node(self.node.name());
         Box::pin(remove_finalizer(&self.shared.client, &self.node)).await?;
         if let Some(deleted) = deleted {
             let seconds = Timestamp::now()

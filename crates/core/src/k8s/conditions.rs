@@ -63,17 +63,13 @@ pub fn classify_change(
     }
 }
 
-fn status_patch(condition: &ConditionSpec, transition: Timestamp) -> serde_json::Value {
+fn condition_entry(condition: &ConditionSpec, transition: Timestamp) -> serde_json::Value {
     json!({
-        "status": {
-            "conditions": [{
-                "type": condition.type_,
-                "status": condition.status,
-                "reason": condition.reason,
-                "message": condition.message,
-                "lastTransitionTime": transition.to_string(),
-            }]
-        }
+        "type": condition.type_,
+        "status": condition.status,
+        "reason": condition.reason,
+        "message": condition.message,
+        "lastTransitionTime": transition.to_string(),
     })
 }
 
@@ -85,6 +81,28 @@ pub fn node_condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeConditi
         .and_then(|conditions| conditions.iter().find(|c| c.type_ == type_))
 }
 
+/// When a condition is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConditionGuard {
+    Always,
+    /// Only over a current condition with this status: clearing a stale `True` must not add a
+    /// condition where there was none.
+    OnlyReplacing(&'static str),
+    /// Only over a current condition of the type, whatever its status: a final word for a
+    /// condition this program wrote, never a new condition on a node it never looked after.
+    OnlyExisting,
+}
+
+impl ConditionGuard {
+    pub fn admits(self, existing: Option<&NodeCondition>) -> bool {
+        match self {
+            Self::Always => true,
+            Self::OnlyReplacing(status) => existing.is_some_and(|c| c.status == status),
+            Self::OnlyExisting => existing.is_some(),
+        }
+    }
+}
+
 /// Sets a node condition, keeping `lastTransitionTime` when the status does not change, and
 /// writing nothing when nothing changes (a heartbeat per reconcile would only churn watches).
 pub async fn upsert_node_condition(
@@ -92,38 +110,51 @@ pub async fn upsert_node_condition(
     node: &str,
     condition: &ConditionSpec,
 ) -> Result<ConditionChange, kube::Error> {
-    upsert_node_condition_if(nodes, node, condition, |_| true).await
+    let changes =
+        upsert_node_conditions(nodes, node, &[(condition.clone(), ConditionGuard::Always)]).await?;
+    Ok(changes[0])
 }
 
-/// [`upsert_node_condition`] only when `guard` accepts the current condition (e.g. clear a
-/// condition only if it is `True`); `Unchanged` when it does not.
-pub async fn upsert_node_condition_if(
+/// [`upsert_node_condition`] for several conditions of one node in one read and at most one
+/// patch, each only where its guard admits the current condition (`Unchanged` where it does
+/// not). Later entries of a type win over earlier ones.
+pub async fn upsert_node_conditions(
     nodes: &Api<Node>,
     node: &str,
-    condition: &ConditionSpec,
-    guard: impl FnOnce(Option<&NodeCondition>) -> bool,
-) -> Result<ConditionChange, kube::Error> {
+    wanted: &[(ConditionSpec, ConditionGuard)],
+) -> Result<Vec<ConditionChange>, kube::Error> {
     let current = nodes.get_status(node).await?;
-    let existing = node_condition(&current, &condition.type_);
-    if !guard(existing) {
-        return Ok(ConditionChange::Unchanged);
-    }
-    let change = classify_change(existing, condition);
     let now = Timestamp::now();
-    let transition = match (
-        change,
-        existing.and_then(|c| c.last_transition_time.as_ref()),
-    ) {
-        (ConditionChange::Unchanged, _) => return Ok(change),
-        (ConditionChange::Updated, Some(since)) => since.0,
-        _ => now,
-    };
-    let mut patch = status_patch(condition, transition);
-    patch["status"]["conditions"][0]["lastHeartbeatTime"] = json!(now.to_string());
-    nodes
-        .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
-        .await?;
-    Ok(change)
+    let heartbeat = now.to_string();
+    let mut changes = Vec::with_capacity(wanted.len());
+    let mut entries = Vec::new();
+    for (condition, guard) in wanted {
+        let existing = node_condition(&current, &condition.type_);
+        let change = if guard.admits(existing) {
+            classify_change(existing, condition)
+        } else {
+            ConditionChange::Unchanged
+        };
+        changes.push(change);
+        let transition = match (
+            change,
+            existing.and_then(|c| c.last_transition_time.as_ref()),
+        ) {
+            (ConditionChange::Unchanged, _) => continue,
+            (ConditionChange::Updated, Some(since)) => since.0,
+            _ => now,
+        };
+        let mut entry = condition_entry(condition, transition);
+        entry["lastHeartbeatTime"] = json!(heartbeat);
+        entries.push(entry);
+    }
+    if !entries.is_empty() {
+        let patch = json!({"status": {"conditions": entries}});
+        nodes
+            .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
+            .await?;
+    }
+    Ok(changes)
 }
 
 /// Sets a pod condition (e.g. `DisruptionTarget` before a deletion).
@@ -132,7 +163,7 @@ pub async fn set_pod_condition(
     pod: &str,
     condition: &ConditionSpec,
 ) -> Result<(), kube::Error> {
-    let patch = status_patch(condition, Timestamp::now());
+    let patch = json!({"status": {"conditions": [condition_entry(condition, Timestamp::now())]}});
     pods.patch_status(pod, &PatchParams::default(), &Patch::Strategic(patch))
         .await?;
     Ok(())
@@ -183,5 +214,17 @@ mod tests {
                 "{current:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_guarded_condition_replaces_only_the_named_status() {
+        let condition = |status: &str| -> NodeCondition {
+            serde_json::from_value(serde_json::json!({"type": "C", "status": status})).unwrap()
+        };
+        let clear = ConditionGuard::OnlyReplacing("True");
+        assert!(clear.admits(Some(&condition("True"))));
+        assert!(!clear.admits(Some(&condition("False"))));
+        assert!(!clear.admits(None));
+        assert!(ConditionGuard::Always.admits(None));
     }
 }

@@ -8,18 +8,20 @@
 //! taint (per node and key) only the latest wish counts: a newer one replaces a pending older
 //! one. When every [`Reporter`] is dropped, what is still pending gets [`FLUSH_WINDOW`] to land.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::api_errors::{ApiErrorClass, classify_write};
-use super::conditions::{ConditionSpec, upsert_node_condition_if};
+pub use super::conditions::ConditionGuard;
+use super::conditions::{ConditionSpec, upsert_node_conditions};
 use super::events::{EventPublisher, EventReport};
 use super::taints::{add_taint, remove_taint};
 use crate::error_chain::Chain;
@@ -29,36 +31,14 @@ pub const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// How long pending writes keep being retried after the program dropped its reporters.
 pub const FLUSH_WINDOW: Duration = Duration::from_secs(5);
 
-/// When a condition is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConditionGuard {
-    Always,
-    /// Only over a current condition with this status: clearing a stale `True` must not add a
-    /// condition where there was none.
-    OnlyReplacing(&'static str),
-    /// Only over a current condition of the type, whatever its status: a final word for a
-    /// condition this program wrote, never a new condition on a node it never looked after.
-    OnlyExisting,
-}
-
-impl ConditionGuard {
-    pub fn admits(self, existing: Option<&NodeCondition>) -> bool {
-        match self {
-            Self::Always => true,
-            Self::OnlyReplacing(status) => existing.is_some_and(|c| c.status == status),
-            Self::OnlyExisting => existing.is_some(),
-        }
-    }
-}
-
 /// Where the writes go: the API server, or a recorder in tests.
 pub trait ReportSink: Send + Sync + 'static {
     fn event<'a>(&'a self, event: &'a EventReport) -> BoxFuture<'a, Result<(), kube::Error>>;
-    fn condition<'a>(
+    /// Every pending condition of one node, in one write where the sink can.
+    fn conditions<'a>(
         &'a self,
         node: &'a str,
-        condition: &'a ConditionSpec,
-        guard: ConditionGuard,
+        conditions: &'a [(ConditionSpec, ConditionGuard)],
     ) -> BoxFuture<'a, Result<(), kube::Error>>;
     fn taint<'a>(
         &'a self,
@@ -90,13 +70,12 @@ impl ReportSink for ApiSink {
         self.events.publish(event).boxed()
     }
 
-    fn condition<'a>(
+    fn conditions<'a>(
         &'a self,
         node: &'a str,
-        condition: &'a ConditionSpec,
-        guard: ConditionGuard,
+        conditions: &'a [(ConditionSpec, ConditionGuard)],
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        upsert_node_condition_if(&self.nodes, node, condition, move |c| guard.admits(c))
+        upsert_node_conditions(&self.nodes, node, conditions)
             .map(|written| written.map(drop))
             .boxed()
     }
@@ -149,6 +128,8 @@ enum Write {
     Event(EventReport),
     Condition(ConditionWrite),
     Taint(TaintWrite),
+    /// Drop the node's pending conditions and taints.
+    Forget(String),
 }
 
 /// The worker's end. A program awaits it after its work, so what it queued last (a
@@ -203,6 +184,13 @@ impl Reporter {
         Landed(receiver)
     }
 
+    /// Drops the conditions and taints still pending for `node` (its Events stay: they tell
+    /// what happened and outlive it). For a program about to let the Node object go: a write
+    /// that lands after that lands on a namesake, or is a wasted read.
+    pub fn forget_node(&self, node: &str) {
+        self.send(Write::Forget(node.to_owned()));
+    }
+
     fn send(&self, write: Write) {
         // The worker outlives every sender, so the send cannot fail while `self` exists.
         let _ = self.sender.send(write);
@@ -212,8 +200,9 @@ impl Reporter {
 #[derive(Default)]
 struct Pending {
     taints: Vec<TaintWrite>,
-    conditions: Vec<ConditionWrite>,
-    events: std::collections::VecDeque<EventReport>,
+    /// Per node, the latest wish per condition type, written together.
+    conditions: BTreeMap<String, Vec<(ConditionSpec, ConditionGuard)>>,
+    events: VecDeque<EventReport>,
 }
 
 impl Pending {
@@ -225,10 +214,9 @@ impl Pending {
         match write {
             Write::Event(event) => self.events.push_back(event),
             Write::Condition(new) => {
-                self.conditions.retain(|old| {
-                    !(old.node == new.node && old.condition.type_ == new.condition.type_)
-                });
-                self.conditions.push(new);
+                let wishes = self.conditions.entry(new.node).or_default();
+                wishes.retain(|(old, _)| old.type_ != new.condition.type_);
+                wishes.push((new.condition, new.guard));
             }
             // A replaced taint wish drops its sender: its waiter resolves.
             Write::Taint(new) => {
@@ -236,11 +224,15 @@ impl Pending {
                     .retain(|old| !(old.node == new.node && old.taint.key == new.taint.key));
                 self.taints.push(new);
             }
+            Write::Forget(node) => {
+                self.conditions.remove(&node);
+                self.taints.retain(|old| old.node != node);
+            }
         }
     }
 
-    /// One attempt at everything pending: taints first (they keep pods away), then
-    /// conditions, then Events in order up to the first that must be retried.
+    /// One attempt at everything pending: taints first (they keep pods away), then each
+    /// node's conditions, then Events in order up to the first that must be retried.
     async fn attempt(&mut self, sink: &impl ReportSink) {
         let mut kept = Vec::new();
         for write in std::mem::take(&mut self.taints) {
@@ -252,13 +244,11 @@ impl Pending {
             }
         }
         self.taints = kept;
-        let mut kept = Vec::new();
-        for write in std::mem::take(&mut self.conditions) {
-            let result = sink
-                .condition(&write.node, &write.condition, write.guard)
-                .await;
-            if keep_after(result, "condition", &write.condition.type_) {
-                kept.push(write);
+        let mut kept = BTreeMap::new();
+        for (node, wishes) in std::mem::take(&mut self.conditions) {
+            let result = sink.conditions(&node, &wishes).await;
+            if keep_after(result, "conditions", &node) {
+                kept.insert(node, wishes);
             }
         }
         self.conditions = kept;
@@ -272,7 +262,9 @@ impl Pending {
     }
 
     fn abandon(&self) {
-        let lost = self.taints.len() + self.conditions.len() + self.events.len();
+        let lost = self.taints.len()
+            + self.conditions.values().map(Vec::len).sum::<usize>()
+            + self.events.len();
         tracing::error!(
             lost,
             "the API server did not take the last writes before the program stopped"
@@ -327,7 +319,6 @@ async fn work(sink: impl ReportSink, mut writes: mpsc::UnboundedReceiver<Write>)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::VecDeque;
     use std::sync::{Arc, Mutex};
 
     use crate::k8s::nodes::node_reference;
@@ -372,13 +363,16 @@ mod tests {
         fn event<'a>(&'a self, event: &'a EventReport) -> BoxFuture<'a, Result<(), kube::Error>> {
             self.answer(format!("event {}", event.reason))
         }
-        fn condition<'a>(
+        fn conditions<'a>(
             &'a self,
             node: &'a str,
-            condition: &'a ConditionSpec,
-            _guard: ConditionGuard,
+            conditions: &'a [(ConditionSpec, ConditionGuard)],
         ) -> BoxFuture<'a, Result<(), kube::Error>> {
-            self.answer(format!("condition {node} {}", condition.status))
+            let written: Vec<String> = conditions
+                .iter()
+                .map(|(condition, _)| format!("{} {}", condition.type_, condition.status))
+                .collect();
+            self.answer(format!("conditions {node} {}", written.join(" ")))
         }
         fn taint<'a>(
             &'a self,
@@ -445,12 +439,39 @@ mod tests {
             "{written:?}"
         );
         assert!(
-            written.contains(&"condition n1 False".to_owned()),
+            written.contains(&"conditions n1 C False".to_owned()),
             "{written:?}"
         );
         assert!(
-            !written.contains(&"condition n1 True".to_owned()),
+            !written.iter().any(|write| write.contains("C True")),
             "{written:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_nodes_conditions_go_in_one_write_and_a_forgotten_nodes_are_never_written() {
+        let sink = Recorder::default();
+        let (reporter, worker) = Reporter::start(sink.clone());
+        // The worker first runs when this test awaits: everything below is pending at once.
+        for (node, type_) in [("n1", "A"), ("n2", "A"), ("n1", "B")] {
+            reporter.condition(
+                node,
+                ConditionSpec::new(type_, "True", "R", "m"),
+                ConditionGuard::Always,
+            );
+        }
+        reporter.forget_node("n2");
+        // After the forgetting, a wish for the name is a new one (a namesake's).
+        reporter.condition(
+            "n2",
+            ConditionSpec::new("C", "True", "R", "m"),
+            ConditionGuard::Always,
+        );
+        drop(reporter);
+        worker.wait().await;
+        assert_eq!(
+            sink.written(),
+            ["conditions n1 A True B True", "conditions n2 C True"]
         );
     }
 
@@ -484,17 +505,5 @@ mod tests {
             "{attempts} attempts"
         );
         assert!(down.written().is_empty());
-    }
-
-    #[test]
-    fn a_guarded_condition_replaces_only_the_named_status() {
-        let condition = |status: &str| -> NodeCondition {
-            serde_json::from_value(serde_json::json!({"type": "C", "status": status})).unwrap()
-        };
-        let clear = ConditionGuard::OnlyReplacing("True");
-        assert!(clear.admits(Some(&condition("True"))));
-        assert!(!clear.admits(Some(&condition("False"))));
-        assert!(!clear.admits(None));
-        assert!(ConditionGuard::Always.admits(None));
     }
 }
