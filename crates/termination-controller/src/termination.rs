@@ -585,16 +585,23 @@ impl NodeTermination {
 
     /// Asks the provider to terminate the machine unless it is already gone or a request is
     /// in progress, then waits for it to be gone. The machine is the one the deleted Node
-    /// object names, read fresh before every request: once that object is gone (its finalizer
-    /// removed by someone else) or replaced by a namesake, nothing more is sent.
+    /// object names, read fresh before every terminate request: once that object is gone (its
+    /// finalizer removed by someone else) or replaced by a namesake, none is sent. The polls
+    /// while a request is in progress ask the provider only: they change nothing, and a read
+    /// of the Node per poll was most of the step's cost.
     async fn terminate_instance(&mut self, stop: &CancellationToken) -> Result<StepEnd, StepError> {
         let Some(provider) = self.shared.provider.clone() else {
             return Ok(StepEnd::Done);
         };
         let mut polls = 0;
+        let mut last_read: Option<Node> = None;
         loop {
-            let Some(node) = self.node.read(&self.shared.client).await? else {
-                return Ok(StepEnd::NodeGone);
+            let node = match last_read.take() {
+                Some(node) if !resend_due(requested_at(&node)) => node,
+                _ => match self.node.read(&self.shared.client).await? {
+                    Some(node) => node,
+                    None => return Ok(StepEnd::NodeGone),
+                },
             };
             let id = match self.node.machine(&node) {
                 Ok(id) => id,
@@ -663,11 +670,9 @@ impl NodeTermination {
                     );
                 }
                 Ok(_) => {
-                    let requested = requested_at(&node);
-                    let resend = requested.is_none_or(|at| {
-                        Timestamp::now().duration_since(at).unsigned_abs() >= TERMINATE_RESEND
-                    });
-                    if resend {
+                    // Due only on a read of this round (see above): a request is sent on a
+                    // fresh read, never on the one a poll kept.
+                    if resend_due(requested_at(&node)) {
                         self.condition(
                             "TerminatingInstance",
                             format!("Terminating machine {id} through instance provider {through}"),
@@ -677,10 +682,12 @@ impl NodeTermination {
                                 if self.mark_requested().await? == Updated::Gone {
                                     return Ok(StepEnd::NodeGone);
                                 }
+                                // The mark is not in the read kept; the next round reads it.
                             }
                             Err(error) => self.provider_failed(&error),
                         }
                     } else {
+                        last_read = Some(node);
                         self.condition(
                             "TerminatingInstance",
                             format!(
@@ -821,6 +828,13 @@ fn cordoned(node: &Node) -> bool {
         .as_ref()
         .is_some_and(|labels| labels.contains_key(EXCLUDE_FROM_LOAD_BALANCERS));
     unschedulable && tainted && excluded
+}
+
+/// Whether a terminate request is due: none was made, or the last is older than
+/// [`TERMINATE_RESEND`].
+fn resend_due(requested: Option<Timestamp>) -> bool {
+    requested
+        .is_none_or(|at| Timestamp::now().duration_since(at).unsigned_abs() >= TERMINATE_RESEND)
 }
 
 fn requested_at(node: &Node) -> Option<Timestamp> {
