@@ -245,7 +245,7 @@ fn instance_providers() -> Command {
             "run",
             "--workspace",
             "-E",
-            "package(termination-controller) and binary(providers)",
+            "package(termination-controller) and test(/^providers::/)",
             "--no-fail-fast",
             "--success-output",
             "immediate",

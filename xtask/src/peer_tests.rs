@@ -13,6 +13,11 @@ use crate::{cargo, project_root, run_command, target_dir};
 
 const KUBE_VERSION: &str = "5.0.0";
 
+/// The workspace's `dev` profile (Cargo.toml), which a crate built outside it must repeat for
+/// its dependencies' builds to be the ones our tests' build left.
+const SHARED_PROFILE: &str =
+    "\n[profile.dev]\ndebug = \"line-tables-only\"\n\n[profile.dev.package.\"*\"]\ndebug = false\n";
+
 struct Suite {
     krate: &'static str,
     features: &'static str,
@@ -129,6 +134,7 @@ fn prepare(suite: &Suite, work: &Path) -> Result<PathBuf> {
     let mut text = std::fs::read_to_string(&manifest)?;
     text.push_str(suite.manifest_additions);
     text.push_str("\n[workspace]\n");
+    text.push_str(SHARED_PROFILE);
     std::fs::write(&manifest, text)?;
     // Our lockfile pins the versions kube-rs's tests build with to those we already use.
     std::fs::copy(project_root().join("Cargo.lock"), copy.join("Cargo.lock"))?;
@@ -198,7 +204,9 @@ fn run_suite(suite: &Suite, crate_dir: &Path, simulator: &Path, work: &Path) -> 
     command
         .current_dir(crate_dir)
         .env("KUBECONFIG", &kubeconfig)
-        .env("CARGO_TARGET_DIR", work.join("target"))
+        // Our target directory: with our lockfile and `dev` profile, every dependency built
+        // with the features our tests' build gave it is that build's, not compiled again.
+        .env("CARGO_TARGET_DIR", target_dir())
         .args([
             "test",
             "--quiet",

@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 
-#[path = "common/kubectl_sim.rs"]
-mod kubectl_sim;
+use crate::common::kubectl_sim;
 use kubectl_sim::{Sim, kubectl_missing};
 
 const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {app: web}\nspec:\n  nodeName: node-0\n  containers:\n  - {name: c, image: nginx}\n";

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 
-#[path = "common/kubectl_sim.rs"]
-mod kubectl_sim;
+use crate::common::kubectl_sim;
 use kubectl_sim::{Sim, kubectl_missing};
 
 /// A Deployment whose pods take 3 s to stop, so a deletion is seen under way.

@@ -4,8 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-#[path = "common/files.rs"]
-mod files;
+use crate::common::files;
 use files::wait_for_file;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_kube-sim");

@@ -13,8 +13,7 @@ use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
 use serde_json::json;
 
-#[path = "common/store.rs"]
-mod store_wait;
+use crate::common::store as store_wait;
 use store_wait::wait_until;
 
 fn quick_world() -> WorldOptions {

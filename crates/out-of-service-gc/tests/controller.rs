@@ -16,8 +16,7 @@ use kube_sim::faults::{ErrorRule, FailureKind};
 use nodegrace_core::k8s::node_identity::NodeIdentity;
 use serde_json::json;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 #[tokio::test]
 async fn a_statefulset_fails_over_with_its_volume_and_the_node_is_untainted_when_back() -> Result<()>

@@ -12,8 +12,7 @@ use kube_sim::KubeSim;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 const FENCE_LABEL: &str = "nodegrace.io/fence";
 

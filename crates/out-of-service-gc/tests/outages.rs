@@ -15,8 +15,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 const FENCED: &str = "nodegrace.io/fenced";
 

@@ -22,8 +22,7 @@ use provider_testbed::sushy::{Sushy, System};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-mod common;
-use common::*;
+use crate::common::*;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_out-of-service-gc");
 const ZONE: &str = "us-east-1a";

@@ -4,8 +4,6 @@
 //! region the endpoint does not serve, a protected instance, a restart mid-termination) ends
 //! as the contract says. TerminateInstances calls are counted by moto's own recorder.
 
-mod common;
-
 use std::process::Stdio;
 
 use anyhow::{Context, Result, ensure};
@@ -16,7 +14,9 @@ use provider_testbed::interposer::{Interposer, Mode};
 use provider_testbed::moto::Moto;
 use tokio::process::{Child, Command};
 
-use common::{delete_node, event_notes, has_finalizer, machine_node, node_gone, sim, wait_for};
+use crate::common::{
+    delete_node, event_notes, has_finalizer, machine_node, node_gone, sim, wait_for,
+};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
 const ZONE: &str = "us-east-1a";

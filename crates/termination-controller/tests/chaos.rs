@@ -3,13 +3,12 @@
 //! each machine is terminated once, no finalizer is left.
 
 #[path = "proofs/chaos.rs"]
-mod chaos;
-mod common;
+mod proof;
 
 use anyhow::{Result, ensure};
 
-async fn proves(chaos: chaos::Chaos) -> Result<()> {
-    let report = chaos::run(chaos).await?;
+async fn proves(chaos: proof::Chaos) -> Result<()> {
+    let report = proof::run(chaos).await?;
     println!("{report}");
     ensure!(report.kills == chaos.kills, "{report}");
     ensure!(report.drains_completed == 3, "{report}");
@@ -21,7 +20,7 @@ async fn proves(chaos: chaos::Chaos) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drains_survive_the_controller_killed_at_random_points() -> Result<()> {
-    proves(chaos::Chaos {
+    proves(proof::Chaos {
         kills: 8,
         replicas: 1,
         web_replicas: 15,
@@ -32,7 +31,7 @@ async fn drains_survive_the_controller_killed_at_random_points() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drains_survive_the_leader_of_two_replicas_killed() -> Result<()> {
-    proves(chaos::Chaos {
+    proves(proof::Chaos {
         kills: 3,
         replicas: 2,
         web_replicas: 15,

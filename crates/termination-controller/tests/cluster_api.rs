@@ -3,8 +3,6 @@
 //! controller deleting as upstream's does. Deleting a Node deletes its Machine, once and by
 //! UID, excluded from Cluster API's own drain; the Node goes when Cluster API is done.
 
-mod common;
-
 use std::process::Stdio;
 
 use anyhow::{Context, Result, ensure};
@@ -21,7 +19,9 @@ use nodegrace_core::testing::cluster_api::{
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use common::{delete_node, event_notes, has_finalizer, machine_node, node_gone, sim, wait_for};
+use crate::common::{
+    delete_node, event_notes, has_finalizer, machine_node, node_gone, sim, wait_for,
+};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
 

@@ -3,9 +3,7 @@
 //! node` under PodDisruptionBudgets and NodeDisruptionBudgets, do-not-evict, a restart
 //! mid-drain, and injected API errors.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -1,9 +1,7 @@
 //! NodeDrainRules through the controller and `plan`: an order within the tier, a pod waited
 //! for until it finishes, a pod skipped by its own label.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Namespace, Pod};

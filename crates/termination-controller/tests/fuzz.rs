@@ -2,11 +2,11 @@
 //! termination`).
 
 #[path = "proofs/fuzz.rs"]
-mod fuzz;
+mod proof;
 
 #[test]
 fn the_review_decoder_answers_everything_without_a_panic() {
-    let report = fuzz::run(20_000, true);
+    let report = proof::run(20_000, true);
     println!(
         "fuzz cases={} panics={} (rejected {}, judged {}, refused {}, unjudged {})",
         report.cases,

@@ -1,9 +1,7 @@
 //! Hooks through the controller: annotations of other controllers hold a deleting node before
 //! its cordon and before its machine goes, until removed or, with --hook-timeout, until late.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::Node;

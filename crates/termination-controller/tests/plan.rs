@@ -1,12 +1,10 @@
 //! `termination-controller plan`, run as an operator runs it (the binary, a kubeconfig), checked
 //! against what the drain then does: the same tiers in the same order, the same blocker.
 
-mod common;
-
 use std::collections::BTreeMap;
 
+use crate::common::*;
 use anyhow::{Context, Result, ensure};
-use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;

@@ -6,7 +6,7 @@
 //! stopped or terminated that belonged to no deleted Node. `cargo xtask e2e` runs them with the
 //! release binary (`NODEGRACE_E2E_TERMINATION_CONTROLLER`).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -31,7 +31,7 @@ use provider_testbed::sushy::{Sushy, System};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use common::{delete_node, has_finalizer, machine_node, sim};
+use crate::common::{delete_node, has_finalizer, machine_node, sim};
 
 const DELETED: usize = 5;
 const BYSTANDERS: usize = 2;

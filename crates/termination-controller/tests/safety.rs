@@ -3,15 +3,15 @@
 //! node, a pod stuck terminating, a node cordoned before its budget existed, a partition, and a
 //! leader cut off from the API server.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result, ensure};
-use common::{
+use crate::common::{
     condition, controller, controller_via, create, delete_node, event_seen, has_event,
     has_finalizer, managing, ndb, node_gone, wait_for,
 };
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};

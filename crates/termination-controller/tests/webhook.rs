@@ -4,14 +4,12 @@
 //! waits, five nodes deleted at once go one at a time in both modes, a created Node gets the
 //! finalizer, and the serving certificate rotates without a failed review.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
+use crate::common::*;
 use anyhow::{Context, Result, ensure};
-use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Node, Secret};

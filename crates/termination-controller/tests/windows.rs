@@ -1,9 +1,7 @@
 //! Maintenance windows through the controller: its clock stands where the test puts it (the
 //! cluster's time need not move), and a change to the budget wakes a pass after each move.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-#[path = "files.rs"]
-mod files;
+use super::files;
 use files::wait_for_file;
 
 pub struct Sim {

@@ -1,0 +1,14 @@
+//! The integration tests of kube-sim, one binary: each file of this directory is a module,
+//! so the helpers they share and the crates they link are compiled and linked once (nextest
+//! still runs every test in a process of its own).
+
+mod common;
+
+mod admission;
+mod api;
+mod apply;
+mod eviction;
+mod kubectl;
+mod semantics;
+mod serve;
+mod world;

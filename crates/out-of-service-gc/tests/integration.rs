@@ -1,0 +1,10 @@
+//! The integration tests of out-of-service-gc, one binary: each file of this directory is a module,
+//! so the helpers they share and the crates they link are compiled and linked once (nextest
+//! still runs every test in a process of its own).
+
+mod binary;
+mod common;
+mod controller;
+mod fencing;
+mod outages;
+mod providers;

@@ -1,0 +1,18 @@
+//! The integration tests of termination-controller, one binary: each file of this directory is a module,
+//! so the helpers they share and the crates they link are compiled and linked once (nextest
+//! still runs every test in a process of its own).
+
+mod aws;
+mod binary;
+mod chaos;
+mod cluster_api;
+mod common;
+mod controller;
+mod drain_rules;
+mod fuzz;
+mod hooks;
+mod plan;
+mod providers;
+mod safety;
+mod webhook;
+mod windows;
