@@ -117,10 +117,10 @@ fn binaries_build(programs: &[&str]) -> Command {
     build
 }
 
-/// The images' build started in the background, in a process group of its own: the test
-/// command starts it beside its own compile steps, as an equal (builds only slow builds), and
-/// lowers it to the least CPU priority once the tests run ([`BackgroundBuild::yield_to_tests`]):
-/// they, the e2e and the explorer mostly wait on timers, and it must not slow them.
+/// The images' build started in the background at the lowest CPU priority, in a process group
+/// of its own: the test command runs it beside everything else, which it must not slow, and
+/// which leaves it the cores while it waits (the tests, the e2e and the explorer mostly wait on
+/// timers; the compile steps on their last crates).
 #[derive(Debug)]
 pub struct BackgroundBuild {
     child: std::process::Child,
@@ -132,14 +132,19 @@ pub fn start_binaries_build(programs: &[&str]) -> Result<BackgroundBuild> {
     let log = target_dir().join("image-build.log");
     std::fs::create_dir_all(target_dir())?;
     let output = std::fs::File::create(&log)?;
-    let child = binaries_build(programs)
+    let build = binaries_build(programs);
+    let child = Command::new("nice")
+        .args(["-n", "19"])
+        .arg(build.get_program())
+        .args(build.get_args())
+        .current_dir(project_root())
         .process_group(0)
         .stdout(output.try_clone()?)
         .stderr(output)
         .spawn()
         .context("could not start the images' build")?;
     println!(
-        "==> {IMAGE_PROFILE}-profile build of {} started in the background (log: {})",
+        "==> {IMAGE_PROFILE}-profile build of {} started in the background (nice 19; log: {})",
         programs.join(", "),
         log.display()
     );
@@ -151,28 +156,6 @@ pub fn start_binaries_build(programs: &[&str]) -> Result<BackgroundBuild> {
 }
 
 impl BackgroundBuild {
-    /// Lowers the whole build (cargo and the compilers it has started; the ones it starts
-    /// later inherit cargo's priority) to nice 19, unless it has finished.
-    pub fn yield_to_tests(&mut self) -> Result<()> {
-        if self.child.try_wait()?.is_some() {
-            return Ok(());
-        }
-        let group = self.child.id().to_string();
-        let output = Command::new("renice")
-            .args(["-n", "19", "-g", &group])
-            .output()
-            .context("could not run renice")?;
-        // A build that ended meanwhile has no group left to lower.
-        if !output.status.success() && self.child.try_wait()?.is_none() {
-            bail!(
-                "could not lower the images' build to nice 19: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        println!("==> {IMAGE_PROFILE}-profile build lowered to nice 19 beside the tests");
-        Ok(())
-    }
-
     /// Waits for the build; its log is shown when it failed.
     pub fn wait(mut self) -> Result<()> {
         let status = self.child.wait()?;
