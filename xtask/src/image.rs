@@ -188,10 +188,7 @@ pub fn build_all(programs: &[&str]) -> Result<Vec<Built>> {
     let out = target_dir().join("images");
     std::fs::create_dir_all(&out)?;
     let source = Source::of_head()?;
-    let mut built = Vec::new();
-    for program in programs {
-        built.push(build(program, &source, &out)?);
-    }
+    let built = each_at_once(programs, |program| build(program, &source, &out))?;
     println!(
         "{:<50} {:>8} {:>8}  {:<11}  digest",
         "image", "binary", "layer", "user"
@@ -533,32 +530,61 @@ pub fn check_all(built: &[Built]) -> Result<()> {
     setup::ensure_system_packages()?;
     let scratch = tempfile::tempdir()?;
     let source = Source::of_head()?;
-    for image in built {
-        let again = build(&image.program, &source, scratch.path())?;
-        if std::fs::read(&again.archive)? != std::fs::read(&image.archive)? {
-            bail!(
-                "{}: a second build of the image differs from the first: the image is not reproducible",
-                image.program
-            );
-        }
-        if image.binary_bytes > MAX_BINARY_BYTES {
-            bail!(
-                "{}: the binary is {:.1} MiB, over the 15 MiB budget",
-                image.program,
-                mebibytes(image.binary_bytes)
-            );
-        }
-        check_with_skopeo(image, scratch.path())?;
-        let version = run_in_chroot(image, &scratch.path().join(&image.program))?;
-        println!(
-            "ok {}: rebuilt identically, binary {:.1} MiB, skopeo verified {}, `--version` in a chroot of its layers as {}: {version}",
-            image.program,
-            mebibytes(image.binary_bytes),
-            image.digest,
-            image.user
-        );
+    let checked = each_at_once(built, |image| check(image, &source, scratch.path()))?;
+    for line in checked {
+        println!("{line}");
     }
     Ok(())
+}
+
+/// `work` on every item at once, a thread each (packing an image is compressing and hashing
+/// on one core); the answers in the items' order, or the first error in that order.
+fn each_at_once<T: Sync, R: Send>(
+    items: &[T],
+    work: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    std::thread::scope(|scope| {
+        let running: Vec<_> = items
+            .iter()
+            .map(|item| scope.spawn(|| work(item)))
+            .collect();
+        running
+            .into_iter()
+            .map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("an image's thread panicked")))
+            })
+            .collect()
+    })
+}
+
+/// One image built again and compared, its size budget, skopeo's reading and its `--version`
+/// in a chroot: the line that says so.
+fn check(image: &Built, source: &Source, scratch: &Path) -> Result<String> {
+    let again = build(&image.program, source, scratch)?;
+    if std::fs::read(&again.archive)? != std::fs::read(&image.archive)? {
+        bail!(
+            "{}: a second build of the image differs from the first: the image is not reproducible",
+            image.program
+        );
+    }
+    if image.binary_bytes > MAX_BINARY_BYTES {
+        bail!(
+            "{}: the binary is {:.1} MiB, over the 15 MiB budget",
+            image.program,
+            mebibytes(image.binary_bytes)
+        );
+    }
+    check_with_skopeo(image, scratch)?;
+    let version = run_in_chroot(image, &scratch.join(&image.program))?;
+    Ok(format!(
+        "ok {}: rebuilt identically, binary {:.1} MiB, skopeo verified {}, `--version` in a chroot of its layers as {}: {version}",
+        image.program,
+        mebibytes(image.binary_bytes),
+        image.digest,
+        image.user
+    ))
 }
 
 /// skopeo, an independent reader, copies the archive into a layout of its own: it checks
