@@ -596,10 +596,10 @@ impl NodeTermination {
         let mut polls = 0;
         let mut last_read: Option<Node> = None;
         loop {
-            let node = match last_read.take() {
-                Some(node) if !resend_due(requested_at(&node)) => node,
+            let (node, read_this_round) = match last_read.take() {
+                Some(node) if !resend_due(requested_at(&node)) => (node, false),
                 _ => match self.node.read(&self.shared.client).await? {
-                    Some(node) => node,
+                    Some(node) => (node, true),
                     None => return Ok(StepEnd::NodeGone),
                 },
             };
@@ -670,9 +670,9 @@ impl NodeTermination {
                     );
                 }
                 Ok(_) => {
-                    // Due only on a read of this round (see above): a request is sent on a
-                    // fresh read, never on the one a poll kept.
-                    if resend_due(requested_at(&node)) {
+                    // A request is sent on a read of this round, never on the one a poll kept
+                    // (should it fall due meanwhile, the next round reads again).
+                    if read_this_round && resend_due(requested_at(&node)) {
                         self.condition(
                             "TerminatingInstance",
                             format!("Terminating machine {id} through instance provider {through}"),
