@@ -13,11 +13,6 @@ use crate::{cargo, project_root, run_command, target_dir};
 
 const KUBE_VERSION: &str = "5.0.0";
 
-/// The workspace's `dev` profile (Cargo.toml), which a crate built outside it must repeat for
-/// its dependencies' builds to be the ones our tests' build left.
-const SHARED_PROFILE: &str =
-    "\n[profile.dev]\ndebug = \"line-tables-only\"\n\n[profile.dev.package.\"*\"]\ndebug = false\n";
-
 struct Suite {
     krate: &'static str,
     features: &'static str,
@@ -122,6 +117,28 @@ fn registry_source(krate: &str) -> Result<PathBuf> {
     })
 }
 
+/// The workspace's `dev` profile tables, as Cargo.toml has them: a crate built outside the
+/// workspace must repeat them for its dependencies' builds to be the ones our tests' build left.
+fn dev_profile() -> Result<String> {
+    let manifest = std::fs::read_to_string(project_root().join("Cargo.toml"))?;
+    let mut tables = String::from("\n");
+    let mut inside = false;
+    for line in manifest.lines() {
+        if line.starts_with('[') {
+            inside = line.starts_with("[profile.dev]") || line.starts_with("[profile.dev.");
+        }
+        if inside {
+            tables.push_str(line);
+            tables.push('\n');
+        }
+    }
+    ensure!(
+        tables.contains("[profile.dev]"),
+        "Cargo.toml has no [profile.dev]"
+    );
+    Ok(tables)
+}
+
 /// A writable copy of the crate, with the manifest additions, outside our workspace.
 fn prepare(suite: &Suite, work: &Path) -> Result<PathBuf> {
     let source = registry_source(suite.krate)?;
@@ -134,7 +151,7 @@ fn prepare(suite: &Suite, work: &Path) -> Result<PathBuf> {
     let mut text = std::fs::read_to_string(&manifest)?;
     text.push_str(suite.manifest_additions);
     text.push_str("\n[workspace]\n");
-    text.push_str(SHARED_PROFILE);
+    text.push_str(&dev_profile()?);
     std::fs::write(&manifest, text)?;
     // Our lockfile pins the versions kube-rs's tests build with to those we already use.
     std::fs::copy(project_root().join("Cargo.lock"), copy.join("Cargo.lock"))?;

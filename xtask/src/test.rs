@@ -58,7 +58,7 @@ fn run_steps(steps: &mut Steps) -> Result<()> {
     // command is the one the tests' build made (its own `cargo run` compiled a dozen crates
     // again, with the features of that package alone: 17 s from nothing).
     step("provision elogind", &mut || {
-        run_command(Command::new(target_dir().join("debug/logind-harness")).arg("provision"))
+        run_command(Command::new(crate::demo::binary("logind-harness")).arg("provision"))
     })?;
     // From here on the steps mostly wait (kube-sim's timers, real elogind, the explorer's
     // histories): the images' build, still going, takes the cores they leave.
