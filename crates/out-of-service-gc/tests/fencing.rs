@@ -418,6 +418,35 @@ async fn a_machine_not_back_in_time_is_left_off() -> Result<()> {
     gc.stop().await
 }
 
+/// A fenced node that is being deleted (here held by a finalizer, as termination-controller
+/// holds it) is cleaned, but its machine stays off: powering it on would undo a bare-metal
+/// termination, and on EC2 it would start a machine its Node no longer wants.
+#[tokio::test]
+async fn a_fenced_node_being_deleted_is_not_powered_on_again() -> Result<()> {
+    let sim = sim(5, world()).await?;
+    let client = sim.client();
+    let flags = [FENCING, &["--recover-after-cleanup=true"]].concat();
+    let gc = controller(&sim, &flags).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            "node-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/terminate"]}})),
+        )
+        .await?;
+    nodes.delete("node-1", &kube::api::DeleteParams::default()).await?;
+    stop_kubelet(&client, "node-1").await?;
+    wait_for("the LeftOffForDeletion report", || async {
+        has_event(&client, "node-1", "LeftOffForDeletion").await
+    })
+    .await?;
+    ensure!(!has_event(&client, "node-1", "PoweringOn").await?);
+    ensure!(machine_state(&sim, "node-1") == "stopped");
+    ensure!(label(&nodes.get("node-1").await?).as_deref() == Some("fenced"));
+    gc.stop().await
+}
+
 /// The power-off was asked for (the step is on the node) and this controller stopped before
 /// it was confirmed: the next one confirms it and taints, or, if the node came back, lets go.
 #[tokio::test]

@@ -33,6 +33,15 @@ impl Fencer {
         let Ok(id) = identity.machine(node) else {
             return Ok(None);
         };
+        if node.metadata.deletion_timestamp.is_some() {
+            // The machine leaves with its Node: whoever holds the Node's finalizer
+            // (termination-controller) terminates it, and on bare metal that termination is a
+            // power-off this power-on would undo.
+            if found.step == Step::Fenced {
+                self.left_off_for_deletion(shared, identity, &id);
+            }
+            return Ok(None);
+        }
         match found.step {
             Step::Fenced => self.power_on(shared, identity, &id).await,
             Step::Recovering => {
@@ -102,6 +111,23 @@ impl Fencer {
             },
         );
         Ok(Some(self.settings.recover_timeout))
+    }
+
+    fn left_off_for_deletion(&self, shared: &Shared, identity: &NodeIdentity, id: &ProviderId) {
+        self.report(
+            shared,
+            identity.name(),
+            identity.uid(),
+            Report {
+                reason: "LeftOffForDeletion",
+                holding: true,
+                warning: false,
+                message: format!(
+                    "The node is clean, but it is being deleted: machine {id} is not powered on \
+                     again; it goes with the node"
+                ),
+            },
+        );
     }
 
     async fn give_up(
