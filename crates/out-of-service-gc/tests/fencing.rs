@@ -435,7 +435,9 @@ async fn a_fenced_node_being_deleted_is_not_powered_on_again() -> Result<()> {
             &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/terminate"]}})),
         )
         .await?;
-    nodes.delete("node-1", &kube::api::DeleteParams::default()).await?;
+    nodes
+        .delete("node-1", &kube::api::DeleteParams::default())
+        .await?;
     stop_kubelet(&client, "node-1").await?;
     wait_for("the LeftOffForDeletion report", || async {
         has_event(&client, "node-1", "LeftOffForDeletion").await
