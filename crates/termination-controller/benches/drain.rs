@@ -379,7 +379,7 @@ fn watch_pool(
                     );
                 }
                 watcher::Event::Delete(node) => {
-                    gone_now.push(node.metadata.name.unwrap_or_default())
+                    gone_now.push(node.metadata.name.unwrap_or_default());
                 }
             }
             for name in gone_now {
