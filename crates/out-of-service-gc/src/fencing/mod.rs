@@ -467,6 +467,11 @@ impl Fencer {
                 if !at_step || readiness(current) == Readiness::Ready {
                     return false;
                 }
+                // Decided on the version written: a Node deleted since the pass's view leaves
+                // with its machine, never powered on again (see `Fencer::recover`).
+                if to == Step::Recovering && current.metadata.deletion_timestamp.is_some() {
+                    return false;
+                }
                 set_mark(current, to, at);
                 true
             })
