@@ -57,14 +57,13 @@ impl Lead for Controller {
 impl Controller {
     /// Runs until `acting` is cancelled (leadership lost, or the program stopping).
     pub async fn run(&self, acting: CancellationToken) {
-        // Wakes the termination tasks: a change that may let a waiting node or queue go on.
+        // Wakes the tasks past their grants on what every drain reads (PodDisruptionBudgets,
+        // drain rules, namespaces' labels); their own Node's changes wake them by their turns.
         let (poke, poked) = watch::channel(());
-        let poke = Arc::new(poke);
         // Counts node changes that may move a budget's numbers (heartbeats do not).
         let (relevant, node_changes) = watch::channel(0u64);
         let statuses = tokio::spawn(keep_statuses(
             Arc::clone(&self.shared),
-            Arc::clone(&poke),
             node_changes,
             acting.child_token(),
         ));
@@ -103,11 +102,14 @@ impl Controller {
         let mut held: HashSet<String> = HashSet::new();
         let mut budgets = shared.budgets.cache.clone();
         let mut pdbs = shared.pdbs.clone();
+        let mut drain_rules = shared.drain_rules.clone();
+        let mut namespaces = shared.namespaces.clone();
         for node in shared.nodes().state() {
             self.dirty
                 .mark(node.metadata.name.as_deref().unwrap_or_default());
         }
-        let mut wake_tasks = true;
+        let mut budgets_moved = true;
+        let mut wake_tasks = false;
         loop {
             let mut fractions_moved = false;
             for name in self.dirty.take() {
@@ -116,7 +118,7 @@ impl Controller {
                     if let Some(uid) = gone.as_ref().and_then(|shape| shape.uid.as_deref()) {
                         shared.turns.wake(uid);
                     }
-                    wake_tasks |= gone.is_some();
+                    budgets_moved |= gone.is_some();
                     fractions_moved |= gone.is_some();
                     continue;
                 };
@@ -125,7 +127,7 @@ impl Controller {
                 let before = shapes.insert(name.clone(), shape.clone());
                 fractions_moved |= before.as_ref().map(|before| before.ready) != Some(ready);
                 if before.as_ref() != Some(&shape) {
-                    wake_tasks = true;
+                    budgets_moved = true;
                     if let Some(uid) = &shape.uid {
                         shared.turns.wake(uid);
                     }
@@ -177,8 +179,10 @@ impl Controller {
                 }
             }
             shared.metrics.nodes_terminating.set(workers.len() as i64);
-            if std::mem::take(&mut wake_tasks) {
+            if std::mem::take(&mut budgets_moved) {
                 relevant.send_modify(|changes| *changes += 1);
+            }
+            if std::mem::take(&mut wake_tasks) {
                 poke.send_replace(());
             }
             tokio::select! {
@@ -186,15 +190,23 @@ impl Controller {
                 () = self.dirty.marked() => {}
                 changed = budgets.changed() => {
                     if changed.is_err() { break }
-                    wake_tasks = true;
+                    budgets_moved = true;
                     wake_granted(shared);
                 }
                 changed = pdbs.changed() => {
                     if changed.is_err() { break }
                     wake_tasks = true;
                 }
-                Some(finished) = running.join_next() => {
+                changed = drain_rules.changed() => {
+                    if changed.is_err() { break }
                     wake_tasks = true;
+                }
+                changed = namespaces.changed() => {
+                    if changed.is_err() { break }
+                    wake_tasks = true;
+                }
+                Some(finished) = running.join_next() => {
+                    budgets_moved = true;
                     if let Ok((node, finished)) = finished {
                         workers.remove(node.uid());
                         if finished == Finished::Released {
@@ -249,7 +261,7 @@ fn wake_granted(shared: &Shared) {
             .iter()
             .flat_map(|status| status.disrupted_nodes.values());
         for uid in grants.filter_map(|grant| grant.uid.as_deref()) {
-            shared.turns.wake(uid);
+            shared.turns.wake_for_grant(uid);
         }
     }
 }
@@ -366,10 +378,9 @@ async fn set_finalizer(client: &kube::Client, node: NodeIdentity, add: bool) -> 
 /// Keeps every NodeDisruptionBudget's status current while leading, and grants waiting nodes
 /// what the budgets allow (the oldest deletion first, one status write per budget): after
 /// budget changes and node changes that may move the numbers, and when an unused grant
-/// expires. The tasks are woken once a pass has written.
+/// expires. The pass wakes the waiting nodes whose verdict it changed (`Shared::set_waiting`).
 async fn keep_statuses(
     shared: Arc<Shared>,
-    poke: Arc<watch::Sender<()>>,
     mut node_changes: watch::Receiver<u64>,
     stop: CancellationToken,
 ) {
@@ -409,7 +420,6 @@ async fn keep_statuses(
                     metrics.error("conflict");
                 }
                 shared.set_waiting(refreshed.waiting);
-                poke.send_replace(());
             }
             Err(error) => {
                 failures += 1;

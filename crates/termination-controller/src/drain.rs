@@ -17,7 +17,6 @@ use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::selectors::pdbs_for_pod;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +28,7 @@ use crate::queues::{BudgetView, Outcome, Queue, QueueKey};
 use crate::shared::Shared;
 use crate::termination::StepError;
 use crate::tiers::{Disposition, Skip, Tier, disposition};
+use crate::turns::Wake;
 
 /// The kubelet's default when a pod names no grace period.
 const DEFAULT_GRACE: Duration = Duration::from_secs(30);
@@ -216,7 +216,7 @@ impl Drain {
     /// Drains until every pod that must go is gone. `report` hears what it waits for.
     pub async fn run(
         &mut self,
-        wake: &mut watch::Receiver<()>,
+        wake: &mut Wake<'_>,
         stop: &CancellationToken,
         mut report: impl FnMut(&Waiting),
     ) -> Result<Ended, StepError> {

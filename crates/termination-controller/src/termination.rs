@@ -30,6 +30,7 @@ use crate::grants::{Refusal, Verdict};
 use crate::hooks::{self, Stage};
 use crate::shared::Shared;
 use crate::tiers::disrupted_taint;
+use crate::turns::Wake;
 
 pub const TERMINATING: &str = "Terminating";
 pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
@@ -267,7 +268,10 @@ impl NodeTermination {
                 () = turn.woken() => {}
             }
         };
-        drop(turn);
+        // From here on the task wakes on its own Node's changes and on what every drain reads,
+        // not on every node's change ([`Wake`]).
+        let mut wake = Wake::new(turn, wake.clone());
+        let wake = &mut wake;
         // Only where it was set: a write per node would cost every rollout a status request
         // per node for a condition most nodes never had.
         if self.reported.contains_key(MAINTENANCE_PLANNED)
@@ -360,7 +364,7 @@ impl NodeTermination {
     async fn await_hooks(
         &mut self,
         stage: Stage,
-        wake: &mut watch::Receiver<()>,
+        wake: &mut Wake<'_>,
         stop: &CancellationToken,
     ) -> Result<StepEnd, StepError> {
         let timeout = self.shared.settings.hook_timeout;
@@ -440,7 +444,7 @@ impl NodeTermination {
     /// Drains the node; `Drained` carries the volumes of the pods that stay on it.
     async fn drain(
         &mut self,
-        wake: &mut watch::Receiver<()>,
+        wake: &mut Wake<'_>,
         stop: &CancellationToken,
         deleted: Option<Timestamp>,
     ) -> Result<DrainEnd, StepError> {
@@ -535,7 +539,7 @@ impl NodeTermination {
     /// most --volume-detach-timeout. Returns false when stopped.
     async fn volumes_detached(
         &mut self,
-        wake: &mut watch::Receiver<()>,
+        wake: &mut Wake<'_>,
         stop: &CancellationToken,
         staying: &Staying,
     ) -> Result<bool, StepError> {

@@ -206,3 +206,80 @@ async fn without_the_drain_rule_crd_the_controller_drains_without_rules() -> Res
     delete_node(&client, "node-1").await?;
     wait_for("node-1 to go", || node_gone(&client, "node-1")).await
 }
+
+/// A drain held by rules goes on when they stop applying, with nothing else in the cluster
+/// changing: a rule deleted, a namespace relabelled. (The tasks past their grants wake on
+/// their own Node and on what every drain reads, not on other nodes' changes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_held_by_rules_goes_on_when_a_rule_or_a_namespace_label_changes() -> Result<()> {
+    let sim = sim(2).await?;
+    let client = sim.client();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "reports", "labels": {"team": "data"}}}),
+            )?,
+        )
+        .await?;
+    for (name, namespace, labels) in [
+        ("report", "reports", json!({})),
+        ("batch", "default", json!({"job": "batch"})),
+    ] {
+        create(&client, json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"nodeName": "node-1", "restartPolicy": "Never", "containers": [{"name": "c", "image": "app"}]}})).await?;
+    }
+    rule(
+        &client,
+        "data-jobs",
+        json!({"drain": {"behavior": "WaitCompleted"},
+            "pods": [{"namespaceSelector": {"matchLabels": {"team": "data"}}}]}),
+    )
+    .await?;
+    rule(
+        &client,
+        "batch-jobs",
+        json!({"drain": {"behavior": "WaitCompleted"},
+            "pods": [{"selector": {"matchLabels": {"job": "batch"}}}]}),
+    )
+    .await?;
+    let _controller = managing(&sim, &[]).await?;
+    delete_node(&client, "node-1").await?;
+    let waiting_for = |pod: &'static str| {
+        let client = client.clone();
+        move || {
+            let client = client.clone();
+            async move {
+                Ok(condition(&client, "node-1", "Terminating")
+                    .await?
+                    .is_some_and(|(reason, message)| {
+                        reason == "AwaitingPodCompletion" && message.contains(pod)
+                    }))
+            }
+        }
+    };
+    wait_for("node-1 to wait for its batch pod", waiting_for("Pod batch")).await?;
+    let rules: Api<termination_controller::api::NodeDrainRule> = Api::all(client.clone());
+    rules
+        .delete("batch-jobs", &kube::api::DeleteParams::default())
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    wait_for("the batch pod evicted once its rule is gone", || async {
+        Ok(pods.get_opt("batch").await?.is_none())
+    })
+    .await?;
+    wait_for("node-1 to wait for its report", waiting_for("Pod report")).await?;
+    namespaces
+        .patch(
+            "reports",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "web"}}})),
+        )
+        .await?;
+    wait_for("node-1 to go once its namespace left the rule", || {
+        node_gone(&client, "node-1")
+    })
+    .await
+}

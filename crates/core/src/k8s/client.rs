@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use governor::clock::{Clock, DefaultClock};
+use governor::clock::Clock;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -154,7 +154,9 @@ where
             match self.limiter.check() {
                 Ok(()) => self.permitted = true,
                 Err(not_until) => {
-                    let pause = not_until.wait_time_from(DefaultClock::default().now());
+                    // The limiter's own clock: a new one per refusal asked the CPU for its
+                    // features each time (CPUID, a trap on a virtual machine).
+                    let pause = not_until.wait_time_from(self.limiter.clock().now());
                     self.wait = Some(Box::pin(tokio::time::sleep(pause)));
                 }
             }
