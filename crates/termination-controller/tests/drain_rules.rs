@@ -18,6 +18,20 @@ async fn rule(client: &kube::Client, name: &str, spec: Value) -> Result<()> {
     .await
 }
 
+/// The namespace `reports`, labelled `team: data`.
+async fn reports_namespace(client: &kube::Client) -> Result<Api<Namespace>> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "reports", "labels": {"team": "data"}}}),
+            )?,
+        )
+        .await?;
+    Ok(namespaces)
+}
+
 /// `replicas` pods of `app`, all on node-1.
 async fn on_node_1(client: &kube::Client, name: &str, replicas: i32) -> Result<()> {
     let on_node_1 = json!({"spec": {"nodeSelector": {"kubernetes.io/hostname": "node-1"}}});
@@ -28,15 +42,7 @@ async fn on_node_1(client: &kube::Client, name: &str, replicas: i32) -> Result<(
 async fn rules_order_the_tier_wait_for_a_job_and_a_pods_own_label_skips_it() -> Result<()> {
     let sim = sim(2).await?;
     let client = sim.client();
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": "reports", "labels": {"team": "data"}}}),
-            )?,
-        )
-        .await?;
+    reports_namespace(&client).await?;
     on_node_1(&client, "web", 2).await?;
     on_node_1(&client, "proxy", 2).await?;
     create(&client, json!({"apiVersion": "v1", "kind": "Pod",
@@ -214,15 +220,7 @@ async fn without_the_drain_rule_crd_the_controller_drains_without_rules() -> Res
 async fn a_drain_held_by_rules_goes_on_when_a_rule_or_a_namespace_label_changes() -> Result<()> {
     let sim = sim(2).await?;
     let client = sim.client();
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": "reports", "labels": {"team": "data"}}}),
-            )?,
-        )
-        .await?;
+    let namespaces = reports_namespace(&client).await?;
     for (name, namespace, labels) in [
         ("report", "reports", json!({})),
         ("batch", "default", json!({"job": "batch"})),
