@@ -6,7 +6,10 @@
 //! until they land; ones the server will never accept (403, 422, …) are logged and dropped.
 //! Events are written in order, one object each. For a condition (per node and type) and a
 //! taint (per node and key) only the latest wish counts: a newer one replaces a pending older
-//! one. When every [`Reporter`] is dropped, what is still pending gets [`FLUSH_WINDOW`] to land.
+//! one. The worker takes in what was queued before every write, and writes taints and
+//! conditions ahead of the Events waiting: a rollout's backlog of Events (thousands, seconds
+//! behind) once held every condition back until its nodes were gone. When every [`Reporter`]
+//! is dropped, what is still pending gets [`FLUSH_WINDOW`] to land.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -199,10 +202,14 @@ impl Reporter {
 
 #[derive(Default)]
 struct Pending {
-    taints: Vec<TaintWrite>,
+    taints: VecDeque<TaintWrite>,
     /// Per node, the latest wish per condition type, written together.
     conditions: BTreeMap<String, Vec<(ConditionSpec, ConditionGuard)>>,
     events: VecDeque<EventReport>,
+    /// Writes of the current attempt that must be tried again after the pause; newer wishes
+    /// and forgotten nodes take them out as they do the pending ones.
+    retry_taints: Vec<TaintWrite>,
+    retry_conditions: Vec<(String, Vec<(ConditionSpec, ConditionGuard)>)>,
 }
 
 impl Pending {
@@ -220,44 +227,62 @@ impl Pending {
             }
             // A replaced taint wish drops its sender: its waiter resolves.
             Write::Taint(new) => {
-                self.taints
-                    .retain(|old| !(old.node == new.node && old.taint.key == new.taint.key));
-                self.taints.push(new);
+                let older =
+                    |old: &TaintWrite| old.node == new.node && old.taint.key == new.taint.key;
+                self.taints.retain(|old| !older(old));
+                self.retry_taints.retain(|old| !older(old));
+                self.taints.push_back(new);
             }
             Write::Forget(node) => {
                 self.conditions.remove(&node);
                 self.taints.retain(|old| old.node != node);
+                self.retry_conditions.retain(|(old, _)| *old != node);
+                self.retry_taints.retain(|old| old.node != node);
             }
         }
     }
 
-    /// One attempt at everything pending: taints first (they keep pods away), then each
-    /// node's conditions, then Events in order up to the first that must be retried.
-    async fn attempt(&mut self, sink: &impl ReportSink) {
-        let mut kept = Vec::new();
-        for write in std::mem::take(&mut self.taints) {
-            let result = sink.taint(&write.node, &write.taint, write.present).await;
-            if keep_after(result, "taint", &write.taint.key) {
-                kept.push(write);
+    /// One attempt at everything pending, one write at a time, taking in what was queued
+    /// since before each: taints first (they keep pods away), then each node's conditions,
+    /// then Events in order up to the first that must be retried. Taken in before each write,
+    /// a forgotten node's conditions are dropped before they can land on a namesake, and a
+    /// backlog of Events never holds back a taint or a condition queued behind it.
+    async fn attempt(&mut self, sink: &impl ReportSink, writes: &mut Writes) {
+        let mut events_blocked = false;
+        loop {
+            writes.take_queued(self);
+            if let Some(write) = self.taints.pop_front() {
+                let result = sink.taint(&write.node, &write.taint, write.present).await;
+                if keep_after(result, "taint", &write.taint.key) {
+                    self.retry_taints.push(write);
+                } else {
+                    let _ = write.landed.send(());
+                }
+            } else if let Some((node, wishes)) = self.conditions.pop_first() {
+                let result = sink.conditions(&node, &wishes).await;
+                if keep_after(result, "conditions", &node) {
+                    self.retry_conditions.push((node, wishes));
+                }
+            } else if let Some(event) = self.events.front().filter(|_| !events_blocked) {
+                let result = sink.event(event).await;
+                if keep_after(result, "Event", &event.reason) {
+                    events_blocked = true;
+                } else {
+                    self.events.pop_front();
+                }
             } else {
-                let _ = write.landed.send(());
-            }
-        }
-        self.taints = kept;
-        let mut kept = BTreeMap::new();
-        for (node, wishes) in std::mem::take(&mut self.conditions) {
-            let result = sink.conditions(&node, &wishes).await;
-            if keep_after(result, "conditions", &node) {
-                kept.insert(node, wishes);
-            }
-        }
-        self.conditions = kept;
-        while let Some(event) = self.events.front() {
-            let result = sink.event(event).await;
-            if keep_after(result, "Event", &event.reason) {
                 break;
             }
-            self.events.pop_front();
+        }
+        self.taints.extend(self.retry_taints.drain(..));
+        for (node, old) in std::mem::take(&mut self.retry_conditions) {
+            let wishes = self.conditions.entry(node).or_default();
+            let newer: Vec<_> = std::mem::take(wishes);
+            wishes.extend(
+                old.into_iter()
+                    .filter(|(old, _)| !newer.iter().any(|(new, _)| new.type_ == old.type_)),
+            );
+            wishes.extend(newer);
         }
     }
 
@@ -287,10 +312,39 @@ fn keep_after(result: Result<(), kube::Error>, what: &str, name: &str) -> bool {
     }
 }
 
-async fn work(sink: impl ReportSink, mut writes: mpsc::UnboundedReceiver<Write>) {
+/// The worker's end of the queue, and whether every [`Reporter`] is gone.
+struct Writes {
+    receiver: mpsc::UnboundedReceiver<Write>,
+    closed: bool,
+}
+
+impl Writes {
+    /// Moves what is queued now into `pending`, without waiting.
+    fn take_queued(&mut self, pending: &mut Pending) {
+        loop {
+            match self.receiver.try_recv() {
+                Ok(write) => pending.add(write),
+                Err(mpsc::error::TryRecvError::Empty) => return,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    self.closed = true;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn work(sink: impl ReportSink, receiver: mpsc::UnboundedReceiver<Write>) {
+    let mut writes = Writes {
+        receiver,
+        closed: false,
+    };
     let mut pending = Pending::default();
     let mut flush_deadline: Option<Instant> = None;
     loop {
+        if writes.closed && flush_deadline.is_none() {
+            flush_deadline = Some(Instant::now() + FLUSH_WINDOW);
+        }
         if flush_deadline.is_some() && pending.is_empty() {
             return;
         }
@@ -300,19 +354,15 @@ async fn work(sink: impl ReportSink, mut writes: mpsc::UnboundedReceiver<Write>)
         }
         let retrying = !pending.is_empty();
         tokio::select! {
-            write = writes.recv(), if flush_deadline.is_none() => {
-                let Some(write) = write else {
-                    flush_deadline = Some(Instant::now() + FLUSH_WINDOW);
-                    continue;
-                };
-                pending.add(write);
-                while let Ok(write) = writes.try_recv() {
-                    pending.add(write);
+            write = writes.receiver.recv(), if !writes.closed => {
+                match write {
+                    Some(write) => pending.add(write),
+                    None => writes.closed = true,
                 }
             }
             () = tokio::time::sleep(RETRY_PAUSE), if retrying => {}
         }
-        pending.attempt(&sink).await;
+        pending.attempt(&sink, &mut writes).await;
     }
 }
 
@@ -329,6 +379,8 @@ mod tests {
         script: Arc<Mutex<VecDeque<u16>>>,
         written: Arc<Mutex<Vec<String>>>,
         attempts: Arc<Mutex<usize>>,
+        /// How long each write takes to answer.
+        latency: Duration,
     }
 
     impl Recorder {
@@ -338,20 +390,32 @@ mod tests {
             recorder
         }
 
+        fn slow(latency: Duration) -> Self {
+            Self {
+                latency,
+                ..Self::default()
+            }
+        }
+
         fn answer(&self, what: String) -> BoxFuture<'static, Result<(), kube::Error>> {
             *self.attempts.lock().unwrap() += 1;
             let code = self.script.lock().unwrap().pop_front().unwrap_or(200);
-            if code == 200 {
+            let latency = self.latency;
+            let result = if code == 200 {
                 self.written.lock().unwrap().push(what);
-                async { Ok(()) }.boxed()
+                Ok(())
             } else {
-                let error = kube::Error::Api(
+                Err(kube::Error::Api(
                     kube::core::Status::failure("no", "x")
                         .with_code(code)
                         .boxed(),
-                );
-                async move { Err(error) }.boxed()
+                ))
+            };
+            async move {
+                tokio::time::sleep(latency).await;
+                result
             }
+            .boxed()
         }
 
         fn written(&self) -> Vec<String> {
@@ -473,6 +537,66 @@ mod tests {
             sink.written(),
             ["conditions n1 A True B True", "conditions n2 C True"]
         );
+    }
+
+    fn wish(reporter: &Reporter, node: &str, type_: &str) {
+        reporter.condition(
+            node,
+            ConditionSpec::new(type_, "True", "R", "m"),
+            ConditionGuard::Always,
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_forgotten_while_another_write_is_under_way_has_nothing_written_after() {
+        let sink = Recorder::slow(Duration::from_millis(10));
+        let (reporter, worker) = Reporter::start(sink.clone());
+        for node in ["n1", "n2", "n3"] {
+            wish(&reporter, node, "A");
+        }
+        // n1's write is under way: the Node n3 is let go meanwhile.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        reporter.forget_node("n3");
+        drop(reporter);
+        worker.wait().await;
+        assert_eq!(
+            sink.written(),
+            ["conditions n1 A True", "conditions n2 A True"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_write_of_a_node_forgotten_meanwhile_is_not_retried() {
+        let sink = Recorder::scripted(&[503]);
+        let (reporter, worker) = Reporter::start(sink.clone());
+        wish(&reporter, "n1", "A");
+        let tainted = reporter.taint("n1", taint("k"), true);
+        reporter.forget_node("n1");
+        // The forgetting came after the first attempt took the writes: it still holds them.
+        tainted.wait().await;
+        drop(reporter);
+        worker.wait().await;
+        assert!(sink.written().is_empty(), "{:?}", sink.written());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn taints_and_conditions_go_before_a_backlog_of_events() {
+        let sink = Recorder::slow(Duration::from_millis(10));
+        let (reporter, worker) = Reporter::start(sink.clone());
+        for index in 0..50 {
+            reporter.event(event(&format!("E{index}")));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        wish(&reporter, "n1", "A");
+        let _ = reporter.taint("n1", taint("k"), true);
+        drop(reporter);
+        worker.wait().await;
+        let written = sink.written();
+        let at = |what: &str| written.iter().position(|write| write == what);
+        assert_eq!(at("taint n1 k true"), Some(3), "{written:?}");
+        assert_eq!(at("conditions n1 A True"), Some(4), "{written:?}");
+        assert_eq!(written.len(), 52, "{written:?}");
+        assert_eq!(at("event E49"), Some(51), "{written:?}");
     }
 
     #[tokio::test(start_paused = true)]
