@@ -17,14 +17,18 @@ use nix::sched::{CloneFlags, unshare};
 use crate::world::launch::{Launch, Mount};
 
 /// Sets up the container's mounts and execs its program; returns only on failure.
-pub fn run(spec: &Path) -> String {
-    match prepare_and_exec(spec) {
+/// `simulator_pid`: the kube-sim process that started this one.
+pub fn run(spec: &Path, simulator_pid: Option<u32>) -> String {
+    match prepare_and_exec(spec, simulator_pid) {
         Ok(never) => match never {},
         Err(error) => error,
     }
 }
 
-fn prepare_and_exec(spec: &Path) -> Result<std::convert::Infallible, String> {
+fn prepare_and_exec(
+    spec: &Path,
+    simulator_pid: Option<u32>,
+) -> Result<std::convert::Infallible, String> {
     let text = std::fs::read_to_string(spec)
         .map_err(|e| format!("cannot read the container spec {}: {e}", spec.display()))?;
     let launch: Launch =
@@ -33,6 +37,16 @@ fn prepare_and_exec(spec: &Path) -> Result<std::convert::Infallible, String> {
     // The container dies with the simulator, as with a machine, even when kube-sim is killed.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
         .map_err(|e| format!("cannot tie the container to kube-sim's life: {e}"))?;
+    // The death signal only covers a parent that ends after it was asked for: one that ended
+    // between the fork and now left this process to another parent, and nothing would ever
+    // stop the program (a run torn down while its pods were starting left them behind).
+    if let Some(pid) = simulator_pid
+        && std::os::unix::process::parent_id() != pid
+    {
+        return Err(format!(
+            "kube-sim (pid {pid}) ended before the container started; not starting it"
+        ));
+    }
     if !launch.mounts.is_empty() {
         unshare(CloneFlags::CLONE_NEWNS).map_err(|e| {
             format!(

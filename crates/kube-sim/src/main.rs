@@ -74,14 +74,21 @@ enum Command {
     RunContainer {
         /// The container's launch spec (JSON), as the kubelet wrote it.
         spec: PathBuf,
+        /// The simulator that started it: a container whose parent is no longer this process
+        /// does not start (the simulator ended while it was being started).
+        #[arg(long)]
+        simulator_pid: Option<u32>,
     },
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
         // Before any thread exists: a mount namespace is per process only while it has one.
-        Command::RunContainer { spec } => {
-            let error = kube_sim::container_init::run(&spec);
+        Command::RunContainer {
+            spec,
+            simulator_pid,
+        } => {
+            let error = kube_sim::container_init::run(&spec, simulator_pid);
             eprintln!("kube-sim run-container: {error}");
             std::process::exit(128);
         }

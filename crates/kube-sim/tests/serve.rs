@@ -49,3 +49,41 @@ fn once_the_kubeconfig_exists_stdout_has_its_url() {
         "{url:?} not in {contents}"
     );
 }
+
+/// The container init of a simulator that ended between the fork and the death signal's setup
+/// (its parent is another process by then) must not start the program: nothing would stop it.
+#[test]
+fn a_container_whose_simulator_is_gone_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let spec = dir.path().join("container.json");
+    let launch = serde_json::json!({
+        "program": "/bin/sh",
+        "args": ["-c", format!("touch {}", marker.display())],
+        "env": [],
+        "working_dir": null,
+        "mounts": [],
+    });
+    std::fs::write(&spec, launch.to_string()).unwrap();
+    let run = |simulator_pid: u32| {
+        Command::new(BINARY)
+            .arg("run-container")
+            .arg(&spec)
+            .arg(format!("--simulator-pid={simulator_pid}"))
+            .output()
+            .unwrap()
+    };
+    // This test is its parent, not the simulator that asked: it does not run.
+    let orphan = run(std::process::id().wrapping_add(1));
+    assert_eq!(orphan.status.code(), Some(128));
+    let stderr = String::from_utf8_lossy(&orphan.stderr);
+    assert!(
+        stderr.contains("ended before the container started"),
+        "{stderr}"
+    );
+    assert!(!marker.exists());
+    // Started by the process it names: the program runs.
+    let started = run(std::process::id());
+    assert!(started.status.success(), "{started:?}");
+    assert!(marker.exists());
+}

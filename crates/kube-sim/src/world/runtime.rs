@@ -182,7 +182,11 @@ impl Runtime {
             std::fs::write(&spec, json)
                 .map_err(|e| format!("cannot write {}: {e}", spec.display()))?;
             let mut command = tokio::process::Command::new(init);
-            command.arg("run-container").arg(spec).env_clear();
+            command
+                .arg("run-container")
+                .arg(spec)
+                .arg(format!("--simulator-pid={}", std::process::id()))
+                .env_clear();
             command
         } else {
             tokio::process::Command::from(launch.command())
