@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
@@ -16,21 +16,13 @@ use serde_json::{Value, json};
 use crate::acts::{node_termination, out_of_service};
 use crate::chart;
 use crate::manifests;
+use crate::rbac::{RuleRef, role_of};
 use crate::stage::{AGENTS_NAMESPACE, Inputs, Stage};
 use crate::timeline::Timeline;
 use crate::wait::{poll_for, poll_until};
 
 /// How long a scenario may take to reach the removed rule's 403.
 const PROOF_TIMEOUT: Duration = Duration::from_secs(45);
-
-/// One rule of one Role or ClusterRole of a chart, by position.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleRef {
-    pub chart: String,
-    /// `ClusterRole/<name>` or `Role/<namespace>/<name>`.
-    pub role: String,
-    pub index: usize,
-}
 
 /// A rule as rendered: what a 403 for it names.
 #[derive(Debug, Clone)]
@@ -96,28 +88,11 @@ fn strings(value: &Value) -> Vec<String> {
         .collect()
 }
 
-fn role_of(object: &Value) -> Option<(String, Option<String>)> {
-    let name = object["metadata"]["name"].as_str()?;
-    match object["kind"].as_str()? {
-        "ClusterRole" => Some((format!("ClusterRole/{name}"), None)),
-        "Role" => {
-            let namespace = object["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or(AGENTS_NAMESPACE);
-            Some((
-                format!("Role/{namespace}/{name}"),
-                Some(namespace.to_owned()),
-            ))
-        }
-        _ => None,
-    }
-}
-
 /// Every rule of the chart's rendered Roles and ClusterRoles, in order.
 pub fn rules_of(chart: &str, objects: &[Value]) -> Vec<Rule> {
     let mut rules = Vec::new();
     for object in objects {
-        let Some((role, namespace)) = role_of(object) else {
+        let Some((role, namespace)) = role_of(object, AGENTS_NAMESPACE) else {
             continue;
         };
         for (index, rule) in object["rules"].as_array().into_iter().flatten().enumerate() {
@@ -136,23 +111,6 @@ pub fn rules_of(chart: &str, objects: &[Value]) -> Vec<Rule> {
         }
     }
     rules
-}
-
-/// The rendered objects with the one rule removed.
-pub fn without(objects: &[Value], rule: &RuleRef) -> Result<Vec<Value>> {
-    let mut trimmed = objects.to_vec();
-    let object = trimmed
-        .iter_mut()
-        .find(|object| role_of(object).is_some_and(|(role, _)| role == rule.role))
-        .with_context(|| format!("the chart has no {}", rule.role))?;
-    let rules = object["rules"]
-        .as_array_mut()
-        .with_context(|| format!("{} has no rules", rule.role))?;
-    if rule.index >= rules.len() {
-        bail!("{} has no rule {}", rule.role, rule.index);
-    }
-    rules.remove(rule.index);
-    Ok(trimmed)
 }
 
 /// What one rule's run showed.

@@ -14,6 +14,7 @@ pub mod manifests;
 pub mod node_host;
 pub mod observe;
 pub mod processes;
+pub mod rbac;
 pub mod stage;
 pub mod timeline;
 pub mod wait;

@@ -15,9 +15,9 @@ use serde_json::{Value, json};
 use crate::chart;
 use crate::cluster::Cluster;
 use crate::images::ImageBinaries;
-use crate::least_privilege::{self, RuleRef};
 use crate::manifests::{self, describe_all, kind_of};
 use crate::node_host::NodeHost;
+use crate::rbac::{self, RuleRef};
 use crate::timeline::{Timeline, seconds};
 use crate::wait::{poll_for, poll_until};
 
@@ -187,7 +187,7 @@ impl Stage {
                 chart::render(&inputs.helm, &chart_dir, program, AGENTS_NAMESPACE, &values)?;
             match &inputs.without_rule {
                 Some(rule) if rule.chart == program => {
-                    let trimmed = least_privilege::without(&objects, rule)?;
+                    let trimmed = rbac::without(&objects, rule, AGENTS_NAMESPACE)?;
                     manifests::ensure_namespace(self.client(), AGENTS_NAMESPACE).await?;
                     for object in &trimmed {
                         manifests::create(self.client(), object, AGENTS_NAMESPACE).await?;

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Readiness, ReadinessGate};
 use crate::cli::{CommonArgs, ControllerArgs, InstanceArgs, InstanceArgsError, KubeArgs};
-use crate::controller::Dirty;
+use crate::dirty::Dirty;
 use crate::instances::InstanceProvider;
 use crate::k8s::client::{self, ClientError};
 use crate::k8s::reporter::{ApiSink, Flushed, Reporter};

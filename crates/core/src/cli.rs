@@ -14,31 +14,16 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::duration::parse_go_duration;
+// The kube flags live with the client they build; every program still takes them from here.
 use crate::instances::aws::{AwsOptions, AwsSetupError};
 use crate::instances::redfish::RedfishSetupError;
 use crate::instances::{
     AwsInstances, ClusterApiInstances, ExecInstances, InstanceProvider, RedfishInstances,
     SimInstances,
 };
+pub use crate::k8s::client::KubeArgs;
 use crate::leader::LeaderConfig;
 use crate::logind::{LogindSource, SharedLogind};
-
-/// How to reach the API server, and how hard to use it.
-#[derive(Debug, Clone, Args)]
-pub struct KubeArgs {
-    /// Kubeconfig file. Without it: $KUBECONFIG or ~/.kube/config, else the in-cluster config.
-    #[arg(long, env = "NODEGRACE_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context (default: the file's current context).
-    #[arg(long, env = "NODEGRACE_CONTEXT")]
-    pub context: Option<String>,
-    /// Sustained API requests per second (client-side limit).
-    #[arg(long, env = "NODEGRACE_API_QPS", default_value_t = 20.0)]
-    pub api_qps: f64,
-    /// Requests allowed at once above the sustained rate (a count of requests).
-    #[arg(long, env = "NODEGRACE_API_BURST", default_value_t = 40)]
-    pub api_burst: u32,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {

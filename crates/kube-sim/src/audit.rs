@@ -51,7 +51,7 @@ pub struct Violation {
     pub revision: u64,
 }
 
-/// The kubelet of a node, as the simulated machine runs it (see `world::KUBELET_ANNOTATION`).
+/// The kubelet of a node, as the simulated machine runs it (see `annotations::KUBELET_ANNOTATION`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum KubeletState {
@@ -75,7 +75,9 @@ impl KubeletState {
         match store.get(&store.kind("", "nodes"), None, node) {
             Err(_) => Self::None,
             Ok(node) => {
-                match node["metadata"]["annotations"][crate::world::KUBELET_ANNOTATION].as_str() {
+                match node["metadata"]["annotations"][crate::annotations::KUBELET_ANNOTATION]
+                    .as_str()
+                {
                     Some("stopped") => Self::Stopped,
                     Some("partitioned") => Self::Partitioned,
                     Some("booting") => Self::Booting,

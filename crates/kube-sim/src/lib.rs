@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod admission_policy;
+pub mod annotations;
 pub mod api;
 pub mod audit;
 pub mod auth;

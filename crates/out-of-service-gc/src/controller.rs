@@ -12,7 +12,8 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use nodegrace_core::assembly::Lead;
-use nodegrace_core::controller::{Backoff, Dirty};
+use nodegrace_core::backoff::Backoff;
+use nodegrace_core::dirty::Dirty;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::NodeIdentity;
@@ -367,7 +368,7 @@ async fn look_after(
                 }
             }
         };
-        let timer = nodegrace_core::controller::sleep_or_forever(wait);
+        let timer = nodegrace_core::timers::sleep_or_forever(wait);
         tokio::select! {
             () = stop.cancelled() => return node,
             changed = pods.changed() => if changed.is_err() { return node },

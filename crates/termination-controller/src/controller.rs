@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{DeleteParams, Preconditions};
 use nodegrace_core::assembly::Lead;
-use nodegrace_core::controller::Dirty;
+use nodegrace_core::dirty::Dirty;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::conditions::node_condition;
@@ -424,7 +424,7 @@ async fn keep_statuses(
             Err(error) => {
                 failures += 1;
                 shared.metrics.error("api");
-                let delay = nodegrace_core::controller::Backoff::default().delay(failures);
+                let delay = nodegrace_core::backoff::Backoff::default().delay(failures);
                 tracing::warn!(error = %Chain(&error), retry_in = ?delay, "could not update NodeDisruptionBudget status");
                 tokio::select! {
                     () = stop.cancelled() => return,
@@ -441,7 +441,7 @@ async fn keep_statuses(
             () = stop.cancelled() => return,
             changed = budgets.changed() => if changed.is_err() { return },
             changed = node_changes.changed() => if changed.is_err() { return },
-            () = nodegrace_core::controller::sleep_or_forever(expiry) => {}
+            () = nodegrace_core::timers::sleep_or_forever(expiry) => {}
         }
     }
 }

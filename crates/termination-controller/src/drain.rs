@@ -242,7 +242,7 @@ impl Drain {
                     timer
                 }
             };
-            let sleep = nodegrace_core::controller::sleep_until_or_forever(next_timer);
+            let sleep = nodegrace_core::timers::sleep_until_or_forever(next_timer);
             tokio::select! {
                 () = stop.cancelled() => return Ok(Ended::Stopped),
                 changed = wake.changed() => if changed.is_err() { return Ok(Ended::Stopped) },

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use nodegrace_core::controller::Backoff;
+use nodegrace_core::backoff::Backoff;
 use tokio::time::Instant;
 
 /// Retry delay after a 500 "more than one PodDisruptionBudget": nothing but an operator's fix

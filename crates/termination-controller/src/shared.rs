@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use nodegrace_core::controller::Backoff;
+use nodegrace_core::backoff::Backoff;
 use nodegrace_core::instances::InstanceProvider;
 use nodegrace_core::k8s::reporter::Reporter;
 use nodegrace_core::k8s::selectors::selects_node;

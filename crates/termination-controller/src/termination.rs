@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use nodegrace_core::controller::Backoff;
+use nodegrace_core::backoff::Backoff;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::instances::{InstanceError, InstanceState};
 use nodegrace_core::k8s::conditions::ConditionSpec;
@@ -414,7 +414,7 @@ impl NodeTermination {
             tokio::select! {
                 () = stop.cancelled() => return Ok(StepEnd::Stopped),
                 changed = wake.changed() => if changed.is_err() { return Ok(StepEnd::Stopped) },
-                    () = nodegrace_core::controller::sleep_until_or_forever(deadline) => {}
+                    () = nodegrace_core::timers::sleep_until_or_forever(deadline) => {}
             }
         }
     }

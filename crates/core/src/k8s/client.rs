@@ -3,17 +3,34 @@
 
 use std::future::Future;
 use std::num::NonZeroU32;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
+use clap::Args;
 use governor::clock::Clock;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tower::{Layer, Service};
 
-use crate::cli::KubeArgs;
+/// How to reach the API server, and how hard to use it.
+#[derive(Debug, Clone, Args)]
+pub struct KubeArgs {
+    /// Kubeconfig file. Without it: $KUBECONFIG or ~/.kube/config, else the in-cluster config.
+    #[arg(long, env = "NODEGRACE_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context (default: the file's current context).
+    #[arg(long, env = "NODEGRACE_CONTEXT")]
+    pub context: Option<String>,
+    /// Sustained API requests per second (client-side limit).
+    #[arg(long, env = "NODEGRACE_API_QPS", default_value_t = 20.0)]
+    pub api_qps: f64,
+    /// Requests allowed at once above the sustained rate (a count of requests).
+    #[arg(long, env = "NODEGRACE_API_BURST", default_value_t = 40)]
+    pub api_burst: u32,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

@@ -16,7 +16,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use nodegrace_core::controller::Backoff;
+use nodegrace_core::backoff::Backoff;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use tokio_util::sync::CancellationToken;
