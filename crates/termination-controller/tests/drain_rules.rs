@@ -6,7 +6,7 @@ use crate::common::*;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 
 async fn rule(client: &kube::Client, name: &str, spec: Value) -> Result<()> {
@@ -19,17 +19,13 @@ async fn rule(client: &kube::Client, name: &str, spec: Value) -> Result<()> {
 }
 
 /// The namespace `reports`, labelled `team: data`.
-async fn reports_namespace(client: &kube::Client) -> Result<Api<Namespace>> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": "reports", "labels": {"team": "data"}}}),
-            )?,
-        )
-        .await?;
-    Ok(namespaces)
+async fn reports_namespace(client: &kube::Client) -> Result<()> {
+    create(
+        client,
+        json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "reports", "labels": {"team": "data"}}}),
+    )
+    .await
 }
 
 /// `replicas` pods of `app`, all on node-1.
@@ -220,7 +216,7 @@ async fn without_the_drain_rule_crd_the_controller_drains_without_rules() -> Res
 async fn a_drain_held_by_rules_goes_on_when_a_rule_or_a_namespace_label_changes() -> Result<()> {
     let sim = sim(2).await?;
     let client = sim.client();
-    let namespaces = reports_namespace(&client).await?;
+    reports_namespace(&client).await?;
     for (name, namespace, labels) in [
         ("report", "reports", json!({})),
         ("batch", "default", json!({"job": "batch"})),
@@ -269,6 +265,7 @@ async fn a_drain_held_by_rules_goes_on_when_a_rule_or_a_namespace_label_changes(
     })
     .await?;
     wait_for("node-1 to wait for its report", waiting_for("Pod report")).await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces
         .patch(
             "reports",

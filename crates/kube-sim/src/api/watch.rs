@@ -30,6 +30,9 @@ pub fn serve(
     query: &Query,
     rendering: Rendering,
 ) -> Result<Response, ApiError> {
+    // Subscribed first: a close of the watches from here on ends this one too, even one that
+    // comes while its initial events are still being sent.
+    let closed = app.faults.watches_closed();
     let matches = objects::filter(kind, query)?;
     let from = query.resource_version()?;
     let watch_list = initial_events(query, app.watch_list)?;
@@ -58,7 +61,7 @@ pub fn serve(
             .flag("allowWatchBookmarks")
             .then_some(app.bookmark_interval),
         timeout: query.timeout(),
-        closed: app.faults.watches_closed(),
+        closed,
         initial_events_end: watch_list,
     };
     tokio::spawn(watch.run(initial, subscription, sender));
@@ -233,7 +236,6 @@ impl Watch {
         let mut bookmark =
             tokio::time::interval(self.bookmarks.unwrap_or(Duration::from_secs(3600)));
         bookmark.tick().await;
-        let closed_generation = *self.closed.borrow();
         loop {
             let until_deadline = async {
                 match deadline {
@@ -244,11 +246,8 @@ impl Watch {
             tokio::select! {
                 () = until_deadline => return,
                 () = sender.closed() => return,
-                changed = self.closed.changed() => {
-                    if changed.is_err() || *self.closed.borrow() != closed_generation {
-                        return;
-                    }
-                }
+                // The generation only grows: any change since the subscription is a close.
+                _ = self.closed.changed() => return,
                 _ = bookmark.tick(), if self.bookmarks.is_some() => {
                     let marker = Arc::new(json!({
                         "kind": self.kind.kind,
