@@ -3,7 +3,7 @@
 //! with `--auto-taint-after`, a timer per NotReady node for when it becomes a candidate.
 //! Watches report *which* object changed, so the loop never rescans thousands of nodes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use nodegrace_core::backoff::Backoff;
 use nodegrace_core::dirty::Dirty;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::events::EventReport;
-use nodegrace_core::k8s::node_identity::NodeIdentity;
+use nodegrace_core::k8s::node_identity::{NodeIdentity, remove_named};
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::watched::Watched;
 use tokio::sync::watch;
@@ -48,7 +48,6 @@ pub struct Controller {
 }
 
 struct Worker {
-    node: NodeIdentity,
     poke: watch::Sender<()>,
     stop: CancellationToken,
 }
@@ -63,14 +62,15 @@ impl Controller {
     /// Runs until `acting` is cancelled (leadership lost, or the program stopping); every
     /// cleanup task stops with it.
     pub async fn run(&self, acting: CancellationToken) {
-        // By name; each worker and timer holds the Node object it was started for.
-        let mut workers: HashMap<String, Worker> = HashMap::new();
+        // By Node object: a namesake is another node. One worker per name at a time: a
+        // namesake's starts once the old one has ended.
+        let mut workers: BTreeMap<NodeIdentity, Worker> = BTreeMap::new();
         let mut running: JoinSet<NodeIdentity> = JoinSet::new();
         let mut checks: DelayQueue<NodeIdentity> = DelayQueue::new();
-        let mut scheduled: HashMap<String, delay_queue::Key> = HashMap::new();
+        let mut scheduled: BTreeMap<NodeIdentity, delay_queue::Key> = BTreeMap::new();
         let mut attempts: JoinSet<(NodeIdentity, Attempt)> = JoinSet::new();
-        // By name: the Node object last told about (a namesake is told about afresh).
-        let mut told_unconfirmed: HashMap<String, NodeIdentity> = HashMap::new();
+        // The Node objects told about (a namesake is told about afresh).
+        let mut told_unconfirmed: BTreeSet<NodeIdentity> = BTreeSet::new();
         let mut fencing = self.fencer.clone().map(FenceWork::new);
         for node in self.nodes.state() {
             self.dirty
@@ -83,40 +83,28 @@ impl Controller {
                 let tainted = node
                     .as_deref()
                     .is_some_and(|node| taint_with_key(node, OUT_OF_SERVICE_TAINT).is_some());
-                match workers.get(&name) {
-                    // A namesake took the name: the old task ends (its next read finds its
-                    // node gone), and its end marks the name for the new one.
-                    Some(worker) if identity.as_ref().is_some_and(|id| *id != worker.node) => {
+                let named = NodeIdentity::all_named(&name);
+                let mut has_worker = false;
+                for (started_for, worker) in workers.range(named.clone()) {
+                    has_worker = true;
+                    if identity.as_ref().is_some_and(|id| id != started_for) {
+                        // A namesake took the name: the old task ends (its next read finds
+                        // its node gone), and its end marks the name for the new one.
                         worker.stop.cancel();
-                    }
-                    Some(worker) => {
+                    } else {
                         worker.poke.send_replace(());
                     }
-                    None => {
-                        if let Some(identity) = identity.clone().filter(|_| tainted) {
-                            let (poke, poked) = watch::channel(());
-                            let stop = acting.child_token();
-                            let cleanup = NodeCleanup::new(
-                                Arc::clone(&self.shared),
-                                identity.clone(),
-                                self.fencer.clone(),
-                            );
-                            running.spawn(look_after(
-                                cleanup,
-                                poked,
-                                stop.clone(),
-                                identity.clone(),
-                            ));
-                            workers.insert(
-                                name.clone(),
-                                Worker {
-                                    node: identity,
-                                    poke,
-                                    stop,
-                                },
-                            );
-                        }
-                    }
+                }
+                if !has_worker && let Some(identity) = identity.clone().filter(|_| tainted) {
+                    let (poke, poked) = watch::channel(());
+                    let stop = acting.child_token();
+                    let cleanup = NodeCleanup::new(
+                        Arc::clone(&self.shared),
+                        identity.clone(),
+                        self.fencer.clone(),
+                    );
+                    running.spawn(look_after(cleanup, poked, stop.clone(), identity.clone()));
+                    workers.insert(identity, Worker { poke, stop });
                 }
                 if let Some(fencing) = &mut fencing {
                     fencing.changed(&self.shared, &name, node.as_deref());
@@ -125,17 +113,18 @@ impl Controller {
                     let due = node
                         .as_deref()
                         .and_then(|node| due_at(node, auto.after, Timestamp::now()));
-                    if let Some(key) = scheduled.remove(&name) {
+                    for (_, key) in remove_named(&mut scheduled, &name) {
                         checks.remove(&key);
                     }
                     match due.zip(identity) {
                         Some((due, identity)) => {
                             let wait = Duration::try_from(due.duration_since(Timestamp::now()))
                                 .unwrap_or(Duration::ZERO);
-                            scheduled.insert(name, checks.insert(identity, wait));
+                            let key = checks.insert(identity.clone(), wait);
+                            scheduled.insert(identity, key);
                         }
                         None => {
-                            told_unconfirmed.remove(&name);
+                            told_unconfirmed.retain(|told| told.name() != name);
                         }
                     }
                 }
@@ -146,9 +135,7 @@ impl Controller {
                 () = self.dirty.marked() => {}
                 Some(finished) = running.join_next() => {
                     if let Ok(node) = finished {
-                        if workers.get(node.name()).is_some_and(|worker| worker.node == node) {
-                            workers.remove(node.name());
-                        }
+                        workers.remove(&node);
                         // Tainted again since the task decided to finish, or a namesake's
                         // turn: look again.
                         self.dirty.mark(node.name());
@@ -156,7 +143,7 @@ impl Controller {
                 }
                 Some(expired) = checks.next() => {
                     let node = expired.into_inner();
-                    scheduled.remove(node.name());
+                    scheduled.remove(&node);
                     if let Some(auto) = self.auto_taint.clone() {
                         let shared = Arc::clone(&self.shared);
                         attempts.spawn(async move {
@@ -185,7 +172,9 @@ impl Controller {
                 Some(done) = attempts.join_next() => {
                     if let Ok((node, Attempt::Unconfirmed(why))) = done {
                         let name = node.name().to_owned();
-                        if told_unconfirmed.insert(name.clone(), node.clone()).as_ref() != Some(&node) {
+                        // The name's earlier Node objects are forgotten: one told about per name.
+                        told_unconfirmed.retain(|told| told.name() != name || *told == node);
+                        if told_unconfirmed.insert(node.clone()) {
                             tracing::warn!(node = %name, %why, "not tainting: not confirmed powered off");
                             self.shared.reporter.event(EventReport::warning(
                                 node_reference(&name),
@@ -194,9 +183,10 @@ impl Controller {
                                 format!("NotReady long enough for --auto-taint-after, but not tainted: {why}"),
                             ));
                         }
-                        scheduled
-                            .entry(name)
-                            .or_insert_with(|| checks.insert(node, RECHECK_UNCONFIRMED));
+                        if scheduled.range(NodeIdentity::all_named(&name)).next().is_none() {
+                            let key = checks.insert(node.clone(), RECHECK_UNCONFIRMED);
+                            scheduled.insert(node, key);
+                        }
                     }
                 }
             }
@@ -215,8 +205,9 @@ impl Controller {
 struct FenceWork {
     fencer: Arc<Fencer>,
     timers: DelayQueue<NodeIdentity>,
-    scheduled: HashMap<String, delay_queue::Key>,
-    running: HashMap<String, NodeIdentity>,
+    scheduled: BTreeMap<NodeIdentity, delay_queue::Key>,
+    /// Nodes with an attempt under way.
+    running: BTreeSet<NodeIdentity>,
     attempts: JoinSet<(NodeIdentity, FenceOutcome)>,
 }
 
@@ -229,22 +220,27 @@ impl FenceWork {
         Self {
             fencer,
             timers: DelayQueue::new(),
-            scheduled: HashMap::new(),
-            running: HashMap::new(),
+            scheduled: BTreeMap::new(),
+            running: BTreeSet::new(),
             attempts: JoinSet::new(),
         }
     }
 
     /// The node changed: (re)schedule its look, unless an attempt is under way.
     fn changed(&mut self, shared: &Shared, name: &str, node: Option<&Node>) {
-        if self.running.contains_key(name) {
+        if self
+            .running
+            .range(NodeIdentity::all_named(name))
+            .next()
+            .is_some()
+        {
             return;
         }
         self.schedule_due(shared, name, node, Duration::ZERO);
     }
 
     fn schedule_due(&mut self, shared: &Shared, name: &str, node: Option<&Node>, least: Duration) {
-        if let Some(key) = self.scheduled.remove(name) {
+        for (_, key) in remove_named(&mut self.scheduled, name) {
             self.timers.remove(&key);
         }
         let Some(node) = node else { return };
@@ -261,17 +257,16 @@ impl FenceWork {
     }
 
     fn schedule(&mut self, identity: NodeIdentity, wait: Duration) {
-        let name = identity.name().to_owned();
-        if let Some(key) = self.scheduled.remove(&name) {
+        for (_, key) in remove_named(&mut self.scheduled, identity.name()) {
             self.timers.remove(&key);
         }
-        self.scheduled
-            .insert(name, self.timers.insert(identity, wait));
+        let key = self.timers.insert(identity.clone(), wait);
+        self.scheduled.insert(identity, key);
     }
 
     fn expired(&mut self, shared: &Arc<Shared>, node: NodeIdentity) {
-        self.scheduled.remove(node.name());
-        self.running.insert(node.name().to_owned(), node.clone());
+        self.scheduled.remove(&node);
+        self.running.insert(node.clone());
         let (fencer, shared) = (Arc::clone(&self.fencer), Arc::clone(shared));
         self.attempts.spawn(async move {
             let outcome = match fencer.attempt(&shared, &node).await {
@@ -293,7 +288,7 @@ impl FenceWork {
         outcome: FenceOutcome,
         current: Option<&Node>,
     ) {
-        self.running.remove(node.name());
+        self.running.remove(&node);
         match outcome {
             FenceOutcome::Retry(wait) => self.schedule(node, wait),
             FenceOutcome::NotDue => {

@@ -286,9 +286,10 @@ pub async fn start_with_clock(
         let budgets = Budgets {
             api: Api::all(client.clone()),
             cache: ndbs,
-            nodes,
+            nodes: nodes.clone(),
             fresh: Arc::new(FreshNodes::new(Api::all(client.clone()))),
             clock,
+            waits: crate::waits::Waits::default(),
         };
         let webhook = webhook.map(|(listener, mode, source, loaded)| {
             let admission = Arc::new(Admission {
@@ -312,13 +313,13 @@ pub async fn start_with_clock(
                 reporter: cluster.reporter.clone(),
                 metrics,
                 settings,
+                nodes,
                 budgets,
                 pdbs,
                 drain_rules,
                 namespaces,
                 attachments,
                 provider,
-                waiting: std::sync::RwLock::default(),
                 turns: crate::turns::Turns::default(),
             }),
             dirty: Arc::clone(&cluster.dirty),

@@ -3,7 +3,7 @@
 //! `--not-ready-timeout`, a timer per NotReady node. Watches report which node changed, so
 //! the loop never rescans the cluster for one change.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +19,7 @@ use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::conditions::node_condition;
 use nodegrace_core::k8s::events::EventReport;
-use nodegrace_core::k8s::node_identity::NodeIdentity;
+use nodegrace_core::k8s::node_identity::{NodeIdentity, remove_named};
 use nodegrace_core::k8s::nodes::{Readiness, node_reference, readiness};
 use nodegrace_core::k8s::watched::Watched;
 use tokio::sync::watch;
@@ -31,7 +31,8 @@ use crate::api::{FINALIZER, NodeDisruptionBudget};
 use crate::grants::refresh_statuses;
 use crate::metrics::NdbLabel;
 use crate::shared::Shared;
-use crate::termination::{Finished, NodeTermination, has_finalizer, ours, remove_finalizer};
+use crate::step::Finished;
+use crate::termination::{NodeTermination, has_finalizer, ours, remove_finalizer};
 use nodegrace_core::k8s::partition;
 
 /// Budget statuses are recomputed at most this often: nodes change all the time (heartbeats),
@@ -57,9 +58,6 @@ impl Lead for Controller {
 impl Controller {
     /// Runs until `acting` is cancelled (leadership lost, or the program stopping).
     pub async fn run(&self, acting: CancellationToken) {
-        // Wakes the tasks past their grants on what every drain reads (PodDisruptionBudgets,
-        // drain rules, namespaces' labels); their own Node's changes wake them by their turns.
-        let (poke, poked) = watch::channel(());
         // Counts node changes that may move a budget's numbers (heartbeats do not).
         let (relevant, node_changes) = watch::channel(0u64);
         let statuses = tokio::spawn(keep_statuses(
@@ -67,188 +65,294 @@ impl Controller {
             node_changes,
             acting.child_token(),
         ));
-        self.look_after_nodes(&acting, &poke, &poked, &relevant)
-            .await;
+        Leading::new(self, &acting, relevant).run().await;
         acting.cancel();
         let _ = statuses.await;
     }
+}
 
-    async fn look_after_nodes(
-        &self,
-        acting: &CancellationToken,
-        poke: &watch::Sender<()>,
-        poked: &watch::Receiver<()>,
-        relevant: &watch::Sender<u64>,
-    ) {
-        let shared = &self.shared;
-        // What of each node the budgets and the tasks look at; a change of anything else
-        // (heartbeats, images, addresses) wakes nothing.
-        let mut shapes: HashMap<String, NodeShape> = HashMap::new();
-        // Termination tasks by the Node's UID: a namesake is another node, with a task of
-        // its own.
-        let mut workers: HashSet<String> = HashSet::new();
-        // Nodes whose finalizer a task removed (UID → name, to look each up by): the cache may
-        // still show them with it for a moment, and they must not get a second task.
-        let mut released: HashMap<String, String> = HashMap::new();
-        let mut running: JoinSet<(NodeIdentity, Finished)> = JoinSet::new();
-        let mut bookkeeping: JoinSet<String> = JoinSet::new();
-        let mut in_bookkeeping: HashSet<String> = HashSet::new();
-        // Nodes whose finalizer write waits for a free slot, marked dirty again when one frees.
-        let mut deferred: BTreeSet<String> = BTreeSet::new();
-        let mut checks: DelayQueue<String> = DelayQueue::new();
-        let mut scheduled: HashMap<String, delay_queue::Key> = HashMap::new();
-        // NotReady nodes the partition guard holds, checked again whenever some node's
-        // readiness changes or a node comes or goes (that moves the fractions).
-        let mut held: HashSet<String> = HashSet::new();
+/// The leader's loop: what it keeps between events, one field per kind of per-node work (each
+/// keyed by [`NodeIdentity`]: a namesake is another node), and one method per kind of event.
+struct Leading<'a> {
+    shared: &'a Arc<Shared>,
+    dirty: &'a Dirty,
+    acting: &'a CancellationToken,
+    /// Wakes the tasks past their grants on what every drain reads (PodDisruptionBudgets,
+    /// drain rules, namespaces' labels); their own Node's changes wake them by their turns.
+    poke: watch::Sender<()>,
+    /// Counts node changes that may move a budget's numbers, for the granting pass.
+    relevant: watch::Sender<u64>,
+    /// What of each node (by name, as the watch reports changes) the budgets and the tasks
+    /// look at; a change of anything else (heartbeats, images, addresses) wakes nothing.
+    shapes: HashMap<String, NodeShape>,
+    terminations: Terminations,
+    finalizers: FinalizerWrites,
+    not_ready: NotReadyChecks,
+    budgets_moved: bool,
+    wake_tasks: bool,
+}
+
+/// A termination task per deleting node that carries our finalizer.
+#[derive(Default)]
+struct Terminations {
+    running: BTreeSet<NodeIdentity>,
+    /// Nodes whose finalizer a task removed: the cache may still show them with it for a
+    /// moment, and they must not get a second task.
+    released: BTreeSet<NodeIdentity>,
+    tasks: JoinSet<(NodeIdentity, Finished)>,
+}
+
+/// Finalizers added to managed nodes and removed from the others, a few at a time.
+#[derive(Default)]
+struct FinalizerWrites {
+    in_flight: BTreeSet<NodeIdentity>,
+    /// Nodes (by name) whose write waits for a free slot, marked dirty again when one frees.
+    deferred: BTreeSet<String>,
+    writes: JoinSet<NodeIdentity>,
+}
+
+/// With `--not-ready-timeout`, a timer per managed NotReady node.
+#[derive(Default)]
+struct NotReadyChecks {
+    timers: DelayQueue<NodeIdentity>,
+    scheduled: BTreeMap<NodeIdentity, delay_queue::Key>,
+    /// Nodes the partition guard holds, checked again whenever some node's readiness changes
+    /// or a node comes or goes (that moves the fractions).
+    held: BTreeSet<NodeIdentity>,
+}
+
+impl NotReadyChecks {
+    fn schedule(&mut self, node: NodeIdentity, wait: Duration) {
+        self.unschedule(node.name());
+        let key = self.timers.insert(node.clone(), wait);
+        self.scheduled.insert(node, key);
+    }
+
+    /// Drops the timers of every Node object named `name`.
+    fn unschedule(&mut self, name: &str) {
+        for (_, key) in remove_named(&mut self.scheduled, name) {
+            self.timers.remove(&key);
+        }
+    }
+}
+
+impl<'a> Leading<'a> {
+    fn new(
+        controller: &'a Controller,
+        acting: &'a CancellationToken,
+        relevant: watch::Sender<u64>,
+    ) -> Self {
+        Self {
+            shared: &controller.shared,
+            dirty: &controller.dirty,
+            acting,
+            poke: watch::channel(()).0,
+            relevant,
+            shapes: HashMap::new(),
+            terminations: Terminations::default(),
+            finalizers: FinalizerWrites::default(),
+            not_ready: NotReadyChecks::default(),
+            budgets_moved: true,
+            wake_tasks: false,
+        }
+    }
+
+    async fn run(mut self) {
+        let shared = self.shared;
         let mut budgets = shared.budgets.cache.clone();
         let mut pdbs = shared.pdbs.clone();
         let mut drain_rules = shared.drain_rules.clone();
         let mut namespaces = shared.namespaces.clone();
-        for node in shared.nodes().state() {
+        for node in shared.nodes.state() {
             self.dirty
                 .mark(node.metadata.name.as_deref().unwrap_or_default());
         }
-        let mut budgets_moved = true;
-        let mut wake_tasks = false;
         loop {
             let mut fractions_moved = false;
             for name in self.dirty.take() {
-                let Some(node) = shared.nodes().get(None, &name) else {
-                    let gone = shapes.remove(&name);
-                    if let Some(uid) = gone.as_ref().and_then(|shape| shape.uid.as_deref()) {
-                        shared.turns.wake(uid);
-                    }
-                    budgets_moved |= gone.is_some();
-                    fractions_moved |= gone.is_some();
-                    continue;
-                };
-                let shape = NodeShape::of(&node);
-                let ready = shape.ready;
-                let before = shapes.insert(name.clone(), shape.clone());
-                fractions_moved |= before.as_ref().map(|before| before.ready) != Some(ready);
-                if before.as_ref() != Some(&shape) {
-                    budgets_moved = true;
-                    if let Some(uid) = &shape.uid {
-                        shared.turns.wake(uid);
-                    }
-                }
-                let Some(identity) = NodeIdentity::of(&node) else {
-                    continue;
-                };
-                if ours(&node) {
-                    if !released.contains_key(identity.uid())
-                        && workers.insert(identity.uid().to_owned())
-                    {
-                        let task = NodeTermination::new(Arc::clone(shared), identity.clone());
-                        let wake = poked.clone();
-                        let stop = acting.child_token();
-                        running.spawn(async move { (identity, task.run(wake, stop).await) });
-                    }
-                } else if node.metadata.deletion_timestamp.is_none()
-                    && shared.settings.manages(&node) != has_finalizer(&node)
-                    && !in_bookkeeping.contains(&name)
-                {
-                    if in_bookkeeping.len() < FINALIZER_WRITES_IN_FLIGHT {
-                        in_bookkeeping.insert(name.clone());
-                        let client = shared.client.clone();
-                        let add = shared.settings.manages(&node);
-                        bookkeeping
-                            .spawn(async move { set_finalizer(&client, identity, add).await });
-                    } else {
-                        deferred.insert(name.clone());
-                    }
-                }
-                if let Some(timeout) = shared.settings.not_ready_timeout {
-                    if let Some(key) = scheduled.remove(&name) {
-                        checks.remove(&key);
-                    }
-                    let managed = shared.settings.manages(&node);
-                    if let Some(due) = not_ready_due(&node, timeout, managed) {
-                        let wait = Duration::try_from(due.duration_since(Timestamp::now()))
-                            .unwrap_or(Duration::ZERO);
-                        scheduled.insert(name.clone(), checks.insert(name, wait));
-                    }
-                }
+                fractions_moved |= self.node_changed(&name);
             }
             if fractions_moved {
-                for name in held.drain() {
-                    if let Some(key) = scheduled.remove(&name) {
-                        checks.remove(&key);
-                    }
-                    scheduled.insert(name.clone(), checks.insert(name, Duration::ZERO));
-                }
+                self.recheck_held();
             }
-            shared.metrics.nodes_terminating.set(workers.len() as i64);
-            if std::mem::take(&mut budgets_moved) {
-                relevant.send_modify(|changes| *changes += 1);
+            shared
+                .metrics
+                .nodes_terminating
+                .set(self.terminations.running.len() as i64);
+            if std::mem::take(&mut self.budgets_moved) {
+                self.relevant.send_modify(|changes| *changes += 1);
             }
-            if std::mem::take(&mut wake_tasks) {
-                poke.send_replace(());
+            if std::mem::take(&mut self.wake_tasks) {
+                self.poke.send_replace(());
             }
             tokio::select! {
-                () = acting.cancelled() => break,
+                () = self.acting.cancelled() => break,
                 () = self.dirty.marked() => {}
                 changed = budgets.changed() => {
                     if changed.is_err() { break }
-                    budgets_moved = true;
-                    wake_granted(shared);
+                    self.budgets_changed();
                 }
                 changed = pdbs.changed() => {
                     if changed.is_err() { break }
-                    wake_tasks = true;
+                    self.wake_tasks = true;
                 }
                 changed = drain_rules.changed() => {
                     if changed.is_err() { break }
-                    wake_tasks = true;
+                    self.wake_tasks = true;
                 }
                 changed = namespaces.changed() => {
                     if changed.is_err() { break }
-                    wake_tasks = true;
+                    self.wake_tasks = true;
                 }
-                Some(finished) = running.join_next() => {
-                    budgets_moved = true;
-                    if let Ok((node, finished)) = finished {
-                        workers.remove(node.uid());
-                        if finished == Finished::Released {
-                            released.insert(node.uid().to_owned(), node.name().to_owned());
-                        }
-                        self.dirty.mark(node.name());
-                    }
-                    // Forget released nodes once they are gone from the cache: a lookup each,
-                    // not a scan of the cache per finished node.
-                    released.retain(|uid, name| {
-                        shared.nodes().get(None, name).is_some_and(|node| node.metadata.uid.as_deref() == Some(uid.as_str()))
-                    });
+                Some(finished) = self.terminations.tasks.join_next() => {
+                    self.termination_finished(finished.ok());
                 }
-                Some(done) = bookkeeping.join_next() => {
-                    if let Ok(name) = done {
-                        in_bookkeeping.remove(&name);
-                    }
-                    if let Some(next) = deferred.pop_first() {
-                        self.dirty.mark(&next);
-                    }
+                Some(written) = self.finalizers.writes.join_next() => {
+                    self.finalizer_written(written.ok());
                 }
-                Some(expired) = checks.next() => {
-                    let name = expired.into_inner();
-                    scheduled.remove(&name);
-                    if let Some(node) = shared.nodes().get(None, &name) {
-                        // A leader that loses its lease mid-request stops here too.
-                        tokio::select! {
-                            () = acting.cancelled() => break,
-                            check = delete_not_ready(shared, &node) => {
-                                if check == NotReadyCheck::Held {
-                                    held.insert(name);
-                                } else {
-                                    shared.metrics.not_ready_deletions_held.set(0);
-                                }
-                            }
-                        }
+                Some(expired) = self.not_ready.timers.next() => {
+                    // A leader that loses its lease mid-request stops here too.
+                    tokio::select! {
+                        () = self.acting.cancelled() => break,
+                        () = self.not_ready_expired(expired.into_inner()) => {}
                     }
                 }
             }
         }
-        running.shutdown().await;
-        bookkeeping.shutdown().await;
+        self.terminations.tasks.shutdown().await;
+        self.finalizers.writes.shutdown().await;
+    }
+
+    /// A node the watch reported changed: its shape, its task, its finalizer, its timer.
+    /// Returns whether the NotReady fractions may have moved.
+    fn node_changed(&mut self, name: &str) -> bool {
+        let Some(node) = self.shared.nodes.get(None, name) else {
+            let gone = self.shapes.remove(name);
+            if let Some(uid) = gone.as_ref().and_then(|shape| shape.uid.as_deref()) {
+                self.shared.turns.wake(uid);
+            }
+            self.budgets_moved |= gone.is_some();
+            return gone.is_some();
+        };
+        let shape = NodeShape::of(&node);
+        let ready = shape.ready;
+        let before = self.shapes.insert(name.to_owned(), shape.clone());
+        if before.as_ref() != Some(&shape) {
+            self.budgets_moved = true;
+            if let Some(uid) = &shape.uid {
+                self.shared.turns.wake(uid);
+            }
+        }
+        if let Some(identity) = NodeIdentity::of(&node) {
+            if ours(&node) {
+                self.start_termination(identity.clone());
+            } else {
+                self.keep_finalizer(&node, identity.clone());
+            }
+            self.schedule_not_ready(&node, identity);
+        }
+        before.as_ref().map(|before| before.ready) != Some(ready)
+    }
+
+    fn start_termination(&mut self, node: NodeIdentity) {
+        let terminations = &mut self.terminations;
+        if terminations.released.contains(&node) || !terminations.running.insert(node.clone()) {
+            return;
+        }
+        let task = NodeTermination::new(Arc::clone(self.shared), node.clone());
+        let wake = self.poke.subscribe();
+        let stop = self.acting.child_token();
+        terminations
+            .tasks
+            .spawn(async move { (node.clone(), task.run(wake, stop).await) });
+    }
+
+    /// Adds our finalizer to a managed node that lacks it, or removes it from a node no
+    /// longer managed.
+    fn keep_finalizer(&mut self, node: &Node, identity: NodeIdentity) {
+        let add = self.shared.settings.manages(node);
+        let finalizers = &mut self.finalizers;
+        if node.metadata.deletion_timestamp.is_some()
+            || add == has_finalizer(node)
+            || finalizers.in_flight.contains(&identity)
+        {
+            return;
+        }
+        if finalizers.in_flight.len() >= FINALIZER_WRITES_IN_FLIGHT {
+            finalizers.deferred.insert(identity.name().to_owned());
+            return;
+        }
+        finalizers.in_flight.insert(identity.clone());
+        let client = self.shared.client.clone();
+        finalizers
+            .writes
+            .spawn(async move { set_finalizer(&client, identity, add).await });
+    }
+
+    fn schedule_not_ready(&mut self, node: &Node, identity: NodeIdentity) {
+        let Some(timeout) = self.shared.settings.not_ready_timeout else {
+            return;
+        };
+        let managed = self.shared.settings.manages(node);
+        match not_ready_due(node, timeout, managed) {
+            Some(due) => {
+                let wait = Duration::try_from(due.duration_since(Timestamp::now()))
+                    .unwrap_or(Duration::ZERO);
+                self.not_ready.schedule(identity, wait);
+            }
+            None => self.not_ready.unschedule(identity.name()),
+        }
+    }
+
+    /// The nodes the partition guard holds are checked again.
+    fn recheck_held(&mut self) {
+        for node in std::mem::take(&mut self.not_ready.held) {
+            self.not_ready.schedule(node, Duration::ZERO);
+        }
+    }
+
+    fn budgets_changed(&mut self) {
+        self.budgets_moved = true;
+        wake_granted(self.shared);
+    }
+
+    fn termination_finished(&mut self, finished: Option<(NodeIdentity, Finished)>) {
+        self.budgets_moved = true;
+        let terminations = &mut self.terminations;
+        if let Some((node, finished)) = finished {
+            terminations.running.remove(&node);
+            if finished == Finished::Released {
+                terminations.released.insert(node.clone());
+            }
+            self.dirty.mark(node.name());
+        }
+        // Forget released nodes once they are gone from the cache: a lookup each, not a scan
+        // of the cache per finished node.
+        let nodes = &self.shared.nodes;
+        terminations
+            .released
+            .retain(|node| node.cached(nodes).is_some());
+    }
+
+    fn finalizer_written(&mut self, node: Option<NodeIdentity>) {
+        if let Some(node) = node {
+            self.finalizers.in_flight.remove(&node);
+        }
+        if let Some(next) = self.finalizers.deferred.pop_first() {
+            self.dirty.mark(&next);
+        }
+    }
+
+    async fn not_ready_expired(&mut self, identity: NodeIdentity) {
+        self.not_ready.scheduled.remove(&identity);
+        let Some(node) = identity.cached(&self.shared.nodes) else {
+            return;
+        };
+        if delete_not_ready(self.shared, &node).await == NotReadyCheck::Held {
+            self.not_ready.held.insert(identity);
+        } else {
+            self.shared.metrics.not_ready_deletions_held.set(0);
+        }
     }
 }
 
@@ -299,7 +403,7 @@ async fn delete_not_ready(shared: &Shared, node: &Node) -> NotReadyCheck {
     }
     let name = node.metadata.name.as_deref().unwrap_or_default();
     let managed: Vec<Arc<Node>> = shared
-        .nodes()
+        .nodes
         .state()
         .into_iter()
         .filter(|node| shared.settings.manages(node))
@@ -352,8 +456,8 @@ async fn delete_not_ready(shared: &Shared, node: &Node) -> NotReadyCheck {
 
 /// Adds our finalizer to a managed node, or removes it from a node no longer managed: this
 /// Node object (read fresh, written with its UID and resourceVersion), never other finalizers.
-/// A failure is logged; the node's next change tries again. Returns the node's name.
-async fn set_finalizer(client: &kube::Client, node: NodeIdentity, add: bool) -> String {
+/// A failure is logged; the node's next change tries again. Returns the node.
+async fn set_finalizer(client: &kube::Client, node: NodeIdentity, add: bool) -> NodeIdentity {
     let result = if add {
         node.update(client, |node| {
             let finalizers = node.metadata.finalizers.get_or_insert_with(Vec::new);
@@ -365,20 +469,19 @@ async fn set_finalizer(client: &kube::Client, node: NodeIdentity, add: bool) -> 
         })
         .await
         .map(drop)
-        .map_err(crate::termination::StepError::from)
     } else {
         remove_finalizer(client, &node).await
     };
     if let Err(error) = result {
         tracing::warn!(node = %node, error = %Chain(&error), "could not update the node's finalizer; retried on its next change");
     }
-    node.name().to_owned()
+    node
 }
 
 /// Keeps every NodeDisruptionBudget's status current while leading, and grants waiting nodes
 /// what the budgets allow (the oldest deletion first, one status write per budget): after
 /// budget changes and node changes that may move the numbers, and when an unused grant
-/// expires. The pass wakes the waiting nodes whose verdict it changed (`Shared::set_waiting`).
+/// expires. The pass wakes the waiting nodes whose verdict it changed (`Waits::record`).
 async fn keep_statuses(
     shared: Arc<Shared>,
     mut node_changes: watch::Receiver<u64>,
@@ -419,7 +522,9 @@ async fn keep_statuses(
                 for _ in 0..refreshed.conflicts {
                     metrics.error("conflict");
                 }
-                shared.set_waiting(refreshed.waiting);
+                for uid in &refreshed.rejudged {
+                    shared.turns.wake(uid);
+                }
             }
             Err(error) => {
                 failures += 1;
@@ -495,7 +600,7 @@ fn next_budget_change(shared: &Shared) -> Option<Duration> {
     let now = shared.budgets.clock.now();
     let not_deleting = |node: &str| {
         shared
-            .nodes()
+            .nodes
             .get(None, node)
             .is_some_and(|node| node.metadata.deletion_timestamp.is_none())
     };

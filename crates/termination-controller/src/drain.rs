@@ -26,7 +26,7 @@ use crate::explain::{budget_blocks, grouped};
 use crate::metrics::{CodeLabel, ReasonLabel};
 use crate::queues::{BudgetView, Outcome, Queue, QueueKey};
 use crate::shared::Shared;
-use crate::termination::StepError;
+use crate::step::{Halt, Step};
 use crate::tiers::{Disposition, Skip, Tier, disposition};
 use crate::turns::Wake;
 
@@ -96,16 +96,6 @@ struct Answer {
     key: QueueKey,
     pod: Arc<Pod>,
     outcome: Outcome,
-}
-
-/// How a drain ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
-    Drained,
-    Stopped,
-    /// The Node (by UID) is gone or a namesake has its name: the pods watched by name may be
-    /// the namesake's now, so nothing more is sent.
-    NodeGone,
 }
 
 /// One node's drain.
@@ -202,50 +192,49 @@ impl Drain {
     /// The node's pods as the cache holds them now, each confirmed by a fresh read to be bound
     /// to this Node object; `None` when the node is gone or replaced. The drain acts on this
     /// snapshot only: a pod the watch delivers after it waits for the next confirmation.
-    async fn confirmed_pods(&mut self) -> Result<Option<Vec<Arc<Pod>>>, StepError> {
+    async fn confirmed_pods(&mut self) -> Step<Vec<Arc<Pod>>> {
         let pods = self.pods.state();
         if pods.iter().any(|pod| !self.confirmed.contains(&uid(pod))) {
-            if self.node.read(&self.shared.client).await?.is_none() {
-                return Ok(None);
-            }
+            self.node
+                .read(&self.shared.client)
+                .await?
+                .ok_or(Halt::NodeGone)?;
             self.confirmed.extend(pods.iter().map(|pod| uid(pod)));
         }
-        Ok(Some(pods))
+        Ok(pods)
     }
 
-    /// Drains until every pod that must go is gone. `report` hears what it waits for.
+    /// Drains until every pod that must go is gone (`Ok`). `report` hears what it waits for.
+    /// The node (by UID) gone or replaced ends it with [`Halt::NodeGone`]: the pods watched by
+    /// name may be the namesake's now, so nothing more is sent.
     pub async fn run(
         &mut self,
         wake: &mut Wake<'_>,
         stop: &CancellationToken,
         mut report: impl FnMut(&Waiting),
-    ) -> Result<Ended, StepError> {
+    ) -> Step {
         tokio::select! {
-            () = stop.cancelled() => return Ok(Ended::Stopped),
+            () = stop.cancelled() => return Err(Halt::Stopped),
             synced = self.pods.synced() => synced?,
         }
         let mut pod_changes = self.pods.clone();
         loop {
-            if self.node.cached(self.shared.nodes()).is_none() {
-                return Ok(Ended::NodeGone);
-            }
-            let Some(pods) = self.confirmed_pods().await? else {
-                return Ok(Ended::NodeGone);
-            };
+            self.node.cached(&self.shared.nodes).ok_or(Halt::NodeGone)?;
+            let pods = self.confirmed_pods().await?;
             if stop.is_cancelled() {
-                return Ok(Ended::Stopped);
+                return Err(Halt::Stopped);
             }
-            let next_timer = match self.step(pods) {
-                Step::Done => return Ok(Ended::Drained),
-                Step::Wait { waiting, timer } => {
+            let next_timer = match self.look(pods) {
+                Look::Done => return Ok(()),
+                Look::Wait { waiting, timer } => {
                     report(&waiting);
                     timer
                 }
             };
             let sleep = nodegrace_core::timers::sleep_until_or_forever(next_timer);
             tokio::select! {
-                () = stop.cancelled() => return Ok(Ended::Stopped),
-                changed = wake.changed() => if changed.is_err() { return Ok(Ended::Stopped) },
+                () = stop.cancelled() => return Err(Halt::Stopped),
+                changed = wake.changed() => if changed.is_err() { return Err(Halt::Stopped) },
                 changed = pod_changes.changed() => changed?,
                 Some(answer) = self.requests.join_next() => {
                     if let Ok(answer) = answer {
@@ -260,7 +249,7 @@ impl Drain {
 
     /// The NodeDrainRules that apply on this node, by its labels as cached.
     fn rules(&self) -> NodeRules {
-        let node = self.node.cached(self.shared.nodes());
+        let node = self.node.cached(&self.shared.nodes);
         let labels = node
             .as_ref()
             .and_then(|node| node.metadata.labels.as_ref())
@@ -268,15 +257,54 @@ impl Drain {
         NodeRules::for_node(&self.shared.drain_rules.state(), labels)
     }
 
-    fn step(&mut self, pods: Vec<Arc<Pod>>) -> Step {
+    /// One look at the node's pods: sorted into tiers, the deadline's deletions made, then
+    /// either a wait (do-not-evict pods, pods waited for) or the first tier's evictions sent.
+    fn look(&mut self, pods: Vec<Arc<Pod>>) -> Look {
         let now = Instant::now();
         let wall = Timestamp::now();
+        let mut sorted = self.classify(pods, now, wall);
+        if let Some(deadline) = self.deadline {
+            let remaining = sorted
+                .protected
+                .iter()
+                .map(|(pod, _)| pod)
+                .chain(sorted.tiers.values().flatten());
+            if let Some(next) =
+                self.delete_at_deadline(remaining.cloned().collect(), deadline, wall)
+            {
+                sorted.timers.push(now + next);
+            }
+        }
+        if let Some(wait) = sorted.wait(now, wall) {
+            return wait;
+        }
+        let Some((&(tier, Group::Order(order)), pods)) = sorted.tiers.iter().next() else {
+            return Look::Done;
+        };
+        self.announce_tier(tier, order, pods, &sorted.sources);
+        let left = sorted.tiers.values().map(Vec::len).sum::<usize>();
+        let message = self.dispatch(pods, now, &mut sorted.timers);
+        let mut message_head = format!("{left} pod(s) left, draining {}", tier.label());
+        if !message.is_empty() {
+            message_head.push('\n');
+            message_head.push_str(&message);
+        }
+        Look::Wait {
+            waiting: Waiting::Pods {
+                tier,
+                message: message_head,
+            },
+            timer: sorted.timers.into_iter().min(),
+        }
+    }
+
+    /// Sorts the node's pods: into tiers (by their drain rule's order, pods waited for at the
+    /// end), do-not-evict pods apart, pods left alone out (announced once when they stay
+    /// terminating); with the moments some pod's standing changes.
+    fn classify(&mut self, pods: Vec<Arc<Pod>>, now: Instant, wall: Timestamp) -> Sorted {
         let rules = self.rules();
-        let mut tiers: BTreeMap<(Tier, Group), Vec<Arc<Pod>>> = BTreeMap::new();
-        let mut sources: HashMap<String, Source> = HashMap::new();
-        let mut protected: Vec<(Arc<Pod>, Option<Timestamp>)> = Vec::new();
-        let mut timers: Vec<Instant> = Vec::new();
         let stuck_after = self.shared.settings.stuck_terminating_after;
+        let mut sorted = Sorted::default();
         for pod in pods {
             match stuck_terminating(&pod, stuck_after, wall) {
                 Stuck::Since => {
@@ -298,107 +326,66 @@ impl Drain {
                 }
                 Stuck::From(at) => {
                     let wait = Duration::try_from(at.duration_since(wall)).unwrap_or_default();
-                    timers.push(now + wait);
+                    sorted.timers.push(now + wait);
                 }
                 Stuck::No => {}
             }
             let rule = self.shared.drain_rule(&rules, &pod);
-            match disposition(&pod, wall, &rule) {
+            let group = match disposition(&pod, wall, &rule) {
                 Disposition::Skip(Skip::Terminal) if pod.metadata.deletion_timestamp.is_some() => {
                     self.announce_left(&pod, "it has finished");
+                    continue;
                 }
-                Disposition::Skip(_) => {}
-                Disposition::DoNotEvict { until } => protected.push((pod, until)),
-                Disposition::WaitCompleted(tier) => {
-                    sources.insert(uid(&pod), rule.source);
-                    tiers
-                        .entry((tier, Group::Completion))
-                        .or_default()
-                        .push(pod);
+                Disposition::Skip(_) => continue,
+                Disposition::DoNotEvict { until } => {
+                    sorted.protected.push((pod, until));
+                    continue;
                 }
-                Disposition::Evict { tier, order } => {
-                    sources.insert(uid(&pod), rule.source);
-                    tiers
-                        .entry((tier, Group::Order(order)))
-                        .or_default()
-                        .push(pod);
-                }
-            }
-        }
-        if let Some(deadline) = self.deadline {
-            let remaining = protected
-                .iter()
-                .map(|(pod, _)| pod)
-                .chain(tiers.values().flatten());
-            if let Some(next) =
-                self.delete_at_deadline(remaining.cloned().collect(), deadline, wall)
-            {
-                timers.push(now + next);
-            }
-        }
-        if !protected.is_empty() {
-            let wakes = protected.iter().filter_map(|(_, until)| *until).min();
-            if let Some(until) = wakes {
-                let wait = Duration::try_from(until.duration_since(wall)).unwrap_or_default();
-                timers.push(now + wait);
-            }
-            let message = grouped(protected.iter().map(|(pod, until)| {
-                let why = match until {
-                    None => {
-                        "nodegrace.io/do-not-evict; the node waits until they are gone".to_owned()
-                    }
-                    Some(until) => format!("nodegrace.io/do-not-evict until {until}"),
-                };
-                (pod_name(pod), why)
-            }));
-            return Step::Wait {
-                waiting: Waiting::DoNotEvict(message),
-                timer: timers.into_iter().min(),
+                Disposition::WaitCompleted(tier) => (tier, Group::Completion),
+                Disposition::Evict { tier, order } => (tier, Group::Order(order)),
             };
+            sorted.sources.insert(uid(&pod), rule.source);
+            sorted.tiers.entry(group).or_default().push(pod);
         }
-        let Some((&(tier, group), pods)) = tiers.iter().next() else {
-            return Step::Done;
-        };
-        let rules_of = |pods: &[Arc<Pod>]| {
-            let mut names: Vec<String> = pods
-                .iter()
-                .filter_map(|pod| sources.get(&uid(pod)))
-                .filter(|source| **source != Source::Default)
-                .map(ToString::to_string)
-                .collect();
-            names.sort();
-            names.dedup();
-            names
-        };
-        let Group::Order(order) = group else {
-            let message = grouped(pods.iter().map(|pod| {
-                let source = sources
-                    .get(&uid(pod))
-                    .map_or_else(String::new, ToString::to_string);
-                (
-                    pod_name(pod),
-                    format!("{source}: WaitCompleted; the drain waits for them to finish"),
-                )
-            }));
-            return Step::Wait {
-                waiting: Waiting::Completion(message),
-                timer: timers.into_iter().min(),
-            };
-        };
-        if self.started_tiers.insert((tier, order)) {
-            let rules = rules_of(pods);
-            let by = if rules.is_empty() {
-                String::new()
-            } else {
-                format!(" (order {order}: {})", rules.join(", "))
-            };
-            self.shared.reporter.event(EventReport::normal(
-                node_reference(self.node.name()),
-                "DrainingTier",
-                "Drain",
-                format!("Evicting {} {}{by}", pods.len(), tier.label()),
-            ));
+        sorted
+    }
+
+    /// An Event when a tier (an order within it) begins its evictions.
+    fn announce_tier(
+        &mut self,
+        tier: Tier,
+        order: i32,
+        pods: &[Arc<Pod>],
+        sources: &HashMap<String, Source>,
+    ) {
+        if !self.started_tiers.insert((tier, order)) {
+            return;
         }
+        let mut rules: Vec<String> = pods
+            .iter()
+            .filter_map(|pod| sources.get(&uid(pod)))
+            .filter(|source| **source != Source::Default)
+            .map(ToString::to_string)
+            .collect();
+        rules.sort();
+        rules.dedup();
+        let by = if rules.is_empty() {
+            String::new()
+        } else {
+            format!(" (order {order}: {})", rules.join(", "))
+        };
+        self.shared.reporter.event(EventReport::normal(
+            node_reference(self.node.name()),
+            "DrainingTier",
+            "Drain",
+            format!("Evicting {} {}{by}", pods.len(), tier.label()),
+        ));
+    }
+
+    /// Sends what each of the tier's queues may send now (one eviction per PodDisruptionBudget
+    /// queue, pods no budget covers up to --eviction-concurrency), and adds when the others
+    /// wake to `timers`. Returns what holds the tier's pods, grouped.
+    fn dispatch(&mut self, pods: &[Arc<Pod>], now: Instant, timers: &mut Vec<Instant>) -> String {
         let budgets = self.shared.pdbs.state();
         let mut pending: BTreeMap<QueueKey, Vec<Arc<Pod>>> = BTreeMap::new();
         let mut leaving: Vec<(String, String)> = Vec::new();
@@ -464,17 +451,7 @@ impl Drain {
             }
         }
         self.shared.metrics.queue_depth.set(self.node.uid(), depth);
-        let left = tiers.values().map(Vec::len).sum::<usize>();
-        let mut message = format!("{left} pod(s) left, draining {}", tier.label());
-        let details = grouped(blocked.into_iter().chain(leaving));
-        if !details.is_empty() {
-            message.push('\n');
-            message.push_str(&details);
-        }
-        Step::Wait {
-            waiting: Waiting::Pods { tier, message },
-            timer: timers.into_iter().min(),
-        }
+        grouped(blocked.into_iter().chain(leaving))
     }
 
     fn answered(&mut self, answer: Answer) {
@@ -637,12 +614,74 @@ pub fn stuck_terminating(pod: &Pod, after: Duration, now: Timestamp) -> Stuck {
     }
 }
 
-enum Step {
+/// What one look at the pods found.
+enum Look {
     Done,
     Wait {
         waiting: Waiting,
         timer: Option<Instant>,
     },
+}
+
+/// The node's pods as one look sorts them.
+#[derive(Default)]
+struct Sorted {
+    /// Pods to evict or wait for, by tier and group, in drain order.
+    tiers: BTreeMap<(Tier, Group), Vec<Arc<Pod>>>,
+    /// Which drain rule each of them follows (by pod UID).
+    sources: HashMap<String, Source>,
+    /// do-not-evict pods, with when their protection ends (none: never).
+    protected: Vec<(Arc<Pod>, Option<Timestamp>)>,
+    /// When some pod's standing changes by time alone.
+    timers: Vec<Instant>,
+}
+
+impl Sorted {
+    /// The wait before any eviction, if one holds the drain: do-not-evict pods (Karpenter's
+    /// rule: none starts while one is there), or the first tier's pods a drain rule says to
+    /// wait for.
+    fn wait(&mut self, now: Instant, wall: Timestamp) -> Option<Look> {
+        if !self.protected.is_empty() {
+            let wakes = self.protected.iter().filter_map(|(_, until)| *until).min();
+            if let Some(until) = wakes {
+                let wait = Duration::try_from(until.duration_since(wall)).unwrap_or_default();
+                self.timers.push(now + wait);
+            }
+            let message = grouped(self.protected.iter().map(|(pod, until)| {
+                let why = match until {
+                    None => {
+                        "nodegrace.io/do-not-evict; the node waits until they are gone".to_owned()
+                    }
+                    Some(until) => format!("nodegrace.io/do-not-evict until {until}"),
+                };
+                (pod_name(pod), why)
+            }));
+            return Some(self.wait_for(Waiting::DoNotEvict(message)));
+        }
+        let (_, pods) = self
+            .tiers
+            .iter()
+            .next()
+            .filter(|((_, group), _)| *group == Group::Completion)?;
+        let message = grouped(pods.iter().map(|pod| {
+            let source = self
+                .sources
+                .get(&uid(pod))
+                .map_or_else(String::new, ToString::to_string);
+            (
+                pod_name(pod),
+                format!("{source}: WaitCompleted; the drain waits for them to finish"),
+            )
+        }));
+        Some(self.wait_for(Waiting::Completion(message)))
+    }
+
+    fn wait_for(&mut self, waiting: Waiting) -> Look {
+        Look::Wait {
+            waiting,
+            timer: std::mem::take(&mut self.timers).into_iter().min(),
+        }
+    }
 }
 
 fn preconditions(pod: &Pod) -> Preconditions {

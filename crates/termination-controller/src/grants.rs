@@ -23,6 +23,7 @@ use crate::api::{
 };
 use crate::budget::{Limit, NodeFacts, Numbers, SpecError, numbers, selects};
 use crate::fresh_nodes::{FreshNodes, Nodes};
+use crate::waits::{Refusal, Verdict, Waits};
 use crate::windows::{Gate, Windows};
 
 /// How long a grant for a node that was never deleted is kept (the disruption controller's
@@ -62,73 +63,6 @@ pub fn facts(node: &Node) -> NodeFacts<'_> {
 /// it fails closed, and its condition says what to fix.
 pub fn covers(budget: &NodeDisruptionBudget, node: &NodeFacts<'_>) -> bool {
     selects(&budget.spec, node.labels).unwrap_or(true)
-}
-
-/// Why a node is not granted by one budget.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
-    Exhausted(Numbers),
-    Invalid(SpecError),
-    /// Outside every maintenance window; `next` is when the next opens (in its time zone).
-    OutsideWindows {
-        next: Option<String>,
-    },
-    /// The window open now has started the `max` disruptions it allows.
-    WindowSpent {
-        max: i32,
-        next: Option<String>,
-    },
-}
-
-impl Refusal {
-    /// Whether the node waits for a maintenance window (rather than for nodes to recover).
-    pub fn is_window(&self) -> bool {
-        matches!(self, Self::OutsideWindows { .. } | Self::WindowSpent { .. })
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let next = |next: &Option<String>| {
-            next.as_ref().map_or_else(
-                || "no window opens again".to_owned(),
-                |next| format!("the next opens at {next}"),
-            )
-        };
-        match self {
-            Self::Exhausted(numbers) => write!(f, "{numbers}"),
-            Self::Invalid(error) => write!(f, "the budget is invalid and holds its nodes: {error}"),
-            Self::OutsideWindows { next: at } => {
-                write!(f, "outside its maintenance windows; {}", next(at))
-            }
-            Self::WindowSpent { max, next: at } => write!(
-                f,
-                "the {max} disruption(s) its maintenance window allows have started; {}",
-                next(at)
-            ),
-        }
-    }
-}
-
-impl Verdict {
-    /// Whether a node waiting with `self` sees nothing new in `other`: the same budget and the
-    /// same refusal, a window's times included, but not the numbers, which move with every
-    /// node of the budget and are in its status.
-    pub fn same_wait(&self, other: &Self) -> bool {
-        match (self, other) {
-            (
-                Self::Waiting {
-                    budget: a,
-                    refusal: Refusal::Exhausted(_),
-                },
-                Self::Waiting {
-                    budget: b,
-                    refusal: Refusal::Exhausted(_),
-                },
-            ) => a == b,
-            _ => self == other,
-        }
-    }
 }
 
 /// What a budget's spec says, read: its limit and its windows.
@@ -219,13 +153,6 @@ impl Units {
     }
 }
 
-/// The answer for a node: granted by every budget covering it, or waiting on `budget`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    Granted { budgets: Vec<String> },
-    Waiting { budget: String, refusal: Refusal },
-}
-
 /// What the budget numbers are computed from.
 #[derive(Debug, Clone)]
 pub struct Budgets {
@@ -236,6 +163,8 @@ pub struct Budgets {
     pub fresh: Arc<FreshNodes>,
     /// Grant times, expiries and maintenance windows are read off this clock.
     pub clock: Arc<dyn Clock>,
+    /// The last granting pass's verdicts ([`refresh_statuses`]).
+    pub waits: Waits,
 }
 
 impl Budgets {
@@ -243,6 +172,26 @@ impl Budgets {
     /// covered by the same two budgets never hold one each while waiting for the other.
     pub fn covering(&self, node: &NodeFacts<'_>) -> Vec<Arc<NodeDisruptionBudget>> {
         covering(&self.cache.state(), node)
+    }
+
+    /// The budgets covering `node` that have all granted it (by name), or `None` while one
+    /// has not: the cache's answer, which the leader's allocation writes.
+    pub fn granted(&self, node: &Node) -> Option<Vec<String>> {
+        let covering = self.covering(&facts(node));
+        covering
+            .iter()
+            .all(|budget| budget.has_granted(node))
+            .then(|| {
+                covering
+                    .iter()
+                    .map(|budget| budget.name().to_owned())
+                    .collect()
+            })
+    }
+
+    /// Why `node` (by UID) waits, as the leader's last granting pass judged it.
+    pub fn waiting_on(&self, uid: &str) -> Option<Verdict> {
+        self.waits.of(uid)
     }
 
     /// Takes the grants `node` still lacks, in name order, stopping at the first budget that
@@ -792,8 +741,9 @@ pub struct Refreshed {
     pub allowed: Vec<(String, i32)>,
     /// The budgets whose spec is invalid (they hold every node they may cover).
     pub invalid: HashSet<String>,
-    /// Why each waiting node waits.
-    pub waiting: HashMap<String, Verdict>,
+    /// The waiting nodes (by UID) whose wait the pass changed: granted, or waiting on
+    /// something new ([`Waits::record`]).
+    pub rejudged: Vec<String>,
     /// Status writes refused with a 409 (left to the next pass, which the watch triggers).
     pub conflicts: u32,
 }
@@ -847,10 +797,7 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
         mut started,
         waiting,
     } = allocation;
-    let mut refreshed = Refreshed {
-        waiting,
-        ..Refreshed::default()
-    };
+    let mut refreshed = Refreshed::default();
     for budget in cached {
         let mut updated = (*budget).clone();
         if let Some(new) = grants.remove(budget.name()) {
@@ -890,6 +837,9 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
             Err(error) => return Err(error),
         }
     }
+    // Once the grants are written: a failed pass leaves the old verdicts, and their changes
+    // are reported by the next.
+    refreshed.rejudged = budgets.waits.record(waiting);
     Ok(refreshed)
 }
 
@@ -932,23 +882,6 @@ fn moved_budgets(
         }
     }
     moved
-}
-
-impl Budgets {
-    /// The budgets covering `node` that have all granted it (by name), or `None` while one
-    /// has not: the cache's answer, which the leader's allocation writes.
-    pub fn granted(&self, node: &Node) -> Option<Vec<String>> {
-        let covering = self.covering(&facts(node));
-        covering
-            .iter()
-            .all(|budget| budget.has_granted(node))
-            .then(|| {
-                covering
-                    .iter()
-                    .map(|budget| budget.name().to_owned())
-                    .collect()
-            })
-    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX};
+use crate::conditions::Reason;
 
 /// The step a hook holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,10 +25,10 @@ impl Stage {
     }
 
     /// The `Terminating` condition's reason while the node waits at this stage.
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> Reason {
         match self {
-            Self::PreDrain => "AwaitingPreDrainHooks",
-            Self::PreTerminate => "AwaitingPreTerminateHooks",
+            Self::PreDrain => Reason::AwaitingPreDrainHooks,
+            Self::PreTerminate => Reason::AwaitingPreTerminateHooks,
         }
     }
 

@@ -22,10 +22,11 @@ use serde::Serialize;
 use crate::api::{FINALIZER, NodeDisruptionBudget, NodeDrainRule};
 use crate::drain_rules::{NO_LABELS, NodeRules, Source};
 use crate::explain::never_allows;
-use crate::grants::{Verdict, verdict};
+use crate::grants::verdict;
 use crate::hooks::{self, Stage};
 use crate::queues::QueueKey;
 use crate::tiers::{Disposition, Skip, Tier, disposition};
+use crate::waits::Verdict;
 
 /// Everything a plan is made from.
 #[derive(Debug, Clone)]

@@ -1,7 +1,6 @@
 //! What every node's termination shares: clients, caches, limits, reporting.
 
-use std::collections::HashMap;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use governor::DefaultDirectRateLimiter;
@@ -17,7 +16,7 @@ use nodegrace_core::k8s::watched::Watched;
 
 use crate::api::NodeDrainRule;
 use crate::drain_rules::{Applied, NodeRules};
-use crate::grants::{Budgets, Verdict};
+use crate::grants::Budgets;
 use crate::metrics::Metrics;
 use crate::turns::Turns;
 
@@ -50,6 +49,8 @@ pub struct Shared {
     pub reporter: Reporter,
     pub metrics: Metrics,
     pub settings: Settings,
+    /// Every node, as watched. The budgets are handed the same cache.
+    pub nodes: Watched<Node>,
     pub budgets: Budgets,
     pub pdbs: Watched<PodDisruptionBudget>,
     pub drain_rules: Watched<NodeDrainRule>,
@@ -57,18 +58,11 @@ pub struct Shared {
     pub namespaces: Watched<Namespace>,
     pub attachments: Watched<VolumeAttachment>,
     pub provider: Option<Arc<dyn InstanceProvider>>,
-    /// Why each node waiting for its budgets waits (by UID), from the leader's last
-    /// allocation pass.
-    pub waiting: RwLock<Arc<HashMap<String, Verdict>>>,
     /// The waiting nodes' own wake-ups.
     pub turns: Turns,
 }
 
 impl Shared {
-    pub fn nodes(&self) -> &Watched<Node> {
-        &self.budgets.nodes
-    }
-
     /// The drain rule `pod` follows among the node's `rules`.
     pub fn drain_rule(&self, rules: &NodeRules, pod: &Pod) -> Applied {
         let namespace = self
@@ -79,33 +73,6 @@ impl Shared {
             .and_then(|namespace| namespace.metadata.labels.as_ref())
             .unwrap_or(&crate::drain_rules::NO_LABELS);
         rules.applied(pod, labels)
-    }
-
-    /// Records the pass's verdicts and wakes the nodes whose wait they changed (granted, or
-    /// waiting on something new; not a budget's numbers moving).
-    pub fn set_waiting(&self, waiting: HashMap<String, Verdict>) {
-        let new = Arc::new(waiting);
-        let old = std::mem::replace(
-            &mut *self.waiting.write().unwrap_or_else(PoisonError::into_inner),
-            Arc::clone(&new),
-        );
-        for (uid, verdict) in new.iter() {
-            if old.get(uid).is_none_or(|before| !before.same_wait(verdict)) {
-                self.turns.wake(uid);
-            }
-        }
-        for uid in old.keys().filter(|uid| !new.contains_key(*uid)) {
-            self.turns.wake(uid);
-        }
-    }
-
-    /// Why the node with `uid` waits, if the last allocation pass saw it waiting.
-    pub fn waiting_on(&self, uid: &str) -> Option<Verdict> {
-        self.waiting
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(uid)
-            .cloned()
     }
 }
 

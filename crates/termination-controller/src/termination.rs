@@ -1,5 +1,6 @@
 //! One node's termination, from its deletion to the removal of our finalizer: budgets →
-//! pre-drain hooks → cordon → drain → volumes → pre-terminate hooks → machine → finalizer. Every step starts by looking at what is
+//! pre-drain hooks → cordon → drain → volumes → pre-terminate hooks → machine → finalizer
+//! (the map of the steps is at the top of the crate). Every step starts by looking at what is
 //! already done, so a restarted controller (or a new leader) picks a node up where it was:
 //! grants are in the budgets' status, the cordon on the node, a terminate request in an
 //! annotation, and the machine's state at the provider.
@@ -20,26 +21,19 @@ use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::nodes::{Readiness, has_condition, readiness};
 use nodegrace_core::k8s::reporter::ConditionGuard;
 use nodegrace_core::k8s::volumes::Staying;
-use nodegrace_core::k8s::watched::WatchEnded;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{DISRUPTED_TAINT, EXCLUDE_FROM_LOAD_BALANCERS, FINALIZER};
-use crate::drain::{self, Drain, Waiting};
-use crate::grants::{Refusal, Verdict};
+use crate::conditions::{DRAIN_IN_PROGRESS, DRAINED, MAINTENANCE_PLANNED, Reason, TERMINATING};
+use crate::drain::{Drain, Waiting};
 use crate::hooks::{self, Stage};
 use crate::shared::Shared;
+use crate::step::{Finished, Halt, Step};
 use crate::tiers::disrupted_taint;
-use crate::turns::Wake;
+use crate::turns::{Turn, Wake};
+use crate::waits::{Refusal, Verdict};
 
-pub const TERMINATING: &str = "Terminating";
-pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
-pub const DRAINED: &str = "Drained";
-/// KEP-5683's condition for a node expected to undergo maintenance: True while the node waits
-/// for its NodeDisruptionBudgets or their maintenance windows.
-pub const MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
-/// KEP-5683's reason for a drain that met its criteria.
-const DRAIN_COMPLETED: &str = "DrainCompleted";
 /// When the terminate request was accepted: a restarted controller waits for that request to
 /// finish instead of sending a second one.
 pub const TERMINATE_REQUESTED: &str = "nodegrace.io/terminate-requested-at";
@@ -56,18 +50,6 @@ const WRITE_BACKOFF: Backoff = Backoff {
     longest: Duration::from_secs(30),
 };
 
-/// How a node's termination ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finished {
-    /// Our finalizer is removed, or the Node (by UID) is gone: someone else let it go, and a
-    /// namesake that may have taken its name is none of this task's business.
-    Released,
-    /// Not ours to do (not deleting, or no finalizer of ours).
-    NotOurs,
-    /// Leadership lost or the program stopping.
-    Stopped,
-}
-
 /// One node's termination task.
 #[derive(Debug)]
 pub struct NodeTermination {
@@ -76,7 +58,7 @@ pub struct NodeTermination {
     node: NodeIdentity,
     /// The reason and message last written per condition type, so a wait that goes on
     /// writes nothing more.
-    reported: HashMap<&'static str, (String, String)>,
+    reported: HashMap<&'static str, (Reason, String)>,
     announced: HashSet<String>,
     /// Since when every provider answer said the machine is not found.
     not_found_since: Option<tokio::time::Instant>,
@@ -95,44 +77,50 @@ impl NodeTermination {
 
     /// The node as cached, if it is still this Node object.
     fn current(&self) -> Option<Arc<Node>> {
-        self.node.cached(self.shared.nodes())
+        self.node.cached(&self.shared.nodes)
     }
 
-    fn condition(&mut self, reason: &str, message: String) {
+    /// `Terminating=True` with `reason`, unless that is what this task last wrote.
+    fn condition(&mut self, reason: Reason, message: String) {
         self.true_once(TERMINATING, reason, message);
     }
 
     /// Sets condition `type_` True with `reason` and `message`, unless that is what this task
     /// last wrote for it.
-    fn true_once(&mut self, type_: &'static str, reason: &str, message: String) {
-        let key = (reason.to_owned(), message.clone());
+    fn true_once(&mut self, type_: &'static str, reason: Reason, message: String) {
+        let key = (reason, message.clone());
         if self.reported.get(type_) == Some(&key) {
             return;
         }
         self.reported.insert(type_, key);
+        self.write_condition(type_, "True", reason, message);
+    }
+
+    fn write_condition(&self, type_: &str, status: &str, reason: Reason, message: String) {
         self.shared.reporter.condition(
             self.node.name(),
-            ConditionSpec::new(type_, "True", reason, message),
+            ConditionSpec::new(type_, status, reason.as_str(), message),
             ConditionGuard::Always,
         );
     }
 
-    /// `MaintenancePlanned=True` while the node waits for a budget: reason `MaintenanceWindow`
-    /// when it waits for a window, `AwaitingBudget` otherwise.
-    fn maintenance_planned(&mut self, reason: &str, message: String) {
-        self.true_once(MAINTENANCE_PLANNED, reason, message);
+    /// A condition whose reason always says the same ([`Reason::message`]).
+    fn fixed_condition(&self, type_: &str, status: &str, reason: Reason) {
+        let message = reason.message().unwrap_or_default();
+        self.write_condition(type_, status, reason, message.to_owned());
     }
 
     /// The wait is over: `MaintenancePlanned` turns False where it was True (a node granted at
     /// once never gets it).
     fn maintenance_started(&self) {
+        let reason = Reason::DisruptionGranted;
         self.shared.reporter.condition(
             self.node.name(),
             ConditionSpec::new(
                 MAINTENANCE_PLANNED,
                 "False",
-                "DisruptionGranted",
-                "Its NodeDisruptionBudgets granted the disruption; the node is being terminated",
+                reason.as_str(),
+                reason.message().unwrap_or_default(),
             ),
             ConditionGuard::OnlyReplacing("True"),
         );
@@ -155,119 +143,33 @@ impl NodeTermination {
     pub async fn run(mut self, mut wake: watch::Receiver<()>, stop: CancellationToken) -> Finished {
         let mut failures = 0;
         loop {
-            let result = self.attempt(&mut wake, &stop).await;
-            match result {
+            let halt = match self.attempt(&mut wake, &stop).await {
+                Ok(()) => return Finished::Released,
+                Err(halt) => halt,
+            };
+            let error = match halt.finished() {
                 Ok(finished) => return finished,
-                Err(error) => {
-                    failures += 1;
-                    self.shared.metrics.error(error.kind());
-                    let delay = WRITE_BACKOFF.delay(failures);
-                    tracing::warn!(node = %self.node, error = %Chain(&error), retry_in = ?delay, "node termination step failed");
-                    tokio::select! {
-                        () = stop.cancelled() => return Finished::Stopped,
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                }
+                Err(error) => error,
+            };
+            failures += 1;
+            self.shared.metrics.error(error.kind());
+            let delay = WRITE_BACKOFF.delay(failures);
+            tracing::warn!(node = %self.node, error = %Chain(&error), retry_in = ?delay, "node termination step failed");
+            tokio::select! {
+                () = stop.cancelled() => return Finished::Stopped,
+                () = tokio::time::sleep(delay) => {}
             }
         }
     }
 
-    async fn attempt(
-        &mut self,
-        wake: &mut watch::Receiver<()>,
-        stop: &CancellationToken,
-    ) -> Result<Finished, StepError> {
-        // 1. Every budget covering the node grants its disruption. The leader's allocation
-        // pass writes the grants (oldest deletion first); this task waits to see them, woken
-        // only when its own verdict, Node or grant changes (`turns`). A node already cordoned
-        // has begun its disruption and counts as disrupted everywhere.
+    /// The steps in order, each skipped where what it does is already done. The steps that
+    /// hold requests are boxed: a task waiting its turn then costs only the wait's memory.
+    async fn attempt(&mut self, wake: &mut watch::Receiver<()>, stop: &CancellationToken) -> Step {
+        // 2. Budgets (1, the finalizer, is the leader's). Woken only when its own verdict, Node
+        // or grant changes (`turns`).
         let shared = Arc::clone(&self.shared);
         let mut turn = shared.turns.wait(self.node.uid());
-        let node = loop {
-            let Some(node) = self.current() else {
-                return Ok(Finished::Released);
-            };
-            if !ours(&node) {
-                return Ok(Finished::NotOurs);
-            }
-            if cordoned(&node) {
-                break node;
-            }
-            if let Some(budgets) = self.shared.budgets.granted(&node) {
-                if let Some((budget, numbers)) =
-                    Box::pin(self.shared.budgets.overspent(&node)).await?
-                {
-                    self.announce(
-                        &format!("regranted:{budget}"),
-                        false,
-                        "AwaitingBudget",
-                        format!(
-                            "Grant of NodeDisruptionBudget {budget} given back before the cordon: {numbers}, with this node counted (a node of it turned NotReady since the grant)"
-                        ),
-                    );
-                    Box::pin(self.shared.budgets.release(&node, &budgets)).await?;
-                    tokio::select! {
-                        () = stop.cancelled() => return Ok(Finished::Stopped),
-                        () = turn.woken() => {}
-                    }
-                    continue;
-                }
-                if !budgets.is_empty() {
-                    self.announce(
-                        "granted",
-                        false,
-                        "DisruptionGranted",
-                        format!("Granted by NodeDisruptionBudget(s) {}", budgets.join(", ")),
-                    );
-                }
-                break node;
-            }
-            // A node the leader's pass has not judged yet waits for it: the pass judges every
-            // waiting node and wakes those it judged anew. Judging here instead costs a scan of
-            // every cached node per waiting node — a rollout of 5,000 spent three quarters of
-            // its CPU on it.
-            if let Some(Verdict::Waiting { budget, refusal }) =
-                self.shared.waiting_on(self.node.uid())
-            {
-                let invalid = matches!(refusal, Refusal::Invalid(_));
-                self.announce(
-                    &format!("waiting:{budget}:{invalid}"),
-                    invalid,
-                    "AwaitingBudget",
-                    format!("Waiting for NodeDisruptionBudget {budget}: {refusal}"),
-                );
-                // Without the budget's numbers, which change with every node that comes or
-                // goes: one write per waiting node, not one per change.
-                let planned = match &refusal {
-                    Refusal::Exhausted(_) => format!(
-                        "NodeDisruptionBudget {budget}: too few of its nodes are available now"
-                    ),
-                    Refusal::Invalid(_) => {
-                        format!("NodeDisruptionBudget {budget}: the budget is invalid")
-                    }
-                    Refusal::OutsideWindows { .. } | Refusal::WindowSpent { .. } => {
-                        format!("NodeDisruptionBudget {budget}: {refusal}")
-                    }
-                };
-                let reason = if refusal.is_window() {
-                    "MaintenanceWindow"
-                } else {
-                    "AwaitingBudget"
-                };
-                // Nor the condition: it is written when the wait changes, not at every node of
-                // the budget that comes or goes (the budget's status has the numbers).
-                let waiting = match &refusal {
-                    Refusal::Exhausted(_) => planned.clone(),
-                    _ => format!("NodeDisruptionBudget {budget}: {refusal}"),
-                };
-                self.maintenance_planned(reason, planned);
-                self.condition("AwaitingBudget", waiting);
-            }
-            tokio::select! {
-                () = stop.cancelled() => return Ok(Finished::Stopped),
-                () = turn.woken() => {}
-            }
-        };
+        let node = Box::pin(self.await_grant(&mut turn, stop)).await?;
         // From here on the task wakes on its own Node's changes and on what every drain reads,
         // not on every node's change ([`Wake`]).
         let mut wake = Wake::new(turn, wake.clone());
@@ -279,68 +181,137 @@ impl NodeTermination {
         {
             self.maintenance_started();
         }
-        // 2. Pre-drain hooks, unless the drain has begun already (a restart mid-drain).
-        if !cordoned(&node)
-            && let Some(finished) = Box::pin(self.await_hooks(Stage::PreDrain, wake, stop))
-                .await?
-                .finished()
-        {
-            return Ok(finished);
-        }
-        // 3. Cordon.
+        // 3. Pre-drain hooks and 4. the cordon, unless the drain has begun already (a restart
+        // mid-drain).
         if !cordoned(&node) {
-            if Box::pin(self.cordon()).await? == Updated::Gone {
-                return Ok(Finished::Released);
-            }
-            self.announce(
-                "cordoned",
-                false,
-                "Cordoned",
-                format!("Cordoned: taint {DISRUPTED_TAINT}:NoSchedule, unschedulable, excluded from external load balancers"),
-            );
+            Box::pin(self.await_hooks(Stage::PreDrain, wake, stop)).await?;
+            Box::pin(self.cordon()).await?;
         }
-        // 4. Drain, unless nothing can run there any more.
+        // 5.–7. Drain, unless nothing can run there any more.
         let deleted = node.metadata.deletion_timestamp.as_ref().map(|time| time.0);
-        let stopped_machine = Box::pin(self.stopped_machine(&node)).await;
-        let staying = if let Some(why) = stopped_machine {
-            self.announce(
-                "drain-skipped",
-                false,
-                "DrainSkipped",
-                format!("{why}: the drain and the volume wait are skipped"),
-            );
-            self.condition(
-                "TerminatingInstance",
-                format!("{why}: the drain and the volume wait are skipped"),
-            );
-            None
-        } else {
-            match Box::pin(self.drain(wake, stop, deleted)).await? {
-                DrainEnd::Drained(staying) => Some(staying),
-                DrainEnd::Stopped => return Ok(Finished::Stopped),
-                DrainEnd::NodeGone => return Ok(Finished::Released),
+        let staying = match Box::pin(self.stopped_machine(&node)).await {
+            Some(why) => {
+                let why = format!("{why}: the drain and the volume wait are skipped");
+                self.announce("drain-skipped", false, "DrainSkipped", why.clone());
+                self.condition(Reason::TerminatingInstance, why);
+                None
+            }
+            None => Some(Box::pin(self.drain(wake, stop, deleted)).await?),
+        };
+        // 8. Volumes.
+        if let Some(staying) = staying {
+            Box::pin(self.volumes_detached(wake, stop, &staying)).await?;
+        }
+        // 9. Pre-terminate hooks, then 10. the machine.
+        Box::pin(self.await_hooks(Stage::PreTerminate, wake, stop)).await?;
+        Box::pin(self.terminate_instance(stop)).await?;
+        // 11. Release.
+        Box::pin(self.release(deleted)).await
+    }
+
+    /// Step 2: until every budget covering the node grants its disruption. The leader's
+    /// granting pass writes the grants (oldest deletion first); this task waits to see them.
+    /// A node already cordoned has begun its disruption and counts as disrupted everywhere.
+    async fn await_grant(
+        &mut self,
+        turn: &mut Turn<'_>,
+        stop: &CancellationToken,
+    ) -> Step<Arc<Node>> {
+        loop {
+            let node = self.current().ok_or(Halt::NodeGone)?;
+            if !ours(&node) {
+                return Err(Halt::NotOurs);
+            }
+            if cordoned(&node) {
+                return Ok(node);
+            }
+            if let Some(budgets) = self.shared.budgets.granted(&node) {
+                if !Box::pin(self.gave_back_overspent(&node, &budgets)).await? {
+                    if !budgets.is_empty() {
+                        self.announce(
+                            "granted",
+                            false,
+                            Reason::DisruptionGranted.as_str(),
+                            format!("Granted by NodeDisruptionBudget(s) {}", budgets.join(", ")),
+                        );
+                    }
+                    return Ok(node);
+                }
+            } else if let Some(Verdict::Waiting { budget, refusal }) =
+                // A node the leader's pass has not judged yet waits for it: the pass judges
+                // every waiting node and wakes those it judged anew. Judging here instead
+                // costs a scan of every cached node per waiting node — a rollout of 5,000
+                // spent three quarters of its CPU on it.
+                self.shared.budgets.waiting_on(self.node.uid())
+            {
+                self.report_wait(&budget, &refusal);
+            }
+            tokio::select! {
+                () = stop.cancelled() => return Err(Halt::Stopped),
+                () = turn.woken() => {}
+            }
+        }
+    }
+
+    /// Whether a grant of `budgets` was given back: on a fresh read, one of them is now
+    /// over-spent with this node counted (a node of it turned NotReady since the grant).
+    async fn gave_back_overspent(&mut self, node: &Node, budgets: &[String]) -> Step<bool> {
+        let Some((budget, numbers)) = Box::pin(self.shared.budgets.overspent(node)).await? else {
+            return Ok(false);
+        };
+        self.announce(
+            &format!("regranted:{budget}"),
+            false,
+            Reason::AwaitingBudget.as_str(),
+            format!(
+                "Grant of NodeDisruptionBudget {budget} given back before the cordon: {numbers}, with this node counted (a node of it turned NotReady since the grant)"
+            ),
+        );
+        Box::pin(self.shared.budgets.release(node, budgets)).await?;
+        Ok(true)
+    }
+
+    /// What the node waits for, in an Event per new wait and in its conditions.
+    fn report_wait(&mut self, budget: &str, refusal: &Refusal) {
+        let invalid = matches!(refusal, Refusal::Invalid(_));
+        self.announce(
+            &format!("waiting:{budget}:{invalid}"),
+            invalid,
+            Reason::AwaitingBudget.as_str(),
+            format!("Waiting for NodeDisruptionBudget {budget}: {refusal}"),
+        );
+        // Without the budget's numbers, which change with every node that comes or goes: one
+        // write per waiting node, not one per change.
+        let planned = match refusal {
+            Refusal::Exhausted(_) => {
+                format!("NodeDisruptionBudget {budget}: too few of its nodes are available now")
+            }
+            Refusal::Invalid(_) => format!("NodeDisruptionBudget {budget}: the budget is invalid"),
+            Refusal::OutsideWindows { .. } | Refusal::WindowSpent { .. } => {
+                format!("NodeDisruptionBudget {budget}: {refusal}")
             }
         };
-        // 5. Volumes.
-        if let Some(staying) = staying
-            && !Box::pin(self.volumes_detached(wake, stop, &staying)).await?
-        {
-            return Ok(Finished::Stopped);
-        }
-        // 6. Pre-terminate hooks, then the machine.
-        if let Some(finished) = Box::pin(self.await_hooks(Stage::PreTerminate, wake, stop))
-            .await?
-            .finished()
-        {
-            return Ok(finished);
-        }
-        if let Some(finished) = Box::pin(self.terminate_instance(stop)).await?.finished() {
-            return Ok(finished);
-        }
-        // 7. Release the node. Its conditions still queued would land after it is gone: on a
-        // namesake registered since, or as a wasted read. Dropped before the object can go.
+        let reason = if refusal.is_window() {
+            Reason::MaintenanceWindow
+        } else {
+            Reason::AwaitingBudget
+        };
+        // Nor the condition: it is written when the wait changes, not at every node of the
+        // budget that comes or goes (the budget's status has the numbers).
+        let waiting = match refusal {
+            Refusal::Exhausted(_) => planned.clone(),
+            _ => format!("NodeDisruptionBudget {budget}: {refusal}"),
+        };
+        self.true_once(MAINTENANCE_PLANNED, reason, planned);
+        self.condition(Reason::AwaitingBudget, waiting);
+    }
+
+    /// Step 11: lets the node go.
+    async fn release(&mut self, deleted: Option<Timestamp>) -> Step {
+        // Its conditions still queued would land after it is gone: on a namesake registered
+        // since, or as a wasted read. Dropped before the object can go.
         self.shared.reporter.forget_node(self.node.name());
-        Box::pin(remove_finalizer(&self.shared.client, &self.node)).await?;
+        remove_finalizer(&self.shared.client, &self.node).await?;
         if let Some(deleted) = deleted {
             let seconds = Timestamp::now()
                 .duration_since(deleted)
@@ -354,33 +325,33 @@ impl NodeTermination {
             "Terminate",
             format!("Removed {FINALIZER}: the node is drained and its machine terminated"),
         ));
-        Ok(Finished::Released)
+        Ok(())
     }
 
-    /// Waits while hooks of `stage` hold the node, for at most --hook-timeout. The wait ends on
-    /// a fresh read that finds none (a cache behind a hook added since must not let it pass).
-    /// The timeout counts from this task's start of the wait: a restarted controller waits
-    /// its full length again, erring on the side of the hook.
+    /// Steps 3 and 9: waits while hooks of `stage` hold the node, for at most --hook-timeout.
+    /// The wait ends on a fresh read that finds none (a cache behind a hook added since must
+    /// not let it pass). The timeout counts from this task's start of the wait: a restarted
+    /// controller waits its full length again, erring on the side of the hook.
     async fn await_hooks(
         &mut self,
         stage: Stage,
         wake: &mut Wake<'_>,
         stop: &CancellationToken,
-    ) -> Result<StepEnd, StepError> {
+    ) -> Step {
         let timeout = self.shared.settings.hook_timeout;
         let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
         loop {
-            let Some(node) = self.current() else {
-                return Ok(StepEnd::NodeGone);
-            };
+            let node = self.current().ok_or(Halt::NodeGone)?;
             let mut waiting = hooks::pending(&node, stage);
             if waiting.is_empty() {
-                let Some(fresh) = self.node.read(&self.shared.client).await? else {
-                    return Ok(StepEnd::NodeGone);
-                };
+                let fresh = self
+                    .node
+                    .read(&self.shared.client)
+                    .await?
+                    .ok_or(Halt::NodeGone)?;
                 waiting = hooks::pending(&fresh, stage);
                 if waiting.is_empty() {
-                    return Ok(StepEnd::Done);
+                    return Ok(());
                 }
             }
             let names = waiting.join(", ");
@@ -397,7 +368,7 @@ impl NodeTermination {
                         timeout.as_secs()
                     ),
                 );
-                return Ok(StepEnd::Done);
+                return Ok(());
             }
             let message = format!(
                 "Waiting for {} hook(s) {names}: each is released by removing its annotation {}<name>",
@@ -407,14 +378,14 @@ impl NodeTermination {
             self.announce(
                 &format!("hooks:{}:{names}", stage.label()),
                 false,
-                stage.reason(),
+                stage.reason().as_str(),
                 message.clone(),
             );
             self.condition(stage.reason(), message);
             tokio::select! {
-                () = stop.cancelled() => return Ok(StepEnd::Stopped),
-                changed = wake.changed() => if changed.is_err() { return Ok(StepEnd::Stopped) },
-                    () = nodegrace_core::timers::sleep_until_or_forever(deadline) => {}
+                () = stop.cancelled() => return Err(Halt::Stopped),
+                changed = wake.changed() => if changed.is_err() { return Err(Halt::Stopped) },
+                () = nodegrace_core::timers::sleep_until_or_forever(deadline) => {}
             }
         }
     }
@@ -441,40 +412,25 @@ impl NodeTermination {
         }
     }
 
-    /// Drains the node; `Drained` carries the volumes of the pods that stay on it.
+    /// Steps 5–7: drains the node. Returns the volumes of the pods that stay on it.
     async fn drain(
         &mut self,
         wake: &mut Wake<'_>,
         stop: &CancellationToken,
         deleted: Option<Timestamp>,
-    ) -> Result<DrainEnd, StepError> {
+    ) -> Step<Staying> {
         let mut drain = Drain::start(Arc::clone(&self.shared), self.node.clone(), deleted);
-        self.shared.reporter.condition(
-            self.node.name(),
-            ConditionSpec::new(
-                DRAIN_IN_PROGRESS,
-                "True",
-                "NodeDeleted",
-                "The node is deleted; its pods are evicted tier by tier",
-            ),
-            ConditionGuard::Always,
-        );
-        let ended = drain
-            .run(wake, stop, |waiting| match waiting {
-                Waiting::DoNotEvict(message) => {
-                    self.condition("BlockedByDoNotEvict", message.clone());
-                }
-                Waiting::Pods { message, .. } => self.condition("Draining", message.clone()),
-                Waiting::Completion(message) => {
-                    self.condition("AwaitingPodCompletion", message.clone());
-                }
+        self.fixed_condition(DRAIN_IN_PROGRESS, "True", Reason::NodeDeleted);
+        drain
+            .run(wake, stop, |waiting| {
+                let (reason, message) = match waiting {
+                    Waiting::DoNotEvict(message) => (Reason::BlockedByDoNotEvict, message),
+                    Waiting::Pods { message, .. } => (Reason::Draining, message),
+                    Waiting::Completion(message) => (Reason::AwaitingPodCompletion, message),
+                };
+                self.condition(reason, message.clone());
             })
             .await?;
-        match ended {
-            drain::Ended::Stopped => return Ok(DrainEnd::Stopped),
-            drain::Ended::NodeGone => return Ok(DrainEnd::NodeGone),
-            drain::Ended::Drained => {}
-        }
         if self.announced.insert("drained".to_owned()) {
             self.shared.metrics.nodes_drained.inc();
             self.shared.reporter.event(EventReport::normal(
@@ -484,34 +440,15 @@ impl NodeTermination {
                 "Every pod that had to go is gone".to_owned(),
             ));
         }
-        self.shared.reporter.condition(
-            self.node.name(),
-            ConditionSpec::new(
-                DRAIN_IN_PROGRESS,
-                "False",
-                DRAIN_COMPLETED,
-                "The drain completed",
-            ),
-            ConditionGuard::Always,
-        );
-        self.shared.reporter.condition(
-            self.node.name(),
-            ConditionSpec::new(
-                DRAINED,
-                "True",
-                DRAIN_COMPLETED,
-                "Every pod that had to go is gone",
-            ),
-            ConditionGuard::Always,
-        );
-        Ok(DrainEnd::Drained(
-            Staying::of(&self.shared.client, &drain.left_alone()).await?,
-        ))
+        self.fixed_condition(DRAIN_IN_PROGRESS, "False", Reason::DrainCompleted);
+        self.fixed_condition(DRAINED, "True", Reason::DrainCompleted);
+        Ok(Staying::of(&self.shared.client, &drain.left_alone()).await?)
     }
 
-    /// Cordons this Node object (a fresh read, written back with its UID and resourceVersion).
-    async fn cordon(&self) -> Result<Updated, StepError> {
-        Ok(self
+    /// Step 4: cordons this Node object (a fresh read, written back with its UID and
+    /// resourceVersion).
+    async fn cordon(&mut self) -> Step {
+        let updated = self
             .node
             .update(&self.shared.client, |node| {
                 if cordoned(node) {
@@ -532,17 +469,27 @@ impl NodeTermination {
                     .insert(EXCLUDE_FROM_LOAD_BALANCERS.to_owned(), "true".to_owned());
                 true
             })
-            .await?)
+            .await?;
+        if updated == Updated::Gone {
+            return Err(Halt::NodeGone);
+        }
+        self.announce(
+            "cordoned",
+            false,
+            "Cordoned",
+            format!("Cordoned: taint {DISRUPTED_TAINT}:NoSchedule, unschedulable, excluded from external load balancers"),
+        );
+        Ok(())
     }
 
-    /// Waits for the node's VolumeAttachments to go, except those of pods left on it, for at
-    /// most --volume-detach-timeout. Returns false when stopped.
+    /// Step 8: waits for the node's VolumeAttachments to go, except those of pods left on it,
+    /// for at most --volume-detach-timeout.
     async fn volumes_detached(
         &mut self,
         wake: &mut Wake<'_>,
         stop: &CancellationToken,
         staying: &Staying,
-    ) -> Result<bool, StepError> {
+    ) -> Step {
         let deadline = tokio::time::Instant::now() + self.shared.settings.volume_detach_timeout;
         let mut attachments = self.shared.attachments.clone();
         loop {
@@ -556,7 +503,7 @@ impl NodeTermination {
                 .filter_map(|attachment| attachment.metadata.name.clone())
                 .collect();
             if waiting.is_empty() {
-                return Ok(true);
+                return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
                 self.announce(
@@ -569,43 +516,46 @@ impl NodeTermination {
                         self.shared.settings.volume_detach_timeout.as_secs()
                     ),
                 );
-                return Ok(true);
+                return Ok(());
             }
             self.condition(
-                "AwaitingVolumeDetachment",
+                Reason::AwaitingVolumeDetachment,
                 format!(
                     "VolumeAttachments {} are still attached",
                     waiting.join(", ")
                 ),
             );
             tokio::select! {
-                () = stop.cancelled() => return Ok(false),
-                changed = attachments.changed() => changed.map_err(|_| StepError::WatchEnded)?,
-                changed = wake.changed() => if changed.is_err() { return Ok(false) },
+                () = stop.cancelled() => return Err(Halt::Stopped),
+                changed = attachments.changed() => changed?,
+                changed = wake.changed() => if changed.is_err() { return Err(Halt::Stopped) },
                 () = tokio::time::sleep_until(deadline) => {}
             }
         }
     }
 
-    /// Asks the provider to terminate the machine unless it is already gone or a request is
+    /// Step 10: asks the provider to terminate the machine unless it is already gone or a request is
     /// in progress, then waits for it to be gone. The machine is the one the deleted Node
     /// object names, read fresh before every terminate request: once that object is gone (its
     /// finalizer removed by someone else) or replaced by a namesake, none is sent. The polls
     /// while a request is in progress ask the provider only: they change nothing, and a read
     /// of the Node per poll was most of the step's cost.
-    async fn terminate_instance(&mut self, stop: &CancellationToken) -> Result<StepEnd, StepError> {
+    async fn terminate_instance(&mut self, stop: &CancellationToken) -> Step {
         let Some(provider) = self.shared.provider.clone() else {
-            return Ok(StepEnd::Done);
+            return Ok(());
         };
         let mut polls = 0;
         let mut last_read: Option<Node> = None;
         loop {
             let (node, read_this_round) = match last_read.take() {
                 Some(node) if !resend_due(requested_at(&node)) => (node, false),
-                _ => match self.node.read(&self.shared.client).await? {
-                    Some(node) => (node, true),
-                    None => return Ok(StepEnd::NodeGone),
-                },
+                _ => (
+                    self.node
+                        .read(&self.shared.client)
+                        .await?
+                        .ok_or(Halt::NodeGone)?,
+                    true,
+                ),
             };
             let id = match self.node.machine(&node) {
                 Ok(id) => id,
@@ -616,10 +566,10 @@ impl NodeTermination {
                         "TerminationBlocked",
                         error.to_string(),
                     );
-                    self.condition("TerminatingInstance", error.to_string());
+                    self.condition(Reason::TerminatingInstance, error.to_string());
                     polls += 1;
                     tokio::select! {
-                        () = stop.cancelled() => return Ok(StepEnd::Stopped),
+                        () = stop.cancelled() => return Err(Halt::Stopped),
                         () = tokio::time::sleep(PROVIDER_POLL.delay(polls)) => {}
                     }
                     continue;
@@ -643,7 +593,7 @@ impl NodeTermination {
                             "Machine {id} is {state}: terminated (instance provider {through})"
                         ),
                     );
-                    return Ok(StepEnd::Done);
+                    return Ok(());
                 }
                 Ok(InstanceState::NotFound) => {
                     let since = *self
@@ -661,10 +611,10 @@ impl NodeTermination {
                                 format_args!("{} s", confirm.as_secs_f64())
                             ),
                         );
-                        return Ok(StepEnd::Done);
+                        return Ok(());
                     }
                     self.condition(
-                        "TerminatingInstance",
+                        Reason::TerminatingInstance,
                         format!(
                             "Machine {id} is not known to instance provider {through}; released \
                              as gone once that holds for {} (a machine just launched can read \
@@ -678,22 +628,18 @@ impl NodeTermination {
                     // (should it fall due meanwhile, the next round reads again).
                     if read_this_round && resend_due(requested_at(&node)) {
                         self.condition(
-                            "TerminatingInstance",
+                            Reason::TerminatingInstance,
                             format!("Terminating machine {id} through instance provider {through}"),
                         );
                         match provider.terminate(&id).await {
-                            Ok(()) => {
-                                if self.mark_requested().await? == Updated::Gone {
-                                    return Ok(StepEnd::NodeGone);
-                                }
-                                // The mark is not in the read kept; the next round reads it.
-                            }
+                            // The mark is not in the read kept; the next round reads it.
+                            Ok(()) => self.mark_requested().await?,
                             Err(error) => self.provider_failed(&error),
                         }
                     } else {
                         last_read = Some(node);
                         self.condition(
-                            "TerminatingInstance",
+                            Reason::TerminatingInstance,
                             format!(
                                 "Waiting for machine {id} to be terminated (instance provider \
                                  {through})"
@@ -715,7 +661,7 @@ impl NodeTermination {
                 None => pause,
             };
             tokio::select! {
-                () = stop.cancelled() => return Ok(StepEnd::Stopped),
+                () = stop.cancelled() => return Err(Halt::Stopped),
                 () = tokio::time::sleep(pause) => {}
             }
         }
@@ -730,7 +676,7 @@ impl NodeTermination {
             .map_or("none", |provider| provider.name());
         tracing::warn!(node = %self.node, provider = through, error = %error, "instance provider call failed; retrying");
         self.condition(
-            "TerminatingInstance",
+            Reason::TerminatingInstance,
             format!("Instance provider {through} failed: {error}; the node is held, retrying"),
         );
         // One Warning per kind of failure, not per text: a request ID in the provider's
@@ -746,9 +692,9 @@ impl NodeTermination {
         );
     }
 
-    async fn mark_requested(&self) -> Result<Updated, StepError> {
+    async fn mark_requested(&self) -> Step {
         let now = Timestamp::now().to_string();
-        Ok(self
+        let updated = self
             .node
             .update(&self.shared.client, |node| {
                 node.metadata
@@ -757,40 +703,21 @@ impl NodeTermination {
                     .insert(TERMINATE_REQUESTED.to_owned(), now.clone());
                 true
             })
-            .await?)
-    }
-}
-
-/// How the drain step ended.
-enum DrainEnd {
-    /// With the volumes of the pods that stay.
-    Drained(Staying),
-    Stopped,
-    NodeGone,
-}
-
-/// How a step that may outlast the task ended (a wait for hooks, the machine's end).
-enum StepEnd {
-    Done,
-    Stopped,
-    NodeGone,
-}
-
-impl StepEnd {
-    /// How the termination ends here, unless the step is done and it goes on.
-    fn finished(self) -> Option<Finished> {
-        match self {
-            Self::Done => None,
-            Self::Stopped => Some(Finished::Stopped),
-            Self::NodeGone => Some(Finished::Released),
+            .await?;
+        if updated == Updated::Gone {
+            return Err(Halt::NodeGone);
         }
+        Ok(())
     }
 }
 
 /// Removes our finalizer from this Node object by an update carrying its UID and the
 /// resourceVersion read, so a namesake is never released and a concurrent change of the list
 /// (another controller's finalizer) is a 409 and a re-read, never lost.
-pub async fn remove_finalizer(client: &kube::Client, node: &NodeIdentity) -> Result<(), StepError> {
+pub async fn remove_finalizer(
+    client: &kube::Client,
+    node: &NodeIdentity,
+) -> Result<(), UpdateError> {
     node.update(client, |node| {
         let Some(finalizers) = node.metadata.finalizers.as_mut() else {
             return false;
@@ -848,32 +775,6 @@ fn requested_at(node: &Node) -> Option<Timestamp> {
         .get(TERMINATE_REQUESTED)?
         .parse()
         .ok()
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StepError {
-    #[error(transparent)]
-    Api(#[from] kube::Error),
-    #[error(transparent)]
-    Update(#[from] UpdateError),
-    #[error("a watch ended")]
-    WatchEnded,
-}
-
-impl From<WatchEnded> for StepError {
-    fn from(_: WatchEnded) -> Self {
-        Self::WatchEnded
-    }
-}
-
-impl StepError {
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Api(_) | Self::Update(UpdateError::Api(_)) => "api",
-            Self::Update(UpdateError::Contended(_)) => "conflict",
-            Self::WatchEnded => "watch",
-        }
-    }
 }
 
 #[cfg(test)]

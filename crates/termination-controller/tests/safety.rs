@@ -581,7 +581,8 @@ async fn a_deleted_budgets_gauge_goes_with_it() -> Result<()> {
 async fn a_grant_is_decided_on_a_fresh_read_never_on_a_cache_left_behind() -> Result<()> {
     use kube::runtime::watcher;
     use nodegrace_core::k8s::watched::{WatchCounters, Watched};
-    use termination_controller::grants::{Budgets, Verdict};
+    use termination_controller::grants::Budgets;
+    use termination_controller::waits::Verdict;
 
     let real = common::sim(3).await?;
     let elsewhere = common::sim(3).await?;
@@ -612,6 +613,7 @@ async fn a_grant_is_decided_on_a_fresh_read_never_on_a_cache_left_behind() -> Re
             Api::all(real.client()),
         )),
         clock: std::sync::Arc::new(nodegrace_core::clock::SystemClock),
+        waits: termination_controller::waits::Waits::default(),
     };
     budgets.cache.synced().await?;
     budgets.nodes.synced().await?;

@@ -6,6 +6,7 @@
 //! about or terminated only under the providerID of this very object — so the wrong act cannot
 //! be written.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -54,6 +55,19 @@ impl Ord for NodeIdentity {
     }
 }
 
+/// Takes out of `map` the entries of every Node object named `name`: work keyed by identity
+/// that a name's change replaces, whichever of its objects it was for.
+pub fn remove_named<V>(map: &mut BTreeMap<NodeIdentity, V>, name: &str) -> Vec<(NodeIdentity, V)> {
+    let named: Vec<NodeIdentity> = map
+        .range(NodeIdentity::all_named(name))
+        .map(|(node, _)| node.clone())
+        .collect();
+    named
+        .into_iter()
+        .filter_map(|node| map.remove_entry(&node))
+        .collect()
+}
+
 /// What an update through [`NodeIdentity::update`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Updated {
@@ -95,6 +109,15 @@ impl NodeIdentity {
             uid: uid.into(),
             provider_id: None,
         }
+    }
+
+    /// Every identity with `name`, as a range of the order (name, then UID): a map keyed by
+    /// identity finds a name's Node objects — the one now and any namesake before it — without
+    /// a second index by name.
+    pub fn all_named(name: &str) -> std::ops::Range<Self> {
+        // No name holds a NUL, so `name\0` sorts after every identity of `name` and before
+        // every longer name that starts with it.
+        Self::new(name, "")..Self::new(format!("{name}\0"), "")
     }
 
     pub fn name(&self) -> &str {
@@ -205,6 +228,25 @@ impl std::fmt::Display for NodeIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_range_of_a_name_holds_its_identities_only() {
+        let identities: std::collections::BTreeSet<NodeIdentity> = [
+            ("node-1", "b"),
+            ("node-1", "a"),
+            ("node-1-x", "c"),
+            ("node-", "d"),
+            ("node-10", "e"),
+        ]
+        .into_iter()
+        .map(|(name, uid)| NodeIdentity::new(name, uid))
+        .collect();
+        let named: Vec<String> = identities
+            .range(NodeIdentity::all_named("node-1"))
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(named, ["node-1 (uid a)", "node-1 (uid b)"]);
+    }
     use serde_json::json;
 
     fn node(name: &str, uid: Option<&str>) -> Node {

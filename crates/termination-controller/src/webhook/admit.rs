@@ -10,9 +10,10 @@ use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 
 use crate::api::FINALIZER;
-use crate::grants::{Budgets, Verdict};
+use crate::grants::Budgets;
 use crate::metrics::Metrics;
 use crate::shared::Settings;
+use crate::waits::Verdict;
 use crate::webhook::review::{Answer, NodeOperation, NodeReview};
 
 /// What happens to a DELETE the budgets do not allow now.

@@ -1,0 +1,119 @@
+//! The node conditions this controller writes, and every reason it gives in them: a reason
+//! seen in `kubectl describe node` leads here, to one definition saying what the node waits
+//! on. Which step writes it is in the map at the top of the crate.
+
+use std::fmt;
+
+/// True from the deletion until the release; its reason says which step holds the node.
+pub const TERMINATING: &str = "Terminating";
+/// KEP-5683's: True while the node waits for its NodeDisruptionBudgets or their windows.
+pub const MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
+/// KEP-5683's: True while the drain runs, False once it completed.
+pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
+/// KEP-5683's: True once every pod that had to go is gone.
+pub const DRAINED: &str = "Drained";
+
+/// A reason of [`TERMINATING`] or of KEP-5683's conditions, in the order of the steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// `Terminating` and `MaintenancePlanned`: a budget covering the node has no unit to give.
+    AwaitingBudget,
+    /// `MaintenancePlanned`: a budget covering the node is outside its maintenance windows.
+    MaintenanceWindow,
+    /// `MaintenancePlanned=False`: the wait is over.
+    DisruptionGranted,
+    /// `Terminating`: pre-drain hook annotations hold the node before its cordon.
+    AwaitingPreDrainHooks,
+    /// `DrainInProgress=True`: the drain runs.
+    NodeDeleted,
+    /// `Terminating`: evictions of the current tier are under way.
+    Draining,
+    /// `Terminating`: a do-not-evict pod is on the node, so no eviction starts.
+    BlockedByDoNotEvict,
+    /// `Terminating`: pods a drain rule says to wait for are still running.
+    AwaitingPodCompletion,
+    /// `DrainInProgress=False` and `Drained=True`: the drain met its criteria.
+    DrainCompleted,
+    /// `Terminating`: VolumeAttachments of the node are still there.
+    AwaitingVolumeDetachment,
+    /// `Terminating`: pre-terminate hook annotations hold the machine's termination.
+    AwaitingPreTerminateHooks,
+    /// `Terminating`: the machine is being terminated (or cannot be: the message says why).
+    TerminatingInstance,
+}
+
+impl Reason {
+    pub const ALL: [Self; 12] = [
+        Self::AwaitingBudget,
+        Self::MaintenanceWindow,
+        Self::DisruptionGranted,
+        Self::AwaitingPreDrainHooks,
+        Self::NodeDeleted,
+        Self::Draining,
+        Self::BlockedByDoNotEvict,
+        Self::AwaitingPodCompletion,
+        Self::DrainCompleted,
+        Self::AwaitingVolumeDetachment,
+        Self::AwaitingPreTerminateHooks,
+        Self::TerminatingInstance,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::AwaitingBudget => "AwaitingBudget",
+            Self::MaintenanceWindow => "MaintenanceWindow",
+            Self::DisruptionGranted => "DisruptionGranted",
+            Self::AwaitingPreDrainHooks => "AwaitingPreDrainHooks",
+            Self::NodeDeleted => "NodeDeleted",
+            Self::Draining => "Draining",
+            Self::BlockedByDoNotEvict => "BlockedByDoNotEvict",
+            Self::AwaitingPodCompletion => "AwaitingPodCompletion",
+            Self::DrainCompleted => "DrainCompleted",
+            Self::AwaitingVolumeDetachment => "AwaitingVolumeDetachment",
+            Self::AwaitingPreTerminateHooks => "AwaitingPreTerminateHooks",
+            Self::TerminatingInstance => "TerminatingInstance",
+        }
+    }
+
+    /// The message of a reason that always says the same; the others' messages name what
+    /// blocks (the budget, the hooks, the pods, the VolumeAttachments, the machine).
+    pub const fn message(self) -> Option<&'static str> {
+        match self {
+            Self::DisruptionGranted => Some(
+                "Its NodeDisruptionBudgets granted the disruption; the node is being terminated",
+            ),
+            Self::NodeDeleted => Some("The node is deleted; its pods are evicted tier by tier"),
+            Self::DrainCompleted => Some("Every pod that had to go is gone"),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The map an operator reads first: every reason is in it, so one seen on a node leads to
+    /// its step from the docs as from the code.
+    #[test]
+    fn every_reason_is_in_the_maps_of_the_steps() {
+        let docs = include_str!("../../../docs/termination-controller.md");
+        let docs_map = docs
+            .split("## What happens to a node")
+            .nth(1)
+            .and_then(|rest| rest.split("\n1. ").next())
+            .expect("docs/termination-controller.md has its map under \"What happens to a node\"");
+        let code_map = include_str!("lib.rs");
+        for reason in Reason::ALL {
+            let quoted = format!("`{reason}`");
+            assert!(docs_map.contains(&quoted), "the docs' map names {quoted}");
+            assert!(code_map.contains(&quoted), "lib.rs's map names {quoted}");
+        }
+    }
+}
