@@ -27,8 +27,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
+use crate::allocation::refresh_statuses;
 use crate::api::{FINALIZER, NodeDisruptionBudget};
-use crate::grants::refresh_statuses;
 use crate::metrics::NdbLabel;
 use crate::shared::Shared;
 use crate::step::Finished;

@@ -190,7 +190,7 @@ impl Drain {
     }
 
     /// The node's pods as the cache holds them now, each confirmed by a fresh read to be bound
-    /// to this Node object; `None` when the node is gone or replaced. The drain acts on this
+    /// to this Node object; [`Halt::NodeGone`] when the node is gone or replaced. The drain acts on this
     /// snapshot only: a pod the watch delivers after it waits for the next confirmation.
     async fn confirmed_pods(&mut self) -> Step<Vec<Arc<Pod>>> {
         let pods = self.pods.state();
@@ -278,22 +278,20 @@ impl Drain {
         if let Some(wait) = sorted.wait(now, wall) {
             return wait;
         }
+        // Past the wait, the first group is one to evict, if any is left.
         let Some((&(tier, Group::Order(order)), pods)) = sorted.tiers.iter().next() else {
             return Look::Done;
         };
         self.announce_tier(tier, order, pods, &sorted.sources);
         let left = sorted.tiers.values().map(Vec::len).sum::<usize>();
-        let message = self.dispatch(pods, now, &mut sorted.timers);
-        let mut message_head = format!("{left} pod(s) left, draining {}", tier.label());
-        if !message.is_empty() {
-            message_head.push('\n');
-            message_head.push_str(&message);
+        let mut message = format!("{left} pod(s) left, draining {}", tier.label());
+        let held = self.dispatch(pods, now, &mut sorted.timers);
+        if !held.is_empty() {
+            message.push('\n');
+            message.push_str(&held);
         }
         Look::Wait {
-            waiting: Waiting::Pods {
-                tier,
-                message: message_head,
-            },
+            waiting: Waiting::Pods { tier, message },
             timer: sorted.timers.into_iter().min(),
         }
     }

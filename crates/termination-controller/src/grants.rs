@@ -82,7 +82,12 @@ impl Rules {
 
     /// What `budget` (whose status keeps the window's count) can still give now, with its
     /// `numbers`.
-    fn units(&self, numbers: Numbers, budget: &NodeDisruptionBudget, now: Timestamp) -> Units {
+    pub(crate) fn units(
+        &self,
+        numbers: Numbers,
+        budget: &NodeDisruptionBudget,
+        now: Timestamp,
+    ) -> Units {
         let record = budget
             .status
             .as_ref()
@@ -97,7 +102,7 @@ impl Rules {
 
 /// What one budget can still give in a pass: units by its numbers and by its window.
 #[derive(Debug, Clone)]
-struct Units {
+pub(crate) struct Units {
     numbers: Numbers,
     by_numbers: i32,
     gate: Option<Gate>,
@@ -107,7 +112,7 @@ struct Units {
 }
 
 impl Units {
-    fn of(numbers: Numbers, rules: &Rules, gate: Option<Gate>) -> Self {
+    pub(crate) fn of(numbers: Numbers, rules: &Rules, gate: Option<Gate>) -> Self {
         let by_window = match &gate {
             Some(Gate::Open { left, .. }) => *left,
             Some(Gate::Closed { .. }) => Some(0),
@@ -123,7 +128,7 @@ impl Units {
     }
 
     /// Why a Ready node gets no unit now; `None` when it would get one.
-    fn refusal(&self) -> Option<Refusal> {
+    pub(crate) fn refusal(&self) -> Option<Refusal> {
         match &self.gate {
             Some(Gate::Closed { next }) => Some(Refusal::OutsideWindows {
                 next: next.as_ref().map(ToString::to_string),
@@ -138,7 +143,7 @@ impl Units {
         }
     }
 
-    fn take(&mut self) {
+    pub(crate) fn take(&mut self) {
         self.by_numbers -= 1;
         if let Some(left) = self.by_window.as_mut() {
             *left -= 1;
@@ -146,7 +151,7 @@ impl Units {
     }
 
     /// The disruptions allowed now, as the status reports them.
-    fn allowed(&self) -> i32 {
+    pub(crate) fn allowed(&self) -> i32 {
         self.by_window
             .map_or(self.by_numbers, |left| left.min(self.by_numbers))
             .max(0)
@@ -163,7 +168,7 @@ pub struct Budgets {
     pub fresh: Arc<FreshNodes>,
     /// Grant times, expiries and maintenance windows are read off this clock.
     pub clock: Arc<dyn Clock>,
-    /// The last granting pass's verdicts ([`refresh_statuses`]).
+    /// The last granting pass's verdicts (the pass is in `allocation.rs`).
     pub waits: Waits,
 }
 
@@ -243,7 +248,7 @@ impl Budgets {
     }
 
     /// The nodes any of `budgets` may cover, as the API server has them now, each once.
-    async fn fresh_nodes_of_all(
+    pub(crate) async fn fresh_nodes_of_all(
         &self,
         budgets: &[Arc<NodeDisruptionBudget>],
     ) -> Result<Nodes, kube::Error> {
@@ -438,7 +443,7 @@ fn narrowing(budget: &NodeDisruptionBudget) -> Option<Selector> {
 }
 
 /// The budgets covering `node`, by name (the order grants are taken in).
-fn covering(
+pub(crate) fn covering(
     budgets: &[Arc<NodeDisruptionBudget>],
     node: &NodeFacts<'_>,
 ) -> Vec<Arc<NodeDisruptionBudget>> {
@@ -478,7 +483,7 @@ fn refusal(
 
 /// Counts `more` disruptions started in the window open now into `status` (nothing without
 /// windows, or outside them).
-fn count_started(
+pub(crate) fn count_started(
     budget: &NodeDisruptionBudget,
     status: &mut NodeDisruptionBudgetStatus,
     more: i32,
@@ -489,7 +494,11 @@ fn count_started(
     }
 }
 
-fn budget_numbers(budget: &NodeDisruptionBudget, limit: Limit, nodes: &[Arc<Node>]) -> Numbers {
+pub(crate) fn budget_numbers(
+    budget: &NodeDisruptionBudget,
+    limit: Limit,
+    nodes: &[Arc<Node>],
+) -> Numbers {
     let selected: Vec<(NodeFacts<'_>, bool)> = nodes
         .iter()
         .map(|node| (facts(node), budget.has_granted(node)))
@@ -589,307 +598,12 @@ pub fn status_for(
     status
 }
 
-/// Which waiting nodes the budgets grant now, and why the others wait. Computed once per change
-/// for every waiting node (never once per node), from each budget's numbers counted once.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Allocation {
-    /// Per budget: the nodes it grants in this pass.
-    pub grants: BTreeMap<String, Vec<(String, Grant)>>,
-    /// Per budget: how many of those are Ready (disruptions started in its window).
-    pub started: BTreeMap<String, i32>,
-    /// Per waiting node (by UID): the budget it waits on, and why.
-    pub waiting: HashMap<String, Verdict>,
-}
-
-/// Hands out the units the budgets allow to the nodes waiting for them (deleting, held by our
-/// finalizer, not yet cordoned), the oldest deletion first: a node takes units only when every
-/// budget covering it can give one, so a node blocked on one budget takes nothing from another
-/// (the next node in line gets it). A NotReady node takes no unit (it is not available anyway).
-pub fn allocate(
-    budgets: &[Arc<NodeDisruptionBudget>],
-    nodes: &[Arc<Node>],
-    now: Timestamp,
-) -> Allocation {
-    let own = own_nodes(budgets, nodes);
-    allocate_among(budgets, &own, now, |_| true)
-}
-
-/// One scan of a pass's nodes: per budget (by name) the nodes it covers or has granted, and
-/// the nodes waiting for grants. Every later look a pass takes at a budget then costs the
-/// budget's size, not the cluster's, and each node's facts are read once per pass. The
-/// budgets' numbers and statuses over these are what they are over all of the nodes.
-#[derive(Default)]
-struct OwnNodes {
-    by_budget: HashMap<String, Vec<Arc<Node>>>,
-    /// Deleting, held by our finalizer, not yet cordoned.
-    waiting: Vec<Arc<Node>>,
-}
-
-fn own_nodes(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<Node>]) -> OwnNodes {
-    let mut own = OwnNodes {
-        by_budget: budgets
-            .iter()
-            .map(|budget| (budget.name().to_owned(), Vec::new()))
-            .collect(),
-        waiting: Vec::new(),
-    };
-    for node in nodes {
-        let facts = facts(node);
-        if facts.awaits_grants && !facts.disrupting {
-            own.waiting.push(Arc::clone(node));
-        }
-        for budget in budgets {
-            let granted = budget
-                .status
-                .as_ref()
-                .is_some_and(|status| status.disrupted_nodes.contains_key(facts.name));
-            if (granted || covers(budget, &facts))
-                && let Some(nodes) = own.by_budget.get_mut(budget.name())
-            {
-                nodes.push(Arc::clone(node));
-            }
-        }
-    }
-    own
-}
-
-fn own_of<'a>(own: &'a OwnNodes, budget: &NodeDisruptionBudget) -> &'a [Arc<Node>] {
-    own.by_budget.get(budget.name()).map_or(&[], Vec::as_slice)
-}
-
-/// [`allocate`] with the budgets' numbers counted over `own`, but only the waiting nodes
-/// `judged` picks granted or refused.
-fn allocate_among(
-    budgets: &[Arc<NodeDisruptionBudget>],
-    own: &OwnNodes,
-    now: Timestamp,
-    judged: impl Fn(&Node) -> bool,
-) -> Allocation {
-    let mut allocation = Allocation::default();
-    let mut left: HashMap<&str, Result<Units, SpecError>> = budgets
-        .iter()
-        .map(|budget| {
-            let state = Rules::of(budget, now).map(|rules| {
-                let numbers = budget_numbers(budget, rules.limit, own_of(own, budget));
-                rules.units(numbers, budget, now)
-            });
-            (budget.name(), state)
-        })
-        .collect();
-    let mut waiters: Vec<&Arc<Node>> = own.waiting.iter().filter(|node| judged(node)).collect();
-    waiters.sort_by(|a, b| {
-        (
-            &a.metadata.deletion_timestamp.as_ref().map(|time| time.0),
-            &a.metadata.name,
-        )
-            .cmp(&(
-                &b.metadata.deletion_timestamp.as_ref().map(|time| time.0),
-                &b.metadata.name,
-            ))
-    });
-    for node in waiters {
-        let facts = facts(node);
-        let missing: Vec<Arc<NodeDisruptionBudget>> = covering(budgets, &facts)
-            .into_iter()
-            .filter(|budget| !budget.has_granted(node))
-            .collect();
-        let refusal = missing.iter().find_map(|budget| {
-            let refusal = match left.get(budget.name())? {
-                Err(error) => Refusal::Invalid(error.clone()),
-                Ok(units) if facts.ready => units.refusal()?,
-                Ok(_) => return None,
-            };
-            Some((budget.name().to_owned(), refusal))
-        });
-        let uid = node.metadata.uid.clone().unwrap_or_default();
-        if let Some((budget, refusal)) = refusal {
-            allocation
-                .waiting
-                .insert(uid, Verdict::Waiting { budget, refusal });
-            continue;
-        }
-        for budget in missing {
-            if facts.ready
-                && let Some(Ok(units)) = left.get_mut(budget.name())
-            {
-                units.take();
-                *allocation
-                    .started
-                    .entry(budget.name().to_owned())
-                    .or_default() += 1;
-            }
-            allocation
-                .grants
-                .entry(budget.name().to_owned())
-                .or_default()
-                .push((
-                    facts.name.to_owned(),
-                    Grant {
-                        uid: Some(uid.clone()),
-                        granted_at: Time(now),
-                    },
-                ));
-        }
-    }
-    allocation
-}
-
-/// What one pass over the budgets did.
-#[derive(Debug, Default)]
-pub struct Refreshed {
-    /// Each budget's `disruptionsAllowed` after the pass.
-    pub allowed: Vec<(String, i32)>,
-    /// The budgets whose spec is invalid (they hold every node they may cover).
-    pub invalid: HashSet<String>,
-    /// The waiting nodes (by UID) whose wait the pass changed: granted, or waiting on
-    /// something new ([`Waits::record`]).
-    pub rejudged: Vec<String>,
-    /// Status writes refused with a 409 (left to the next pass, which the watch triggers).
-    pub conflicts: u32,
-}
-
-/// Grants the waiting nodes what the budgets allow (see [`allocate`]) and brings every budget's
-/// status up to date, one write per budget; a 409 is left to the next change (the watch
-/// delivers the newer version, which triggers another pass). The budgets a pass would grant
-/// from or drop a grant of are decided again on a fresh read of their own nodes (a
-/// label-selector LIST each, [`Budgets::fresh_nodes_of`]), with the budgets of every node
-/// those grants go to: a pass costs the size of the budgets it moves, not the cluster's. The
-/// rest go by the cache, and grant nothing.
-pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Error> {
-    let cached = budgets.cache.state();
-    let now = budgets.clock.now();
-    let cached_nodes = budgets.nodes.state();
-    let cached_own = own_nodes(&cached, &cached_nodes);
-    let by_cache = allocate_among(&cached, &cached_own, now, |_| true);
-    let moved = moved_budgets(&cached, &cached_own, &by_cache, now);
-    let mut fresh_own = OwnNodes::default();
-    let allocation = if moved.is_empty() {
-        by_cache
-    } else {
-        let moving: Vec<Arc<NodeDisruptionBudget>> = cached
-            .iter()
-            .filter(|budget| moved.contains(budget.name()))
-            .cloned()
-            .collect();
-        let fresh = budgets.fresh_nodes_of_all(&moving).await?;
-        fresh_own = own_nodes(&moving, &fresh);
-        // Only the nodes every budget covering them was read fresh for are judged again; any
-        // other keeps the cache's verdict and is granted nothing this pass. Every fresh node
-        // counts in its budgets' numbers.
-        let whole = |node: &Node| {
-            covering(&cached, &facts(node))
-                .iter()
-                .all(|budget| moved.contains(budget.name()))
-        };
-        let mut again = allocate_among(&moving, &fresh_own, now, whole);
-        let mut waiting = by_cache.waiting;
-        for node in fresh.iter().filter(|node| whole(node)) {
-            if let Some(uid) = node.metadata.uid.as_deref() {
-                waiting.remove(uid);
-            }
-        }
-        waiting.extend(again.waiting);
-        again.waiting = waiting;
-        again
-    };
-    let Allocation {
-        mut grants,
-        mut started,
-        waiting,
-    } = allocation;
-    let mut refreshed = Refreshed::default();
-    for budget in cached {
-        let mut updated = (*budget).clone();
-        if let Some(new) = grants.remove(budget.name()) {
-            let status = updated.status.get_or_insert_with(Default::default);
-            status.disrupted_nodes.extend(new);
-            let more = started.remove(budget.name()).unwrap_or_default();
-            count_started(&budget, status, more, now);
-        }
-        let own = if fresh_own.by_budget.contains_key(budget.name()) {
-            &fresh_own
-        } else {
-            &cached_own
-        };
-        let status = status_for(&updated, own_of(own, &budget), now);
-        refreshed
-            .allowed
-            .push((budget.name().to_owned(), status.disruptions_allowed));
-        if status
-            .conditions
-            .iter()
-            .any(|condition| condition.reason == "InvalidSpec")
-        {
-            refreshed.invalid.insert(budget.name().to_owned());
-        }
-        if budget.status.as_ref() == Some(&status) {
-            continue;
-        }
-        updated.status = Some(status);
-        match budgets
-            .api
-            .replace_status(budget.name(), &PostParams::default(), &updated)
-            .await
-        {
-            Ok(_) => {}
-            Err(error) if status_code(&error) == Some(409) => refreshed.conflicts += 1,
-            Err(error) if status_code(&error) == Some(404) => {}
-            Err(error) => return Err(error),
-        }
-    }
-    // Once the grants are written: a failed pass leaves the old verdicts, and their changes
-    // are reported by the next.
-    refreshed.rejudged = budgets.waits.record(waiting);
-    Ok(refreshed)
-}
-
-/// The budgets a pass moves, by name: those that would grant a node or drop a grant, and
-/// every budget covering a node granted, so that node is judged whole.
-fn moved_budgets(
-    budgets: &[Arc<NodeDisruptionBudget>],
-    own: &OwnNodes,
-    allocation: &Allocation,
-    now: Timestamp,
-) -> HashSet<String> {
-    let mut moved: HashSet<String> = budgets
-        .iter()
-        .filter(|budget| {
-            let kept = status_for(budget, own_of(own, budget), now)
-                .disrupted_nodes
-                .len();
-            budget
-                .status
-                .as_ref()
-                .is_some_and(|status| status.disrupted_nodes.len() > kept)
-        })
-        .map(|budget| budget.name().to_owned())
-        .collect();
-    let granted: HashSet<&str> = allocation
-        .grants
-        .values()
-        .flatten()
-        .map(|(node, _)| node.as_str())
-        .collect();
-    // Only waiting nodes are granted.
-    for node in own.waiting.iter().filter(|_| !granted.is_empty()) {
-        let facts = facts(node);
-        if granted.contains(facts.name) {
-            moved.extend(
-                covering(budgets, &facts)
-                    .iter()
-                    .map(|budget| budget.name().to_owned()),
-            );
-        }
-    }
-    moved
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    fn node(name: &str, ready: bool, deleting: bool) -> Arc<Node> {
+    pub(crate) fn node(name: &str, ready: bool, deleting: bool) -> Arc<Node> {
         let mut value = json!({
             "metadata": {"name": name, "uid": format!("uid-{name}"), "labels": {"pool": "a"},
                 "creationTimestamp": "2026-11-23T09:00:00Z"},
@@ -902,7 +616,10 @@ mod tests {
         Arc::new(serde_json::from_value(value).unwrap())
     }
 
-    fn budget(spec: &serde_json::Value, grants: &serde_json::Value) -> NodeDisruptionBudget {
+    pub(crate) fn budget(
+        spec: &serde_json::Value,
+        grants: &serde_json::Value,
+    ) -> NodeDisruptionBudget {
         serde_json::from_value(json!({
             "apiVersion": "nodegrace.io/v1alpha1", "kind": "NodeDisruptionBudget",
             "metadata": {"name": "pool-a", "generation": 2},
@@ -1028,125 +745,5 @@ mod tests {
                 "{names:?}"
             );
         }
-    }
-
-    fn deleted_at(node: &Node, at: &str) -> Arc<Node> {
-        let mut node = node.clone();
-        node.metadata.deletion_timestamp = Some(Time(at.parse().unwrap()));
-        Arc::new(node)
-    }
-
-    fn named(name: &str, spec: &serde_json::Value) -> Arc<NodeDisruptionBudget> {
-        let mut budget = budget(spec, &json!({}));
-        budget.metadata.name = Some(name.to_owned());
-        Arc::new(budget)
-    }
-
-    fn granted_nodes(allocation: &Allocation, budget: &str) -> Vec<String> {
-        allocation
-            .grants
-            .get(budget)
-            .map(|grants| grants.iter().map(|(node, _)| node.clone()).collect())
-            .unwrap_or_default()
-    }
-
-    /// A pass that reads only some budgets fresh judges only the nodes wholly under them, but
-    /// counts every node in their numbers: a node left unjudged still takes its budget's room.
-    #[test]
-    fn nodes_left_unjudged_still_count_in_their_budgets_numbers() {
-        let now: Timestamp = "2026-11-23T10:10:00Z".parse().unwrap();
-        let pool = json!({"selector": {"matchLabels": {"pool": "a"}}, "maxUnavailable": 1});
-        let nodes = vec![
-            deleted_at(&node("first", true, true), "2026-11-23T10:01:00Z"),
-            deleted_at(&node("second", true, true), "2026-11-23T10:02:00Z"),
-            node("down", false, false),
-            node("up", true, false),
-        ];
-        let only_second = |node: &Node| node.metadata.name.as_deref() == Some("second");
-        let budgets = [named("pool", &pool)];
-        let own = own_nodes(&budgets, &nodes);
-        let allocation = allocate_among(&budgets, &own, now, only_second);
-        assert!(
-            granted_nodes(&allocation, "pool").is_empty(),
-            "down is unavailable"
-        );
-        assert!(
-            !allocation.waiting.contains_key("uid-first"),
-            "first was not judged"
-        );
-        assert!(allocation.waiting.contains_key("uid-second"));
-    }
-
-    #[test]
-    fn units_go_to_the_oldest_deletions_and_a_blocked_node_takes_none() {
-        let now: Timestamp = "2026-11-23T10:10:00Z".parse().unwrap();
-        let pool = json!({"selector": {"matchLabels": {"pool": "a"}}, "maxUnavailable": 2});
-        let nodes = vec![
-            deleted_at(&node("young", true, true), "2026-11-23T10:05:00Z"),
-            deleted_at(&node("old", true, true), "2026-11-23T10:01:00Z"),
-            deleted_at(&node("middle", true, true), "2026-11-23T10:03:00Z"),
-            node("d", true, false),
-            node("e", true, false),
-        ];
-        let allocation = allocate(&[named("pool", &pool)], &nodes, now);
-        assert_eq!(granted_nodes(&allocation, "pool"), ["old", "middle"]);
-        assert!(matches!(
-            allocation.waiting.get("uid-young"),
-            Some(Verdict::Waiting {
-                refusal: Refusal::Exhausted(_),
-                ..
-            })
-        ));
-
-        // "old" is also under a budget that allows nothing: it takes nothing from "pool",
-        // whose units go to the next in line.
-        let mut held = nodes.clone();
-        let mut old = (*held[1]).clone();
-        old.metadata
-            .labels
-            .as_mut()
-            .unwrap()
-            .insert("gpu".to_owned(), "x".to_owned());
-        held[1] = Arc::new(old);
-        let gpus = named(
-            "gpus",
-            &json!({"selector": {"matchLabels": {"gpu": "x"}}, "maxUnavailable": 0}),
-        );
-        let allocation = allocate(&[gpus, named("pool", &pool)], &held, now);
-        assert_eq!(granted_nodes(&allocation, "pool"), ["middle", "young"]);
-        assert!(matches!(
-            allocation.waiting.get("uid-old"),
-            Some(Verdict::Waiting { budget, .. }) if budget == "gpus"
-        ));
-
-        // A NotReady node is granted without taking a unit (one is left: 4 available, 3
-        // must stay); an invalid budget holds its nodes.
-        let mut down = nodes.clone();
-        down[1] = deleted_at(&node("old", false, true), "2026-11-23T10:01:00Z");
-        let allocation = allocate(&[named("pool", &pool)], &down, now);
-        assert_eq!(granted_nodes(&allocation, "pool"), ["old", "middle"]);
-        let invalid = named("pool", &json!({"selector": {"matchLabels": {"pool": "a"}}}));
-        let allocation = allocate(&[invalid], &nodes, now);
-        assert!(allocation.grants.is_empty());
-        assert!(matches!(
-            allocation.waiting.get("uid-old"),
-            Some(Verdict::Waiting {
-                refusal: Refusal::Invalid(_),
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn an_invalid_budget_says_so_and_covers_nodes_it_cannot_read() {
-        let budget = budget(
-            &json!({"selector": {"matchExpressions": [{"key": "pool", "operator": "Gt"}]}, "minAvailable": 1, "maxUnavailable": 1}),
-            &json!({}),
-        );
-        let status = status_for(&budget, &[node("a", true, false)], Timestamp::now());
-        assert_eq!(status.conditions[0].status, "False");
-        assert_eq!(status.conditions[0].reason, "InvalidSpec");
-        assert!(status.conditions[0].message.contains("exactly one"));
-        assert!(covers(&budget, &facts(&node("a", true, false))));
     }
 }

@@ -105,24 +105,12 @@ impl NodeTermination {
     }
 
     /// A condition whose reason always says the same ([`Reason::message`]).
-    fn fixed_condition(&self, type_: &str, status: &str, reason: Reason) {
+    fn fixed_condition(&self, type_: &str, status: &str, reason: Reason, guard: ConditionGuard) {
         let message = reason.message().unwrap_or_default();
-        self.write_condition(type_, status, reason, message.to_owned());
-    }
-
-    /// The wait is over: `MaintenancePlanned` turns False where it was True (a node granted at
-    /// once never gets it).
-    fn maintenance_started(&self) {
-        let reason = Reason::DisruptionGranted;
         self.shared.reporter.condition(
             self.node.name(),
-            ConditionSpec::new(
-                MAINTENANCE_PLANNED,
-                "False",
-                reason.as_str(),
-                reason.message().unwrap_or_default(),
-            ),
-            ConditionGuard::OnlyReplacing("True"),
+            ConditionSpec::new(type_, status, reason.as_str(), message),
+            guard,
         );
     }
 
@@ -174,12 +162,19 @@ impl NodeTermination {
         // not on every node's change ([`Wake`]).
         let mut wake = Wake::new(turn, wake.clone());
         let wake = &mut wake;
-        // Only where it was set: a write per node would cost every rollout a status request
-        // per node for a condition most nodes never had.
+        // The wait is over: `MaintenancePlanned` turns False where it was True (a node granted at
+        // once never gets it). Only where it was set: a write per node would cost every rollout
+        // a status request per node for a condition most nodes never had.
         if self.reported.contains_key(MAINTENANCE_PLANNED)
             || has_condition(&node, MAINTENANCE_PLANNED, "True")
         {
-            self.maintenance_started();
+            let only_if_true = ConditionGuard::OnlyReplacing("True");
+            self.fixed_condition(
+                MAINTENANCE_PLANNED,
+                "False",
+                Reason::DisruptionGranted,
+                only_if_true,
+            );
         }
         // 3. Pre-drain hooks and 4. the cordon, unless the drain has begun already (a restart
         // mid-drain).
@@ -420,7 +415,12 @@ impl NodeTermination {
         deleted: Option<Timestamp>,
     ) -> Step<Staying> {
         let mut drain = Drain::start(Arc::clone(&self.shared), self.node.clone(), deleted);
-        self.fixed_condition(DRAIN_IN_PROGRESS, "True", Reason::NodeDeleted);
+        self.fixed_condition(
+            DRAIN_IN_PROGRESS,
+            "True",
+            Reason::NodeDeleted,
+            ConditionGuard::Always,
+        );
         drain
             .run(wake, stop, |waiting| {
                 let (reason, message) = match waiting {
@@ -440,8 +440,9 @@ impl NodeTermination {
                 "Every pod that had to go is gone".to_owned(),
             ));
         }
-        self.fixed_condition(DRAIN_IN_PROGRESS, "False", Reason::DrainCompleted);
-        self.fixed_condition(DRAINED, "True", Reason::DrainCompleted);
+        let done = Reason::DrainCompleted;
+        self.fixed_condition(DRAIN_IN_PROGRESS, "False", done, ConditionGuard::Always);
+        self.fixed_condition(DRAINED, "True", done, ConditionGuard::Always);
         Ok(Staying::of(&self.shared.client, &drain.left_alone()).await?)
     }
 
