@@ -8,7 +8,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use nodegrace_core::assembly::Lead;
@@ -16,13 +15,13 @@ use nodegrace_core::backoff::Backoff;
 use nodegrace_core::dirty::Dirty;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::events::EventReport;
-use nodegrace_core::k8s::node_identity::{NodeIdentity, remove_named};
+use nodegrace_core::k8s::node_identity::NodeIdentity;
+use nodegrace_core::k8s::node_timers::NodeTimers;
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::watched::Watched;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::cleanup::{NodeCleanup, Outcome};
 use crate::fencing::{FenceOutcome, Fencer};
@@ -66,8 +65,7 @@ impl Controller {
         // namesake's starts once the old one has ended.
         let mut workers: BTreeMap<NodeIdentity, Worker> = BTreeMap::new();
         let mut running: JoinSet<NodeIdentity> = JoinSet::new();
-        let mut checks: DelayQueue<NodeIdentity> = DelayQueue::new();
-        let mut scheduled: BTreeMap<NodeIdentity, delay_queue::Key> = BTreeMap::new();
+        let mut checks = NodeTimers::default();
         let mut attempts: JoinSet<(NodeIdentity, Attempt)> = JoinSet::new();
         // The Node objects told about (a namesake is told about afresh).
         let mut told_unconfirmed: BTreeSet<NodeIdentity> = BTreeSet::new();
@@ -113,19 +111,13 @@ impl Controller {
                     let due = node
                         .as_deref()
                         .and_then(|node| due_at(node, auto.after, Timestamp::now()));
-                    for (_, key) in remove_named(&mut scheduled, &name) {
-                        checks.remove(&key);
-                    }
-                    match due.zip(identity) {
-                        Some((due, identity)) => {
-                            let wait = Duration::try_from(due.duration_since(Timestamp::now()))
-                                .unwrap_or(Duration::ZERO);
-                            let key = checks.insert(identity.clone(), wait);
-                            scheduled.insert(identity, key);
-                        }
-                        None => {
-                            told_unconfirmed.retain(|told| told.name() != name);
-                        }
+                    if let Some((due, identity)) = due.zip(identity) {
+                        let wait = Duration::try_from(due.duration_since(Timestamp::now()))
+                            .unwrap_or(Duration::ZERO);
+                        checks.set(identity, wait);
+                    } else {
+                        checks.clear(&name);
+                        told_unconfirmed.retain(|told| told.name() != name);
                     }
                 }
             }
@@ -141,9 +133,7 @@ impl Controller {
                         self.dirty.mark(node.name());
                     }
                 }
-                Some(expired) = checks.next() => {
-                    let node = expired.into_inner();
-                    scheduled.remove(&node);
+                Some(node) = checks.expired() => {
                     if let Some(auto) = self.auto_taint.clone() {
                         let shared = Arc::clone(&self.shared);
                         attempts.spawn(async move {
@@ -183,9 +173,8 @@ impl Controller {
                                 format!("NotReady long enough for --auto-taint-after, but not tainted: {why}"),
                             ));
                         }
-                        if scheduled.range(NodeIdentity::all_named(&name)).next().is_none() {
-                            let key = checks.insert(node.clone(), RECHECK_UNCONFIRMED);
-                            scheduled.insert(node, key);
+                        if !checks.has(&name) {
+                            checks.set(node, RECHECK_UNCONFIRMED);
                         }
                     }
                 }
@@ -204,8 +193,7 @@ impl Controller {
 /// comes after it decided by how it ended.
 struct FenceWork {
     fencer: Arc<Fencer>,
-    timers: DelayQueue<NodeIdentity>,
-    scheduled: BTreeMap<NodeIdentity, delay_queue::Key>,
+    timers: NodeTimers,
     /// Nodes with an attempt under way.
     running: BTreeSet<NodeIdentity>,
     attempts: JoinSet<(NodeIdentity, FenceOutcome)>,
@@ -219,8 +207,7 @@ impl FenceWork {
     fn new(fencer: Arc<Fencer>) -> Self {
         Self {
             fencer,
-            timers: DelayQueue::new(),
-            scheduled: BTreeMap::new(),
+            timers: NodeTimers::default(),
             running: BTreeSet::new(),
             attempts: JoinSet::new(),
         }
@@ -240,9 +227,7 @@ impl FenceWork {
     }
 
     fn schedule_due(&mut self, shared: &Shared, name: &str, node: Option<&Node>, least: Duration) {
-        for (_, key) in remove_named(&mut self.scheduled, name) {
-            self.timers.remove(&key);
-        }
+        self.timers.clear(name);
         let Some(node) = node else { return };
         let Some(identity) = NodeIdentity::of(node) else {
             return;
@@ -253,19 +238,10 @@ impl FenceWork {
         };
         self.fencer.seen_not_ready(shared, node, due);
         let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
-        self.schedule(identity, wait.max(least));
-    }
-
-    fn schedule(&mut self, identity: NodeIdentity, wait: Duration) {
-        for (_, key) in remove_named(&mut self.scheduled, identity.name()) {
-            self.timers.remove(&key);
-        }
-        let key = self.timers.insert(identity.clone(), wait);
-        self.scheduled.insert(identity, key);
+        self.timers.set(identity, wait.max(least));
     }
 
     fn expired(&mut self, shared: &Arc<Shared>, node: NodeIdentity) {
-        self.scheduled.remove(&node);
         self.running.insert(node.clone());
         let (fencer, shared) = (Arc::clone(&self.fencer), Arc::clone(shared));
         self.attempts.spawn(async move {
@@ -290,7 +266,7 @@ impl FenceWork {
     ) {
         self.running.remove(&node);
         match outcome {
-            FenceOutcome::Retry(wait) => self.schedule(node, wait),
+            FenceOutcome::Retry(wait) => self.timers.set(node, wait),
             FenceOutcome::NotDue => {
                 let name = node.name().to_owned();
                 self.schedule_due(shared, &name, current, FENCE_REPEAT_MIN);
@@ -315,7 +291,7 @@ async fn fence_event(fencing: &mut Option<FenceWork>) -> FenceEvent {
     };
     loop {
         tokio::select! {
-            Some(expired) = timers.next() => return FenceEvent::Due(expired.into_inner()),
+            Some(node) = timers.expired() => return FenceEvent::Due(node),
             Some(done) = attempts.join_next() => {
                 // A panicked attempt: its node is looked at again by its next change.
                 if let Ok((node, outcome)) = done {

@@ -3,12 +3,11 @@
 //! `--not-ready-timeout`, a timer per NotReady node. Watches report which node changed, so
 //! the loop never rescans the cluster for one change.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -19,13 +18,13 @@ use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::conditions::node_condition;
 use nodegrace_core::k8s::events::EventReport;
-use nodegrace_core::k8s::node_identity::{NodeIdentity, remove_named};
+use nodegrace_core::k8s::node_identity::NodeIdentity;
+use nodegrace_core::k8s::node_timers::NodeTimers;
 use nodegrace_core::k8s::nodes::{Readiness, node_reference, readiness};
 use nodegrace_core::k8s::watched::Watched;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::allocation::refresh_statuses;
 use crate::api::{FINALIZER, NodeDisruptionBudget};
@@ -114,26 +113,10 @@ struct FinalizerWrites {
 /// With `--not-ready-timeout`, a timer per managed NotReady node.
 #[derive(Default)]
 struct NotReadyChecks {
-    timers: DelayQueue<NodeIdentity>,
-    scheduled: BTreeMap<NodeIdentity, delay_queue::Key>,
+    timers: NodeTimers,
     /// Nodes the partition guard holds, checked again whenever some node's readiness changes
     /// or a node comes or goes (that moves the fractions).
     held: BTreeSet<NodeIdentity>,
-}
-
-impl NotReadyChecks {
-    fn schedule(&mut self, node: NodeIdentity, wait: Duration) {
-        self.unschedule(node.name());
-        let key = self.timers.insert(node.clone(), wait);
-        self.scheduled.insert(node, key);
-    }
-
-    /// Drops the timers of every Node object named `name`.
-    fn unschedule(&mut self, name: &str) {
-        for (_, key) in remove_named(&mut self.scheduled, name) {
-            self.timers.remove(&key);
-        }
-    }
 }
 
 impl<'a> Leading<'a> {
@@ -210,11 +193,11 @@ impl<'a> Leading<'a> {
                 Some(written) = self.finalizers.writes.join_next() => {
                     self.finalizer_written(written.ok());
                 }
-                Some(expired) = self.not_ready.timers.next() => {
+                Some(expired) = self.not_ready.timers.expired() => {
                     // A leader that loses its lease mid-request stops here too.
                     tokio::select! {
                         () = self.acting.cancelled() => break,
-                        () = self.not_ready_expired(expired.into_inner()) => {}
+                        () = self.not_ready_expired(expired) => {}
                     }
                 }
             }
@@ -298,16 +281,16 @@ impl<'a> Leading<'a> {
             Some(due) => {
                 let wait = Duration::try_from(due.duration_since(Timestamp::now()))
                     .unwrap_or(Duration::ZERO);
-                self.not_ready.schedule(identity, wait);
+                self.not_ready.timers.set(identity, wait);
             }
-            None => self.not_ready.unschedule(identity.name()),
+            None => self.not_ready.timers.clear(identity.name()),
         }
     }
 
     /// The nodes the partition guard holds are checked again.
     fn recheck_held(&mut self) {
         for node in std::mem::take(&mut self.not_ready.held) {
-            self.not_ready.schedule(node, Duration::ZERO);
+            self.not_ready.timers.set(node, Duration::ZERO);
         }
     }
 
@@ -344,7 +327,6 @@ impl<'a> Leading<'a> {
     }
 
     async fn not_ready_expired(&mut self, identity: NodeIdentity) {
-        self.not_ready.scheduled.remove(&identity);
         let Some(node) = identity.cached(&self.shared.nodes) else {
             return;
         };

@@ -6,7 +6,6 @@
 //! about or terminated only under the providerID of this very object — so the wrong act cannot
 //! be written.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -53,19 +52,6 @@ impl Ord for NodeIdentity {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         (&self.name, &self.uid).cmp(&(&other.name, &other.uid))
     }
-}
-
-/// Takes out of `map` the entries of every Node object named `name`: work keyed by identity
-/// that a name's change replaces, whichever of its objects it was for.
-pub fn remove_named<V>(map: &mut BTreeMap<NodeIdentity, V>, name: &str) -> Vec<(NodeIdentity, V)> {
-    let named: Vec<NodeIdentity> = map
-        .range(NodeIdentity::all_named(name))
-        .map(|(node, _)| node.clone())
-        .collect();
-    named
-        .into_iter()
-        .filter_map(|node| map.remove_entry(&node))
-        .collect()
 }
 
 /// What an update through [`NodeIdentity::update`] did.
