@@ -10,7 +10,7 @@
 use serde_json::{Value, json};
 
 use crate::audit::{Audit, Disruption};
-use crate::conditions::is_ready;
+use crate::conditions::{is_ready, set_condition};
 use crate::error::ApiError;
 use crate::selector::LabelSelector;
 use crate::store::timestamps::now_rfc3339;
@@ -270,7 +270,13 @@ fn delete_with_condition(
     let marked = store.update(&pods, namespace, name, Part::Status, |latest| {
         options.preconditions.check(&pods, name, latest)?;
         let mut updated = latest.clone();
-        set_disruption_target(&mut updated);
+        let condition = json!({
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "EvictionByEvictionAPI",
+            "message": "Eviction API: evicting",
+        });
+        set_condition(&mut updated, condition, &now_rfc3339());
         Ok(updated)
     })?;
     let mut options = options.clone();
@@ -280,36 +286,4 @@ fn delete_with_condition(
     audit.pod_leaving(store, &marked, Disruption::Eviction, user);
     store.delete(&pods, namespace, name, &options)?;
     Ok(())
-}
-
-/// podutil.UpdatePodCondition: the transition time moves only when the status does.
-fn set_disruption_target(pod: &mut Value) {
-    let condition = json!({
-        "type": "DisruptionTarget",
-        "status": "True",
-        "reason": "EvictionByEvictionAPI",
-        "message": "Eviction API: evicting",
-        "lastTransitionTime": now_rfc3339(),
-    });
-    if !pod["status"]["conditions"].is_array() {
-        pod["status"]["conditions"] = json!([]);
-    }
-    let conditions = pod["status"]["conditions"]
-        .as_array_mut()
-        .expect("made an array above");
-    match conditions
-        .iter_mut()
-        .find(|c| c["type"] == "DisruptionTarget")
-    {
-        Some(existing) => {
-            let since = if existing["status"] == "True" {
-                existing["lastTransitionTime"].clone()
-            } else {
-                condition["lastTransitionTime"].clone()
-            };
-            *existing = condition;
-            existing["lastTransitionTime"] = since;
-        }
-        None => conditions.push(condition),
-    }
 }

@@ -22,52 +22,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serves until SIGTERM or SIGINT.
-    Serve {
-        #[arg(long, default_value = "127.0.0.1:0")]
-        listen: SocketAddr,
-        /// Written (atomically) once the server accepts requests and its URL is on stdout, so a
-        /// script that waits for this file can read the URL at once.
-        #[arg(long)]
-        kubeconfig_out: PathBuf,
-        /// Ready nodes node-0..N-1 to create.
-        #[arg(long, default_value_t = 0)]
-        nodes: usize,
-        /// Running ReplicaSet pods on each created node.
-        #[arg(long, default_value_t = 0)]
-        pods_per_node: usize,
-        /// Serve HTTPS with a generated CA (put in the kubeconfig).
-        #[arg(long)]
-        tls: bool,
-        /// PATTERN=DIR: run containers whose image matches PATTERN (exact, or a prefix ending
-        /// in '*') as local processes, their command[0] (or the image name) taken from DIR;
-        /// `kubectl logs` shows their output. Repeatable. Example: 'busybox:*=/bin'.
-        #[arg(long = "run-image", value_name = "PATTERN=DIR")]
-        run_images: Vec<kube_sim::ImageRule>,
-        /// How long a node's Lease may go unrenewed before the node turns Ready=Unknown
-        /// (kube-controller-manager's flag of the same name).
-        #[arg(long, default_value = "40s", value_parser = duration)]
-        node_monitor_grace_period: Duration,
-        /// How often each running kubelet renews its node's Lease.
-        #[arg(long, default_value = "10s", value_parser = duration)]
-        node_lease_renew_interval: Duration,
-        /// DIR/<node> is each node's own filesystem: hostPath volumes of pods on that node are
-        /// found (and made) there. Without it, hostPaths are this host's own paths.
-        #[arg(long, value_name = "DIR")]
-        node_roots: Option<PathBuf>,
-        /// Run HTTP probes at least this often, whatever their periodSeconds (shortens the
-        /// kubelet's 10 s default for demos).
-        #[arg(long, value_parser = duration, value_name = "DURATION")]
-        probe_period_max: Option<Duration>,
-        /// The not-ready/unreachable tolerations the DefaultTolerationSeconds admission gives
-        /// pods (the API server's --default-not-ready-toleration-seconds and
-        /// --default-unreachable-toleration-seconds).
-        #[arg(long, default_value_t = 300)]
-        default_toleration_seconds: u32,
-        /// The API server's feature gates, as `NAME=true|false` (kube-apiserver's flag). Known:
-        /// `WatchList` (watches that send their initial events; off by default, as in 1.33).
-        #[arg(long, value_name = "NAME=BOOL", value_parser = feature_gate, value_delimiter = ',')]
-        feature_gates: Vec<(String, bool)>,
-    },
+    Serve(Box<Serve>),
     /// The container init the kubelet starts a container process through: mounts the volumes
     /// the spec names in a mount namespace of its own, then runs the program. Not for people.
     #[command(hide = true)]
@@ -81,6 +36,66 @@ enum Command {
     },
 }
 
+#[derive(Debug, clap::Args)]
+struct Serve {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Written (atomically) once the server accepts requests and its URL is on stdout, so a
+    /// script that waits for this file can read the URL at once.
+    #[arg(long)]
+    kubeconfig_out: PathBuf,
+    /// Ready nodes node-0..N-1 to create.
+    #[arg(long, default_value_t = 0)]
+    nodes: usize,
+    /// Running ReplicaSet pods on each created node.
+    #[arg(long, default_value_t = 0)]
+    pods_per_node: usize,
+    /// Serve HTTPS with a generated CA (put in the kubeconfig).
+    #[arg(long)]
+    tls: bool,
+    /// PATTERN=DIR: run containers whose image matches PATTERN (exact, or a prefix ending
+    /// in '*') as local processes, their command[0] (or the image name) taken from DIR;
+    /// `kubectl logs` shows their output. Repeatable. Example: 'busybox:*=/bin'.
+    #[arg(long = "run-image", value_name = "PATTERN=DIR")]
+    run_images: Vec<kube_sim::ImageRule>,
+    /// How long a node's Lease may go unrenewed before the node turns Ready=Unknown
+    /// (kube-controller-manager's flag of the same name).
+    #[arg(long, default_value = "40s", value_parser = duration)]
+    node_monitor_grace_period: Duration,
+    /// How often each running kubelet renews its node's Lease.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    node_lease_renew_interval: Duration,
+    /// DIR/<node> is each node's own filesystem: hostPath volumes of pods on that node are
+    /// found (and made) there. Without it, hostPaths are this host's own paths.
+    #[arg(long, value_name = "DIR")]
+    node_roots: Option<PathBuf>,
+    /// Run HTTP probes at least this often, whatever their periodSeconds (shortens the
+    /// kubelet's 10 s default for demos).
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    probe_period_max: Option<Duration>,
+    /// The not-ready/unreachable tolerations the DefaultTolerationSeconds admission gives
+    /// pods (the API server's --default-not-ready-toleration-seconds and
+    /// --default-unreachable-toleration-seconds).
+    #[arg(long, default_value_t = 300)]
+    default_toleration_seconds: u32,
+    /// Finished pods the pod garbage collector keeps before it deletes the oldest
+    /// (kube-controller-manager's flag of the same name); 0 keeps them all.
+    #[arg(long, default_value_t = 12_500)]
+    terminated_pod_gc_threshold: usize,
+    /// How often the pod garbage collector sweeps (a constant upstream, 20 s; shorter for
+    /// tests and demos).
+    #[arg(long, default_value = "20s", value_parser = duration)]
+    pod_gc_period: Duration,
+    /// How long the pod garbage collector waits before it takes a node missing from its
+    /// caches for deleted and deletes the pods bound to it (a constant upstream, 40 s).
+    #[arg(long, default_value = "40s", value_parser = duration)]
+    pod_gc_quarantine: Duration,
+    /// The API server's feature gates, as `NAME=true|false` (kube-apiserver's flag). Known:
+    /// `WatchList` (watches that send their initial events; off by default, as in 1.33).
+    #[arg(long, value_name = "NAME=BOOL", value_parser = feature_gate, value_delimiter = ',')]
+    feature_gates: Vec<(String, bool)>,
+}
+
 fn main() -> Result<()> {
     match Cli::parse().command {
         // Before any thread exists: a mount namespace is per process only while it has one.
@@ -92,20 +107,24 @@ fn main() -> Result<()> {
             eprintln!("kube-sim run-container: {error}");
             std::process::exit(128);
         }
-        Command::Serve {
-            listen,
-            kubeconfig_out,
-            nodes,
-            pods_per_node,
-            tls,
-            run_images,
-            node_monitor_grace_period,
-            node_lease_renew_interval,
-            node_roots,
-            probe_period_max,
-            default_toleration_seconds,
-            feature_gates,
-        } => {
+        Command::Serve(serve_args) => {
+            let Serve {
+                listen,
+                kubeconfig_out,
+                nodes,
+                pods_per_node,
+                tls,
+                run_images,
+                node_monitor_grace_period,
+                node_lease_renew_interval,
+                node_roots,
+                probe_period_max,
+                default_toleration_seconds,
+                terminated_pod_gc_threshold,
+                pod_gc_period,
+                pod_gc_quarantine,
+                feature_gates,
+            } = *serve_args;
             let options = SimOptions {
                 listen,
                 tls,
@@ -119,6 +138,9 @@ fn main() -> Result<()> {
                     node_roots,
                     probe_period_max,
                     default_toleration_seconds: i64::from(default_toleration_seconds),
+                    terminated_pod_gc_threshold,
+                    pod_gc_period,
+                    pod_gc_quarantine,
                     ..kube_sim::WorldOptions::default()
                 },
                 watch_list: feature_gates

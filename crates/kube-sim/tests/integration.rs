@@ -9,6 +9,8 @@ mod api;
 mod apply;
 mod eviction;
 mod kubectl;
+mod pod_gc;
 mod semantics;
 mod serve;
+mod volumes;
 mod world;

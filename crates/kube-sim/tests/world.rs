@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -416,8 +416,11 @@ async fn a_deleted_pod_held_by_a_finalizer_finishes_and_waits() -> Result<()> {
     .await
 }
 
-/// A pod with a claim on `node`; returns the VolumeAttachment's name once it is attached.
+/// A pod with a claim on `node`, bound to the CSI volume `pv-1` (whose handle is not its name,
+/// as with real drivers); returns the VolumeAttachment's name once it is attached.
 async fn attached_pod(sim: &KubeSim, node: &str) -> Result<String> {
+    let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(sim.client());
+    volumes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pv-1"}, "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "csi": {"driver": kube_sim::world::CSI_DRIVER, "volumeHandle": "vol-7c1d"}}}))?).await?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(sim.client(), "default");
     claims.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1", "resources": {"requests": {"storage": "1Gi"}}}}))?).await?;
     attached_pod_with(
@@ -468,8 +471,16 @@ async fn attached_pod_with(sim: &KubeSim, node: &str, source: serde_json::Value)
             .is_some_and(|va| va.status.is_some_and(|s| s.attached)))
     })
     .await?;
+    // The kubelet's name for a CSI volume, from the PersistentVolume's own CSI source.
+    let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+    let csi = volumes
+        .get(&volume)
+        .await?
+        .spec
+        .and_then(|spec| spec.csi)
+        .context("a CSI source")?;
+    let unique = format!("kubernetes.io/csi/{}^{}", csi.driver, csi.volume_handle);
     let nodes: Api<Node> = Api::all(client);
-    let unique = kube_sim::world::unique_volume_name(&volume);
     wait_until(sim, "the kubelet to report the volume in use", || async {
         let status = nodes.get(node).await?.status.unwrap_or_default();
         let in_use = status.volumes_in_use.unwrap_or_default().contains(&unique);
@@ -823,8 +834,7 @@ async fn the_cloud_counts_terminations_and_stops_the_machine() -> Result<()> {
 async fn a_read_write_once_volume_moves_only_after_its_old_attachment_is_gone() -> Result<()> {
     let sim = sim(2).await?;
     let client = sim.client();
-    let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
-    volumes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pv-1"}, "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "csi": {"driver": kube_sim::world::CSI_DRIVER, "volumeHandle": "pv-1"}}}))?).await?;
+    // attached_pod's volume is ReadWriteOnce.
     let old = attached_pod(&sim, "node-0").await?;
     set_kubelet(&Api::all(client.clone()), "node-0", "stopped").await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");

@@ -1,8 +1,9 @@
 //! Volume attachments, as the attach/detach controller
 //! (pkg/controller/volume/attachdetach/reconciler/reconciler.go) and a CSI external attacher
 //! handle them:
-//! - a PVC-backed volume of a pod on a node, while the pod is not terminated, is wanted there:
-//!   a VolumeAttachment is created and the attacher reports it attached;
+//! - a PVC-backed volume of the simulated CSI driver, of a pod on a node, while the pod is not
+//!   terminated, is wanted there: a VolumeAttachment is created and the attacher reports it
+//!   attached (another driver's volume is mounted without one, as with `attachRequired: false`);
 //! - a volume no longer wanted is detached (its VolumeAttachment deleted) only once the kubelet
 //!   unmounted it (it left `node.status.volumesInUse`), or, on a node that is not Ready, after
 //!   `maxWaitForUnmountDuration`, or at once when the node has the
@@ -13,7 +14,9 @@
 //!   `FailedAttachVolume` Multi-Attach error and waits (the reconciler's
 //!   `isMultiAttachForbidden`).
 //!
-//! `node.status.volumesAttached` lists what is attached.
+//! `node.status.volumesAttached` lists what is attached, and the kubelet lists in
+//! `volumesInUse` what it mounted, both by the CSI plugin's unique name
+//! `kubernetes.io/csi/<driver>^<volumeHandle>` from the PersistentVolume's `spec.csi`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -39,9 +42,52 @@ pub fn attachment_name(volume: &str, node: &str) -> String {
     format!("csi-{volume}-{node}")
 }
 
-/// The name a node reports a CSI volume under in `volumesInUse` / `volumesAttached`.
-pub fn unique_volume_name(volume: &str) -> String {
-    format!("kubernetes.io/csi/{DRIVER}^{volume}")
+/// The name the kubelet and the attach/detach controller give a CSI volume in a node's
+/// `volumesInUse` and `volumesAttached` (the CSI plugin's `GetVolumeName`).
+pub fn unique_volume_name(driver: &str, volume_handle: &str) -> String {
+    format!("kubernetes.io/csi/{driver}^{volume_handle}")
+}
+
+/// A PersistentVolume with a CSI source, as the kubelet and the attach/detach controller know it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsiVolume {
+    /// The PersistentVolume's name (a VolumeAttachment's `source.persistentVolumeName`).
+    pub pv: String,
+    pub driver: String,
+    /// `kubernetes.io/csi/<driver>^<volumeHandle>`.
+    pub unique_name: String,
+}
+
+impl CsiVolume {
+    /// Only the simulated driver has an external attacher: another driver's volume is mounted
+    /// without an attachment, as one whose CSIDriver says `attachRequired: false`.
+    pub fn needs_attaching(&self) -> bool {
+        self.driver == DRIVER
+    }
+}
+
+/// The PersistentVolume `pv`, when it exists and has a CSI source (other sources are not
+/// attachable here: no attachment, not in `volumesInUse`).
+pub fn csi_volume(store: &Store, pv: &str) -> Option<CsiVolume> {
+    let found = store
+        .get(&store.kind("", "persistentvolumes"), None, pv)
+        .ok()?;
+    let csi = &found["spec"]["csi"];
+    let driver = csi["driver"].as_str().filter(|d| !d.is_empty())?;
+    let handle = csi["volumeHandle"].as_str().filter(|h| !h.is_empty())?;
+    Some(CsiVolume {
+        pv: pv.to_owned(),
+        driver: driver.to_owned(),
+        unique_name: unique_volume_name(driver, handle),
+    })
+}
+
+/// The CSI volumes `pod` uses through its bound claims.
+pub fn pod_csi_volumes(store: &Store, pod: &Value) -> Vec<CsiVolume> {
+    pod_volumes(store, pod)
+        .iter()
+        .filter_map(|pv| csi_volume(store, pv))
+        .collect()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +107,9 @@ pub struct Memory {
     detaching: HashMap<String, Instant>,
     /// Pods (uid, volume) already told about a Multi-Attach error: upstream reports it once.
     multi_attach_reported: BTreeSet<(String, String)>,
+    /// Each attachment's volume by its unique name, kept while the attachment exists: the
+    /// reconciler's actual state remembers it when the PersistentVolume is deleted first.
+    unique_names: HashMap<String, String>,
 }
 
 /// The reconciler's `IsPodTerminated`: finished, or being deleted with nothing running.
@@ -128,12 +177,18 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
         if terminated(&pod) {
             continue;
         }
-        for volume in pod_volumes(store, &pod) {
-            let name = attachment_name(&volume, node);
+        for volume in pod_csi_volumes(store, &pod) {
+            if !volume.needs_attaching() {
+                continue;
+            }
+            let name = attachment_name(&volume.pv, node);
             wanting_pods
                 .entry(name.clone())
                 .or_insert_with(|| pod.clone());
-            wanted.insert(name, (volume, node.to_owned()));
+            memory
+                .unique_names
+                .insert(name.clone(), volume.unique_name.clone());
+            wanted.insert(name, (volume.pv, node.to_owned()));
         }
     }
     let existing: HashMap<String, std::sync::Arc<Value>> = store
@@ -142,6 +197,15 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
         .filter(|va| va["spec"]["attacher"] == DRIVER)
         .map(|va| (text(&va["metadata"]["name"]).to_owned(), va))
         .collect();
+    memory
+        .unique_names
+        .retain(|name, _| existing.contains_key(name) || wanted.contains_key(name));
+    for (name, attachment) in &existing {
+        let pv = text(&attachment["spec"]["source"]["persistentVolumeName"]);
+        if let Some(volume) = csi_volume(store, pv) {
+            memory.unique_names.insert(name.clone(), volume.unique_name);
+        }
+    }
     let mut still_reported = BTreeSet::new();
     for (name, (volume, node)) in &wanted {
         if !existing.contains_key(name) {
@@ -193,18 +257,18 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
             .copied()
             .unwrap_or_else(Instant::now);
         still_requested.insert(name.clone(), requested);
-        let volume = text(&attachment["spec"]["source"]["persistentVolumeName"]);
+        let unique_name = memory.unique_names.get(name).map(String::as_str);
         let node = store
             .get(&nodes, None, text(&attachment["spec"]["nodeName"]))
             .ok();
-        if may_detach(node.as_deref(), volume, requested, timings) {
+        if may_detach(node.as_deref(), unique_name, requested, timings) {
             let _ = store.delete(&attachments, None, name, &DeleteOptions::default());
         }
     }
     memory.detach_requested = still_requested;
     memory.detaching = still_detaching;
     memory.multi_attach_reported = still_reported;
-    report_volumes_attached(store);
+    report_volumes_attached(store, &memory.unique_names);
 }
 
 /// Only a PersistentVolume says reliably whether it may be attached to several nodes: with
@@ -243,15 +307,22 @@ fn text(value: &Value) -> &str {
 }
 
 /// The reconciler's rule: a volume still mounted stays attached, unless the node has the
-/// out-of-service taint, or is unhealthy and the wait for unmount ran out.
-fn may_detach(node: Option<&Value>, volume: &str, requested: Instant, timings: Timings) -> bool {
+/// out-of-service taint, or is unhealthy and the wait for unmount ran out. A volume whose
+/// unique name is unknown (its PersistentVolume never seen) cannot be reported in use.
+fn may_detach(
+    node: Option<&Value>,
+    unique_name: Option<&str>,
+    requested: Instant,
+    timings: Timings,
+) -> bool {
     let Some(node) = node else {
         return true;
     };
-    let unique = unique_volume_name(volume);
-    let mounted = node["status"]["volumesInUse"]
-        .as_array()
-        .is_some_and(|in_use| in_use.iter().any(|v| v == unique.as_str()));
+    let mounted = unique_name.is_some_and(|unique| {
+        node["status"]["volumesInUse"]
+            .as_array()
+            .is_some_and(|in_use| in_use.iter().any(|v| v == unique))
+    });
     let out_of_service = node["spec"]["taints"]
         .as_array()
         .is_some_and(|taints| taints.iter().any(|t| t["key"] == OUT_OF_SERVICE));
@@ -280,17 +351,19 @@ fn drop_finalizer(store: &Store, name: &str) {
 }
 
 /// Each node's `status.volumesAttached`: the attached volumes, until their detach completes.
-fn report_volumes_attached(store: &Store) {
+fn report_volumes_attached(store: &Store, unique_names: &HashMap<String, String>) {
     let attachments = store.kind("storage.k8s.io", "volumeattachments");
     let mut by_node: HashMap<String, BTreeSet<String>> = HashMap::new();
     for attachment in store.all(&attachments) {
-        if attachment["spec"]["attacher"] == DRIVER && attachment["status"]["attached"] == true {
+        let unique_name = unique_names.get(text(&attachment["metadata"]["name"]));
+        if let Some(unique_name) = unique_name
+            && attachment["spec"]["attacher"] == DRIVER
+            && attachment["status"]["attached"] == true
+        {
             by_node
                 .entry(text(&attachment["spec"]["nodeName"]).to_owned())
                 .or_default()
-                .insert(unique_volume_name(text(
-                    &attachment["spec"]["source"]["persistentVolumeName"],
-                )));
+                .insert(unique_name.clone());
         }
     }
     let nodes = store.kind("", "nodes");

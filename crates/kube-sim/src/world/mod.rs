@@ -65,10 +65,15 @@ pub struct WorldOptions {
     /// before detaching it anyway (kube-controller-manager's 6 minutes).
     pub max_wait_for_unmount: Duration,
     pub garbage_collector: bool,
-    /// kube-controller-manager's pod GC for terminating pods on out-of-service nodes (KEP-2268's
-    /// `gcTerminating`), which sweeps every `pod_gc_period` (20 s upstream).
+    /// kube-controller-manager's pod GC (see pod_gc.rs), which sweeps every `pod_gc_period`
+    /// (20 s upstream).
     pub pod_gc: bool,
     pub pod_gc_period: Duration,
+    /// How long the pod GC waits before it takes a missing node for deleted (40 s upstream).
+    pub pod_gc_quarantine: Duration,
+    /// Finished pods kept before the pod GC deletes the oldest (kube-controller-manager's
+    /// `--terminated-pod-gc-threshold`, 12,500); 0 keeps them all.
+    pub terminated_pod_gc_threshold: usize,
     /// The `tolerationSeconds` the DefaultTolerationSeconds admission gives pods for the
     /// not-ready and unreachable NoExecute taints (the real 300 s unless a test shortens it).
     pub default_toleration_seconds: i64,
@@ -105,6 +110,8 @@ impl Default for WorldOptions {
             garbage_collector: true,
             pod_gc: true,
             pod_gc_period: Duration::from_secs(20),
+            pod_gc_quarantine: Duration::from_secs(40),
+            terminated_pod_gc_threshold: 12_500,
             default_toleration_seconds: 300,
             run_images: Vec::new(),
             container_init: None,
@@ -262,11 +269,12 @@ impl World {
             ));
         }
         if options.pod_gc {
-            tokio::spawn(pod_gc::run(
-                store.clone(),
-                options.pod_gc_period,
-                stop.clone(),
-            ));
+            let settings = pod_gc::Settings {
+                period: options.pod_gc_period,
+                quarantine: options.pod_gc_quarantine,
+                terminated_threshold: options.terminated_pod_gc_threshold,
+            };
+            tokio::spawn(pod_gc::run(store.clone(), settings, stop.clone()));
         }
         let cloud = Cloud::new(store.clone()).with_power_off_delay(options.power_off_delay);
         let registrar = cloud.clone();

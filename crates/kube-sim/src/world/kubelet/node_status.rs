@@ -37,8 +37,8 @@ impl Kubelets {
         let mut in_use: Vec<String> = bound
             .iter()
             .filter(|pod| !terminal(pod))
-            .flat_map(|pod| crate::world::attach_detach::pod_volumes(&self.store, pod))
-            .map(|volume| crate::world::attach_detach::unique_volume_name(&volume))
+            .flat_map(|pod| crate::world::attach_detach::pod_csi_volumes(&self.store, pod))
+            .map(|volume| volume.unique_name)
             .collect();
         in_use.sort();
         in_use.dedup();

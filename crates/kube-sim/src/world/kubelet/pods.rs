@@ -181,12 +181,15 @@ impl Kubelets {
             .as_array()
             .cloned()
             .unwrap_or_default();
-        volumes.iter().all(|volume| {
-            let unique = crate::world::attach_detach::unique_volume_name(volume);
-            attached
-                .iter()
-                .any(|entry| entry["name"] == unique.as_str())
-        })
+        volumes
+            .iter()
+            .filter_map(|pv| crate::world::attach_detach::csi_volume(&self.store, pv))
+            .filter(crate::world::attach_detach::CsiVolume::needs_attaching)
+            .all(|volume| {
+                attached
+                    .iter()
+                    .any(|entry| entry["name"] == volume.unique_name.as_str())
+            })
     }
 
     /// A pod object is gone: its processes are killed and its node's kubelet forgets its
