@@ -16,7 +16,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
-use kube_sim::KubeSim;
+use kube_sim::{KubeSim, WorldOptions};
 use nodegrace_core::testing::proxy::Proxy;
 use serde_json::json;
 use termination_controller::api::{DISRUPTED_TAINT, FINALIZER, NodeDisruptionBudget};
@@ -218,6 +218,57 @@ async fn a_dead_node_is_released_without_waiting_for_its_pods() -> Result<()> {
             .is_none(),
         "a pod of a stopped machine is not evicted: nothing would confirm its end"
     );
+    controller.stop().await
+}
+
+/// A dead node released without a drain leaves its pods bound to a Node that no longer exists.
+/// kube-controller-manager's pod GC deletes them once its quarantine has passed, their
+/// ReplicaSet replaces them, and a later drain of the same workload, under its budget of
+/// maxUnavailable 1, finishes (without the pod GC, the dead node's unready pods held that
+/// budget for ever and the second node never went).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_nodes_pods_are_collected_and_a_later_drain_of_their_workload_finishes() -> Result<()>
+{
+    let world = WorldOptions {
+        pod_gc_period: Duration::from_millis(200),
+        pod_gc_quarantine: Duration::from_secs(1),
+        ..common::world()
+    };
+    let sim = common::cluster(3)
+        .world(world)
+        .with(common::web(6))
+        .start()
+        .await?;
+    let client = sim.client();
+    let controller = managing(&sim, &[]).await?;
+    ensure!(
+        !common::pods_on(&client, "node-0").await?.is_empty(),
+        "web has pods on node-0"
+    );
+    sim.world()
+        .cloud()
+        .set_power("node-0", false)
+        .context("node-0's machine")?;
+    wait_for("node-0 NotReady", || async {
+        Ok(!ready(&client, "node-0").await?)
+    })
+    .await?;
+    delete_node(&client, "node-0").await?;
+    wait_for("node-0 released", || node_gone(&client, "node-0")).await?;
+    event_seen(&client, "node-0", "DrainSkipped").await?;
+    wait_for("no pod bound to node-0", || async {
+        Ok(common::pods_on(&client, "node-0").await?.is_empty())
+    })
+    .await?;
+    common::wait_ready(&client, "web", 6).await?;
+    delete_node(&client, "node-1").await?;
+    wait_for("node-1 drained and released", || {
+        node_gone(&client, "node-1")
+    })
+    .await?;
+    event_seen(&client, "node-1", "Drained").await?;
+    let violations = sim.world().audit().violations();
+    ensure!(violations.is_empty(), "{violations:?}");
     controller.stop().await
 }
 
