@@ -98,6 +98,64 @@ fn pods_of_a_deleted_node_are_marked_and_deleted_after_the_quarantine() -> Resul
     })
 }
 
+/// gcTerminating (KEP-2268): a pod deleted gracefully on a node whose kubelet died stays
+/// Terminating until the node, NotReady, gets the out-of-service taint; the next sweep marks
+/// it Failed and deletes it with grace 0.
+#[test]
+fn a_terminating_pod_on_an_out_of_service_node_is_marked_and_deleted() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let sim = Sim::start_with(
+        1,
+        &[
+            "--pod-gc-period=200ms",
+            "--node-lease-renew-interval=200ms",
+            "--node-monitor-grace-period=1s",
+        ],
+    )?;
+    sim.apply(&pod("stuck", "node-0", true))?;
+    sim.wait_for("stuck to run", "pods", WAIT, |sim| {
+        Ok(sim.jsonpath(&["pod", "stuck"], "{.status.phase}")? == "Running")
+    })?;
+    sim.stop_kubelet("node-0")?;
+    sim.ok(&["delete", "pod", "stuck", "--wait=false"])?;
+    sim.wait_for("node-0 to turn Unknown", "nodes", WAIT, |sim| {
+        let ready = sim.jsonpath(
+            &["node", "node-0"],
+            r#"{.status.conditions[?(@.type=="Ready")].status}"#,
+        )?;
+        Ok(ready == "Unknown")
+    })?;
+    let before = sim.jsonpath(
+        &["pod", "stuck"],
+        "{.status.phase} {.metadata.deletionGracePeriodSeconds}",
+    )?;
+    ensure!(before == "Running 30", "{before}");
+    sim.ok(&[
+        "taint",
+        "node",
+        "node-0",
+        "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+    ])?;
+    sim.wait_for(
+        "stuck marked Failed and deleted with grace 0",
+        "pods",
+        WAIT,
+        |sim| {
+            let after = sim.jsonpath(
+                &["pod", "stuck"],
+                "{.status.phase} {.metadata.deletionGracePeriodSeconds}",
+            )?;
+            Ok(after == "Failed 0")
+        },
+    )?;
+    release(&sim, "stuck")?;
+    sim.wait_for("stuck to be gone", "pods", WAIT, |sim| {
+        Ok(!exists(sim, "stuck")?)
+    })
+}
+
 /// gcUnscheduledTerminating: a pod never bound, deleted while a finalizer holds it, is marked
 /// Failed (the API server gave its deletion no grace: no kubelet runs it).
 #[test]

@@ -6,6 +6,7 @@ pub mod actions;
 pub mod cloud;
 pub mod fences;
 pub mod invariants;
+pub mod orphans;
 pub mod proxy;
 pub mod record;
 pub mod run;

@@ -29,6 +29,7 @@ use super::invariants::{
     self, Deletion, Disruption, Instance, Settled, TERMINATION_CONTROLLER_USER, Unavailability,
     Violation,
 };
+use super::orphans;
 use super::proxy::Proxy;
 use super::record;
 use super::schedule::{self, Event, NODES, Program, Programs, Provider, REPLICAS, Step};
@@ -52,6 +53,12 @@ const EVENTS_BOUND: Duration = Duration::from_secs(10);
 /// out-of-service-gc's `--liveness-guard-window` and `--max-fenced` (its default) in a run.
 const LIVENESS_WINDOW: Duration = Duration::from_secs(3);
 const MAX_FENCED: usize = 1;
+/// The pod GC's sweep period and quarantine, shortened as the node timings are (20 s and 40 s
+/// upstream).
+const POD_GC: orphans::PodGc = orphans::PodGc {
+    period: jiff::SignedDuration::from_secs(1),
+    quarantine: jiff::SignedDuration::from_secs(3),
+};
 /// How often the settling cluster is read (kube-sim has no watch for the cloud's state).
 const SETTLE_POLL: Duration = Duration::from_millis(500);
 
@@ -110,13 +117,20 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     let programs = options.programs.list();
     let steps = schedule::generate(seed, options.duration, &programs, options.provider);
     let aws = options.provider == Provider::Aws;
+    let kube_sim = options.bin_dir.join("kube-sim");
+    // A simulator built before its pod GC had `gcOrphaned` has no such flags: invariant 12 is
+    // then not judged.
+    let pod_gc_flags = known_to_command(&kube_sim, &["serve"], POD_GC.flags())?;
+    let orphans_judged = pod_gc_flags.len() == POD_GC.flags().len();
+    let mut sim_args = vec!["--default-toleration-seconds=4".to_owned()];
+    sim_args.extend(pod_gc_flags);
     let cluster = Cluster::start(
-        &options.bin_dir.join("kube-sim"),
+        &kube_sim,
         if aws { 0 } else { NODES },
         RENEW_INTERVAL,
         NODE_MONITOR_GRACE,
         &dir,
-        &["--default-toleration-seconds=4".to_owned()],
+        &sim_args,
     )
     .await?;
     let client = cluster.client().clone();
@@ -288,6 +302,9 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     if termination {
         await_drain_deadline_events(&client).await;
     }
+    if orphans_judged {
+        violations.extend(orphans_past_the_bound(&client, &recording).await?);
+    }
     for replica in &mut replicas {
         if let Some(mut process) = replica.process.take() {
             check_alive(
@@ -448,6 +465,28 @@ where
         .collect())
 }
 
+/// Invariant 12: waits, at most the pod GC's bound, for the pods bound to a gone node to go;
+/// those still bound past the bound are violations.
+async fn orphans_past_the_bound(
+    client: &Client,
+    recording: &record::Recording,
+) -> Result<Vec<Violation>> {
+    let bound = POD_GC.bound();
+    let deadline = Instant::now() + bound.unsigned_abs();
+    loop {
+        let now = jiff::Timestamp::now();
+        let nodes = list::<Node>(Api::all(client.clone())).await?;
+        let pods = list::<Pod>(Api::all(client.clone())).await?;
+        let removals = orphans::removals(&recording.in_order());
+        let left = orphans::orphans(&removals, &nodes, &pods);
+        let late = orphans::overdue(&left, now, bound);
+        if late.len() == left.len() || Instant::now() >= deadline {
+            return Ok(late);
+        }
+        tokio::time::sleep(SETTLE_POLL).await;
+    }
+}
+
 /// termination-controller sends an Event behind each write, not before it: a drain-deadline
 /// delete just before the cluster settled may still have its `DrainDeadline` Event in flight,
 /// and stopping the program would lose it. So the judge waits, a bounded while, until every
@@ -606,7 +645,13 @@ fn write_kubeconfig(path: &Path, server: &str, token: &str) -> Result<()> {
 /// The flags among `args` that `binary --help` names: a binary built from an older commit (to
 /// show what the explorer finds there) runs with the options it has.
 fn known_to(binary: &Path, args: Vec<String>) -> Result<Vec<String>> {
+    known_to_command(binary, &[], args)
+}
+
+/// [`known_to`] for a subcommand's flags (`kube-sim serve`).
+fn known_to_command(binary: &Path, command: &[&str], args: Vec<String>) -> Result<Vec<String>> {
     let help = std::process::Command::new(binary)
+        .args(command)
         .arg("--help")
         .output()
         .with_context(|| format!("run {} --help", binary.display()))?;
