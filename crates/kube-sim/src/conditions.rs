@@ -46,6 +46,17 @@ pub fn set_condition(object: &mut Value, condition: Value, now: &str) {
     *existing = condition;
 }
 
+/// KEP-2268's taint, put on a node whose machine the operator confirmed is off.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
+/// Whether `node` has a taint with the out-of-service key (any value or effect: the pod GC and
+/// the attach/detach controller look at the key only).
+pub fn is_out_of_service(node: &Value) -> bool {
+    node["spec"]["taints"]
+        .as_array()
+        .is_some_and(|taints| taints.iter().any(|t| t["key"] == OUT_OF_SERVICE_TAINT))
+}
+
 fn text(value: &Value) -> &str {
     value.as_str().unwrap_or_default()
 }

@@ -23,12 +23,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::conditions::is_ready;
+use crate::conditions::{is_out_of_service, is_ready};
 use crate::store::{Change, DeleteOptions, Part, Store};
 
 pub const DRIVER: &str = "sim.csi.nodegrace.io";
 const FINALIZER: &str = "external-attacher/sim-csi-nodegrace-io";
-const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 
 pub fn concerns(change: &Change) -> bool {
     matches!(
@@ -323,11 +322,8 @@ fn may_detach(
             .as_array()
             .is_some_and(|in_use| in_use.iter().any(|v| v == unique))
     });
-    let out_of_service = node["spec"]["taints"]
-        .as_array()
-        .is_some_and(|taints| taints.iter().any(|t| t["key"] == OUT_OF_SERVICE));
     let forced = !is_ready(node) && requested.elapsed() >= timings.max_wait_for_unmount;
-    !mounted || out_of_service || forced
+    !mounted || is_out_of_service(node) || forced
 }
 
 fn report_attached(store: &Store, name: &str) {

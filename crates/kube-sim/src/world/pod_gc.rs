@@ -25,11 +25,9 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::conditions::{is_ready, set_condition};
+use crate::conditions::{is_out_of_service, is_ready, set_condition};
 use crate::store::timestamps::now_rfc3339;
 use crate::store::{DeleteOptions, Part, Preconditions, Store};
-
-const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 
 /// The collector's timings and its one flag.
 #[derive(Debug, Clone, Copy)]
@@ -250,21 +248,19 @@ fn created(pod: &Value) -> &str {
 }
 
 fn out_of_service(node: &Value) -> bool {
-    !is_ready(node)
-        && node["spec"]["taints"]
-            .as_array()
-            .is_some_and(|taints| taints.iter().any(|t| t["key"] == OUT_OF_SERVICE))
+    !is_ready(node) && is_out_of_service(node)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conditions::OUT_OF_SERVICE_TAINT;
     use crate::resources::Registry;
 
     #[test]
     fn only_not_ready_nodes_with_the_taint_key_qualify() {
         let node = |ready: &str, taints: Value| json!({"spec": {"taints": taints}, "status": {"conditions": [{"type": "Ready", "status": ready}]}});
-        let tainted = json!([{"key": OUT_OF_SERVICE, "value": "x", "effect": "NoSchedule"}]);
+        let tainted = json!([{"key": OUT_OF_SERVICE_TAINT, "value": "x", "effect": "NoSchedule"}]);
         assert!(out_of_service(&node("False", tainted.clone())));
         assert!(out_of_service(&node("Unknown", tainted.clone())));
         assert!(!out_of_service(&node("True", tainted)));
