@@ -789,17 +789,7 @@ fn serve_flags_set_the_lease_renewal_and_the_node_monitor_grace() -> Result<()> 
         Ok(renewed()? != first)
     })?;
     sim.stop_kubelet("node-0")?;
-    sim.wait_for(
-        "node-0 to turn Unknown",
-        "nodes",
-        Duration::from_secs(20),
-        |sim| {
-            Ok(sim.jsonpath(
-                &["node", "node-0"],
-                r#"{.status.conditions[?(@.type=="Ready")].status}"#,
-            )? == "Unknown")
-        },
-    )
+    sim.wait_node_unknown("node-0", Duration::from_secs(20))
 }
 
 /// The taint manager counts `tolerationSeconds` from when it first saw the pod under the taint
@@ -875,10 +865,7 @@ fn pods_on_a_node_that_went_unknown_turn_unready() -> Result<()> {
         Duration::from_secs(20),
         |sim| Ok(ready(sim)? == "False"),
     )?;
-    let node = sim.jsonpath(
-        &["node", "node-0"],
-        r#"{.status.conditions[?(@.type=="Ready")].status}"#,
-    )?;
+    let node = sim.node_ready("node-0")?;
     ensure!(node == "Unknown", "node Ready {node}");
     // Only the Ready condition changes; the pod still runs as far as the API knows.
     let phase = sim.jsonpath(&["pod", "web"], "{.status.phase}")?;

@@ -120,24 +120,13 @@ fn a_terminating_pod_on_an_out_of_service_node_is_marked_and_deleted() -> Result
     })?;
     sim.stop_kubelet("node-0")?;
     sim.ok(&["delete", "pod", "stuck", "--wait=false"])?;
-    sim.wait_for("node-0 to turn Unknown", "nodes", WAIT, |sim| {
-        let ready = sim.jsonpath(
-            &["node", "node-0"],
-            r#"{.status.conditions[?(@.type=="Ready")].status}"#,
-        )?;
-        Ok(ready == "Unknown")
-    })?;
+    sim.wait_node_unknown("node-0", WAIT)?;
     let before = sim.jsonpath(
         &["pod", "stuck"],
         "{.status.phase} {.metadata.deletionGracePeriodSeconds}",
     )?;
     ensure!(before == "Running 30", "{before}");
-    sim.ok(&[
-        "taint",
-        "node",
-        "node-0",
-        "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
-    ])?;
+    sim.taint_out_of_service("node-0")?;
     sim.wait_for(
         "stuck marked Failed and deleted with grace 0",
         "pods",

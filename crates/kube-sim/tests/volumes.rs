@@ -79,24 +79,13 @@ fn csi_volumes_are_named_by_driver_and_handle_in_the_node_status() -> Result<()>
         &format!(r#"{{"status":{{"volumesInUse":["{unique}"]}}}}"#),
     ])?;
     sim.ok(&["delete", "pod", "db", "--grace-period=0", "--force"])?;
-    sim.wait_for("node-0 to turn Unknown", "nodes", WAIT, |sim| {
-        let ready = sim.jsonpath(
-            &["node", "node-0"],
-            r#"{.status.conditions[?(@.type=="Ready")].status}"#,
-        )?;
-        Ok(ready == "Unknown")
-    })?;
+    sim.wait_node_unknown("node-0", WAIT)?;
     let deleting = sim.jsonpath(&[attachment], "{.metadata.deletionTimestamp}")?;
     ensure!(
         deleting.is_empty(),
         "detached while node-0 reports the volume in use"
     );
-    sim.ok(&[
-        "taint",
-        "node",
-        "node-0",
-        "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
-    ])?;
+    sim.taint_out_of_service("node-0")?;
     sim.wait_for("the forced detach", "volumeattachments", WAIT, |sim| {
         Ok(sim
             .ok(&["get", "volumeattachments", "-o", "name"])?

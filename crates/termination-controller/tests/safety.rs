@@ -103,6 +103,23 @@ async fn stop_kubelet(client: &Client, node: &str) -> Result<()> {
     .await
 }
 
+/// Powers `node`'s machine off, then deletes the node once it is NotReady: released without a
+/// drain (`DrainSkipped`).
+async fn release_dead(sim: &KubeSim, node: &str) -> Result<()> {
+    let client = sim.client();
+    sim.world()
+        .cloud()
+        .set_power(node, false)
+        .with_context(|| format!("{node}'s machine"))?;
+    wait_for(&format!("{node} NotReady"), || async {
+        Ok(!ready(&client, node).await?)
+    })
+    .await?;
+    delete_node(&client, node).await?;
+    wait_for(&format!("{node} released"), || node_gone(&client, node)).await?;
+    event_seen(&client, node, "DrainSkipped").await
+}
+
 async fn remove_finalizer_by_hand(client: &Client, name: &str) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let mut node = nodes.get(name).await?;
@@ -197,17 +214,7 @@ async fn a_dead_node_is_released_without_waiting_for_its_pods() -> Result<()> {
     let controller = managing(&sim, &[]).await?;
     pod_on(&client, "on-dead", "node-0", json!({})).await?;
     budget_for(&client, "on-dead", json!({"maxUnavailable": 1})).await?;
-    sim.world()
-        .cloud()
-        .set_power("node-0", false)
-        .context("node-0's machine")?;
-    wait_for("node-0 NotReady", || async {
-        Ok(!ready(&client, "node-0").await?)
-    })
-    .await?;
-    delete_node(&client, "node-0").await?;
-    wait_for("node-0 released", || node_gone(&client, "node-0")).await?;
-    event_seen(&client, "node-0", "DrainSkipped").await?;
+    release_dead(&sim, "node-0").await?;
     ensure!(terminate_calls(&sim, "node-0") == 1);
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     ensure!(
@@ -245,17 +252,7 @@ async fn a_dead_nodes_pods_are_collected_and_a_later_drain_of_their_workload_fin
         !common::pods_on(&client, "node-0").await?.is_empty(),
         "web has pods on node-0"
     );
-    sim.world()
-        .cloud()
-        .set_power("node-0", false)
-        .context("node-0's machine")?;
-    wait_for("node-0 NotReady", || async {
-        Ok(!ready(&client, "node-0").await?)
-    })
-    .await?;
-    delete_node(&client, "node-0").await?;
-    wait_for("node-0 released", || node_gone(&client, "node-0")).await?;
-    event_seen(&client, "node-0", "DrainSkipped").await?;
+    release_dead(&sim, "node-0").await?;
     wait_for("no pod bound to node-0", || async {
         Ok(common::pods_on(&client, "node-0").await?.is_empty())
     })

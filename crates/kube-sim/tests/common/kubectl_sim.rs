@@ -108,6 +108,35 @@ impl Sim {
         Ok(())
     }
 
+    /// `node`'s Ready condition status (`True`, `False`, `Unknown`).
+    pub fn node_ready(&self, node: &str) -> Result<String> {
+        self.jsonpath(
+            &["node", node],
+            r#"{.status.conditions[?(@.type=="Ready")].status}"#,
+        )
+    }
+
+    /// Waits until `node`'s silence is noticed: its Ready condition turns Unknown.
+    pub fn wait_node_unknown(&self, node: &str, timeout: Duration) -> Result<()> {
+        self.wait_for(
+            &format!("{node} to turn Unknown"),
+            "nodes",
+            timeout,
+            |sim| Ok(sim.node_ready(node)? == "Unknown"),
+        )
+    }
+
+    /// KEP-2268's taint, as an operator puts it on a node whose machine is off.
+    pub fn taint_out_of_service(&self, node: &str) -> Result<()> {
+        self.ok(&[
+            "taint",
+            "node",
+            node,
+            "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+        ])?;
+        Ok(())
+    }
+
     pub fn apply(&self, yaml: &str) -> Result<String> {
         let path = self
             .dir
