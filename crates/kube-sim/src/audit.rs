@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::conditions::is_ready;
+use crate::conditions::{is_finished, is_ready};
 use crate::selector::LabelSelector;
 use crate::store::Store;
 
@@ -122,12 +122,7 @@ pub struct Audit {
 
 /// Counted toward a budget: Ready, not terminating, not finished.
 fn healthy(pod: &Value) -> bool {
-    is_ready(pod)
-        && !pod["metadata"]["deletionTimestamp"].is_string()
-        && !matches!(
-            pod["status"]["phase"].as_str(),
-            Some("Succeeded" | "Failed")
-        )
+    is_ready(pod) && !pod["metadata"]["deletionTimestamp"].is_string() && !is_finished(pod)
 }
 
 impl Audit {

@@ -46,6 +46,14 @@ pub fn set_condition(object: &mut Value, condition: Value, now: &str) {
     *existing = condition;
 }
 
+/// Whether `pod` has finished: Succeeded or Failed, phases it never leaves.
+pub fn is_finished(pod: &Value) -> bool {
+    matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    )
+}
+
 /// KEP-2268's taint, put on a node whose machine the operator confirmed is off.
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 

@@ -219,11 +219,7 @@ fn pod_grace(pod: &Value, options: &DeleteOptions) -> i64 {
     let bound = pod["spec"]["nodeName"]
         .as_str()
         .is_some_and(|node| !node.is_empty());
-    let terminal = matches!(
-        pod["status"]["phase"].as_str(),
-        Some("Succeeded" | "Failed")
-    );
-    if !bound || terminal {
+    if !bound || crate::conditions::is_finished(pod) {
         return 0;
     }
     options

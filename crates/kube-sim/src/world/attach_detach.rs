@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::conditions::{is_out_of_service, is_ready};
+use crate::conditions::{is_finished, is_out_of_service, is_ready};
 use crate::store::{Change, DeleteOptions, Part, Store};
 
 pub const DRIVER: &str = "sim.csi.nodegrace.io";
@@ -113,10 +113,7 @@ pub struct Memory {
 
 /// The reconciler's `IsPodTerminated`: finished, or being deleted with nothing running.
 fn terminated(pod: &Value) -> bool {
-    if matches!(
-        pod["status"]["phase"].as_str(),
-        Some("Succeeded" | "Failed")
-    ) {
+    if is_finished(pod) {
         return true;
     }
     pod["metadata"]["deletionTimestamp"].is_string()
@@ -184,9 +181,6 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
             wanting_pods
                 .entry(name.clone())
                 .or_insert_with(|| pod.clone());
-            memory
-                .unique_names
-                .insert(name.clone(), volume.unique_name.clone());
             wanted.insert(name, (volume.pv, node.to_owned()));
         }
     }
@@ -196,9 +190,10 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
         .filter(|va| va["spec"]["attacher"] == DRIVER)
         .map(|va| (text(&va["metadata"]["name"]).to_owned(), va))
         .collect();
+    // Read afresh for every attachment; one whose PersistentVolume is gone keeps the name it had.
     memory
         .unique_names
-        .retain(|name, _| existing.contains_key(name) || wanted.contains_key(name));
+        .retain(|name, _| existing.contains_key(name));
     for (name, attachment) in &existing {
         let pv = text(&attachment["spec"]["source"]["persistentVolumeName"]);
         if let Some(volume) = csi_volume(store, pv) {

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::events::{self, Source};
-use crate::conditions::is_ready;
+use crate::conditions::{is_finished, is_ready};
 use crate::error::ApiError;
 use crate::selector::LabelSelector;
 use crate::store::timestamps::now_rfc3339;
@@ -124,11 +124,7 @@ fn judge(store: &Store, budget: &Value, deletion_timeout: Duration) -> Option<Ju
     let selector = LabelSelector::from_object(&budget["spec"]["selector"]).ok()?;
     let live: Vec<Arc<Value>> = store
         .list(&store.kind("", "pods"), Some(namespace), None, 0, &|pod| {
-            selector.matches(pod)
-                && !matches!(
-                    pod["status"]["phase"].as_str(),
-                    Some("Succeeded" | "Failed")
-                )
+            selector.matches(pod) && !is_finished(pod)
         })
         .items;
     let Spent { disrupted, expired } = spent(budget, &live, deletion_timeout);

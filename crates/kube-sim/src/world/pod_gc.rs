@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::conditions::{is_out_of_service, is_ready, set_condition};
+use crate::conditions::{is_finished, is_out_of_service, is_ready, set_condition};
 use crate::store::timestamps::now_rfc3339;
 use crate::store::{DeleteOptions, Part, Preconditions, Store};
 
@@ -187,6 +187,7 @@ impl PodGc {
         let pods = self.store.kind("", "pods");
         let namespace = pod["metadata"]["namespace"].as_str();
         let name = text(&pod["metadata"]["name"]);
+        // A pod already finished is not marked again.
         if !is_finished(pod) {
             let judged = Preconditions {
                 uid: pod["metadata"]["uid"].as_str().map(str::to_owned),
@@ -226,14 +227,6 @@ fn is_terminated(pod: &Value) -> bool {
     !matches!(
         pod["status"]["phase"].as_str(),
         Some("Pending" | "Running" | "Unknown")
-    )
-}
-
-/// Succeeded or Failed: a pod marked Failed before its delete is not marked again.
-fn is_finished(pod: &Value) -> bool {
-    matches!(
-        pod["status"]["phase"].as_str(),
-        Some("Succeeded" | "Failed")
     )
 }
 

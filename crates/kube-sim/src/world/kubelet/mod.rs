@@ -144,13 +144,6 @@ fn text(value: &Value) -> String {
     value.as_str().unwrap_or_default().to_owned()
 }
 
-fn terminal(pod: &Value) -> bool {
-    matches!(
-        pod["status"]["phase"].as_str(),
-        Some("Succeeded" | "Failed")
-    )
-}
-
 /// The reason a runtime gives a terminated container.
 fn exit_reason(code: i32) -> &'static str {
     if code == 0 { "Completed" } else { "Error" }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
-use super::{Kubelets, containers, node_clock, reporting, terminal, text};
+use super::{Kubelets, containers, node_clock, reporting, text};
+use crate::conditions::is_finished;
 use crate::store::Part;
 use crate::store::timestamps::now_rfc3339;
 use crate::world::KUBELET_ANNOTATION;
@@ -36,7 +37,7 @@ impl Kubelets {
     pub(super) fn report_volumes_in_use(&self, node: &str, bound: &[Arc<Value>]) {
         let mut in_use: Vec<String> = bound
             .iter()
-            .filter(|pod| !terminal(pod))
+            .filter(|pod| !is_finished(pod))
             .flat_map(|pod| crate::world::attach_detach::pod_csi_volumes(&self.store, pod))
             .map(|volume| volume.unique_name)
             .collect();

@@ -9,9 +9,8 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
-use super::{
-    Action, Kubelets, container_names, containers, exit_reason, seconds_annotation, terminal, text,
-};
+use super::{Action, Kubelets, container_names, containers, exit_reason, seconds_annotation, text};
+use crate::conditions::is_finished;
 use crate::store::Part;
 use crate::store::timestamps::now_rfc3339;
 use crate::world::{READY_AFTER_ANNOTATION, STOP_SECONDS_ANNOTATION, probes};
@@ -29,7 +28,7 @@ impl Kubelets {
             text(&meta["uid"]),
         );
         if meta["deletionTimestamp"].is_string() {
-            if terminal(pod) {
+            if is_finished(pod) {
                 return;
             }
             let grace =
@@ -250,7 +249,7 @@ impl Kubelets {
         self.store
             .update(&pods, Some(namespace), name, Part::Status, |current| {
                 let mut updated = current.clone();
-                if current["metadata"]["uid"] != uid || terminal(current) {
+                if current["metadata"]["uid"] != uid || is_finished(current) {
                     return Ok(updated);
                 }
                 let now = now_rfc3339();

@@ -6,7 +6,8 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{Action, Kubelets, containers, exit_reason, restart_backoff, terminal, text};
+use super::{Action, Kubelets, containers, exit_reason, restart_backoff, text};
+use crate::conditions::is_finished;
 use crate::store::timestamps::now_rfc3339;
 use crate::world::runtime::Exit;
 use crate::world::{launch, probes};
@@ -167,7 +168,7 @@ impl Kubelets {
             }
             return;
         }
-        if terminal(pod) {
+        if is_finished(pod) {
             return;
         }
         let restart = match pod["spec"]["restartPolicy"].as_str() {
