@@ -679,6 +679,23 @@ async fn stays_attached_until_out_of_service(sim: &KubeSim, name: &str) -> Resul
     .await
 }
 
+/// The reconciler holds the volume it attached: a PersistentVolume deleted and made again
+/// under its name for another volume does not change the name the node's `volumesInUse` is
+/// read by, so the dead node's volume still counts as mounted until the out-of-service taint.
+#[tokio::test]
+async fn a_namesake_persistent_volume_does_not_rename_an_attached_volume() -> Result<()> {
+    let sim = sim(1).await?;
+    let name = attached_pod(&sim, "node-0").await?;
+    let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(sim.client());
+    volumes.delete("pv-1", &DeleteParams::default()).await?;
+    wait_until(&sim, "pv-1 to be gone", || async {
+        Ok(volumes.get_opt("pv-1").await?.is_none())
+    })
+    .await?;
+    volumes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pv-1"}, "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "csi": {"driver": kube_sim::world::CSI_DRIVER, "volumeHandle": "vol-other"}}}))?).await?;
+    stays_attached_until_out_of_service(&sim, &name).await
+}
+
 /// maxWaitForUnmountDuration: on a node that is not Ready, a mounted volume is detached anyway
 /// once the wait ran out.
 #[tokio::test]

@@ -106,8 +106,10 @@ pub struct Memory {
     detaching: HashMap<String, Instant>,
     /// Pods (uid, volume) already told about a Multi-Attach error: upstream reports it once.
     multi_attach_reported: BTreeSet<(String, String)>,
-    /// Each attachment's volume by its unique name, kept while the attachment exists: the
-    /// reconciler's actual state remembers it when the PersistentVolume is deleted first.
+    /// Each attachment's (by UID) volume by its unique name, as first read from its
+    /// PersistentVolume and kept while the attachment exists: the reconciler's actual state
+    /// holds the volume it attached, whatever becomes of the PersistentVolume (deleted, or
+    /// replaced by a namesake of another volume).
     unique_names: HashMap<String, String>,
 }
 
@@ -190,14 +192,23 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
         .filter(|va| va["spec"]["attacher"] == DRIVER)
         .map(|va| (text(&va["metadata"]["name"]).to_owned(), va))
         .collect();
-    // Read afresh for every attachment; one whose PersistentVolume is gone keeps the name it had.
+    let live: BTreeSet<&str> = existing
+        .values()
+        .map(|va| text(&va["metadata"]["uid"]))
+        .collect();
     memory
         .unique_names
-        .retain(|name, _| existing.contains_key(name));
-    for (name, attachment) in &existing {
+        .retain(|uid, _| live.contains(uid.as_str()));
+    for attachment in existing.values() {
+        let uid = text(&attachment["metadata"]["uid"]);
+        if memory.unique_names.contains_key(uid) {
+            continue;
+        }
         let pv = text(&attachment["spec"]["source"]["persistentVolumeName"]);
         if let Some(volume) = csi_volume(store, pv) {
-            memory.unique_names.insert(name.clone(), volume.unique_name);
+            memory
+                .unique_names
+                .insert(uid.to_owned(), volume.unique_name);
         }
     }
     let mut still_reported = BTreeSet::new();
@@ -251,7 +262,10 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
             .copied()
             .unwrap_or_else(Instant::now);
         still_requested.insert(name.clone(), requested);
-        let unique_name = memory.unique_names.get(name).map(String::as_str);
+        let unique_name = memory
+            .unique_names
+            .get(text(&attachment["metadata"]["uid"]))
+            .map(String::as_str);
         let node = store
             .get(&nodes, None, text(&attachment["spec"]["nodeName"]))
             .ok();
@@ -346,7 +360,7 @@ fn report_volumes_attached(store: &Store, unique_names: &HashMap<String, String>
     let attachments = store.kind("storage.k8s.io", "volumeattachments");
     let mut by_node: HashMap<String, BTreeSet<String>> = HashMap::new();
     for attachment in store.all(&attachments) {
-        let unique_name = unique_names.get(text(&attachment["metadata"]["name"]));
+        let unique_name = unique_names.get(text(&attachment["metadata"]["uid"]));
         if let Some(unique_name) = unique_name
             && attachment["spec"]["attacher"] == DRIVER
             && attachment["status"]["attached"] == true
