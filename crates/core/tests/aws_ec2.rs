@@ -330,3 +330,60 @@ async fn the_explorers_cloud_faults_reach_the_provider_as_ec2s() -> Result<()> {
     ensure!(aws.state(&shown).await? == InstanceState::Terminated);
     Ok(())
 }
+
+/// Each answer that is not EC2 saying "gone" is an error: an IAM refusal, an endpoint that
+/// hangs past the timeout, and a server that answers 200 with a document that is not EC2's
+/// (an S3 endpoint given as `--aws-endpoint-url`), whose empty listing must never read as "no
+/// such instance". The machine is untouched by all of them.
+#[tokio::test]
+async fn refusals_hangs_and_foreign_documents_are_errors_never_a_machine_gone() -> Result<()> {
+    use provider_testbed::interposer::{Interposer, Mode};
+
+    let moto = Moto::start().await?;
+    let cloud = Interposer::start(&moto.url).await?;
+    let aws = AwsInstances::new(
+        &AwsOptions {
+            endpoint_url: Some(cloud.url().parse()?),
+            timeout: Duration::from_secs(1),
+            ..options(&moto)
+        },
+        static_keys,
+    )?;
+    let ids = moto.run_instances(ZONE, 1).await?;
+    let id = machine(ZONE, &ids[0]);
+
+    cloud.set(Mode::Refuse("StopInstances".to_owned()));
+    let refused = aws.power(&id, Power::Off).await.unwrap_err();
+    ensure!(matches!(refused, InstanceError::Refused(_)), "{refused}");
+    ensure!(
+        refused.to_string().contains("ec2:StopInstances"),
+        "{refused}"
+    );
+    ensure!(
+        aws.state(&id).await? == InstanceState::Running,
+        "others are forwarded"
+    );
+
+    cloud.set(Mode::Hang("TerminateInstances".to_owned()));
+    let hung = aws.terminate(&id).await.unwrap_err();
+    ensure!(matches!(hung, InstanceError::Transient(_)), "{hung}");
+
+    cloud.set(Mode::ForeignDocument);
+    for answer in [
+        aws.state(&id).await.map(|state| state.to_string()),
+        aws.terminate(&id).await.map(|()| "terminated".to_owned()),
+        aws.power(&id, Power::Off)
+            .await
+            .map(|()| "powered off".to_owned()),
+    ] {
+        let error = answer
+            .err()
+            .map(|error| error.to_string())
+            .unwrap_or_default();
+        ensure!(error.contains("the endpoint is not EC2"), "{error:?}");
+    }
+    ensure!(moto.state(REGION, &ids[0]).await?.as_deref() == Some("running"));
+    ensure!(moto.program_calls("TerminateInstances").await?.is_empty());
+    ensure!(moto.program_calls("StopInstances").await?.is_empty());
+    Ok(())
+}

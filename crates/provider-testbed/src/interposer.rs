@@ -39,6 +39,15 @@ pub enum Mode {
     /// Forwards (the request takes effect), then answers nothing for [`LOST_ANSWER_HOLD`] and
     /// closes the connection: the client's timeout fires after the cloud acted.
     LoseAnswers,
+    /// Answers requests with this `Action` 403 `UnauthorizedOperation` without forwarding
+    /// them, as EC2 does for an IAM policy that lacks it; forwards the others.
+    Refuse(String),
+    /// Holds requests with this `Action` unanswered for [`LOST_ANSWER_HOLD`] without
+    /// forwarding them: an endpoint that hangs past the client's timeout.
+    Hang(String),
+    /// Answers every request 200 with a document that is not EC2's (S3's bucket listing): a
+    /// `--aws-endpoint-url` that points at another service.
+    ForeignDocument,
 }
 
 /// How long a lost answer holds its connection: longer than any client timeout under test.
@@ -174,6 +183,18 @@ impl Interposer {
     }
 
     /// Every request that reached the interposer, forwarded or failed.
+    /// How many requests with this Query API `Action` reached the interposer.
+    pub fn calls(&self, action: &str) -> usize {
+        let wanted = format!("Action={action}&");
+        self.lock()
+            .seen
+            .iter()
+            .filter(|seen| {
+                seen.body.starts_with(&wanted) || seen.body.contains(&format!("&{wanted}"))
+            })
+            .count()
+    }
+
     pub fn seen(&self) -> Vec<Seen> {
         self.lock().seen.clone()
     }
@@ -265,13 +286,39 @@ impl Relay {
                     "An internal error has occurred",
                 ));
             }
-            Mode::Forward | Mode::FailAfter(_) | Mode::LoseAnswers => {}
+            Mode::ForeignDocument => {
+                return Ok(http::Response::new(Full::new(Bytes::from_static(
+                    b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult \
+                      xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>nodes</Name>\
+                      <KeyCount>0</KeyCount></ListBucketResult>",
+                ))));
+            }
+            Mode::Forward
+            | Mode::FailAfter(_)
+            | Mode::LoseAnswers
+            | Mode::Refuse(_)
+            | Mode::Hang(_) => {}
         }
         let form: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
         let action = form
             .iter()
             .find(|(key, _)| key == "Action")
             .map(|(_, value)| value.clone());
+        match &mode {
+            Mode::Refuse(refused) if action.as_ref() == Some(refused) => {
+                return Ok(self.failure(
+                    http::StatusCode::FORBIDDEN,
+                    "UnauthorizedOperation",
+                    "You are not authorized to perform this operation.",
+                ));
+            }
+            Mode::Hang(hung) if action.as_ref() == Some(hung) => {
+                self.lock().failed += 1;
+                tokio::time::sleep(LOST_ANSWER_HOLD).await;
+                return Err(AnswerLost);
+            }
+            _ => {}
+        }
         let answer_lost = mode == Mode::LoseAnswers;
         if let (Some(hook), Some(action)) = (hook, &action) {
             let instance_ids = form

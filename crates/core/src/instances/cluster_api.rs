@@ -28,15 +28,26 @@ pub const EXCLUDE_VOLUME_WAIT: &str =
 const EXCLUDED_BY: &str =
     "nodegrace termination-controller drained the node and waited for its volumes";
 
-/// `cluster.x-k8s.io/v1beta2` `Machine`.
-pub fn machine_resource() -> ApiResource {
+pub const GROUP: &str = "cluster.x-k8s.io";
+/// The versions of Machine this provider reads, the one it prefers first: v1beta2 since
+/// Cluster API v1.11, v1beta1 before it (still common). The fields it uses (`spec.providerID`,
+/// the exclusion annotations, the deletion) are the same in both.
+pub const VERSIONS: [&str; 2] = ["v1beta2", "v1beta1"];
+
+/// `cluster.x-k8s.io/<version>` `Machine`.
+pub fn machine_resource_in(version: &str) -> ApiResource {
     ApiResource {
-        group: "cluster.x-k8s.io".to_owned(),
-        version: "v1beta2".to_owned(),
-        api_version: "cluster.x-k8s.io/v1beta2".to_owned(),
+        group: GROUP.to_owned(),
+        version: version.to_owned(),
+        api_version: format!("{GROUP}/{version}"),
         kind: "Machine".to_owned(),
         plural: "machines".to_owned(),
     }
+}
+
+/// `cluster.x-k8s.io/v1beta2` `Machine`.
+pub fn machine_resource() -> ApiResource {
+    machine_resource_in(VERSIONS[0])
 }
 
 pub struct ClusterApiInstances {
@@ -47,6 +58,9 @@ pub struct ClusterApiInstances {
     /// counts as not found. The providerID keeps a namesake Machine of a later episode from
     /// inheriting an earlier one's end.
     deleted: Mutex<HashSet<(String, String, String)>>,
+    /// The Machine version the management cluster serves, found by discovery and asked again
+    /// once a call finds it gone (Cluster API upgraded or removed).
+    served: Mutex<Option<ApiResource>>,
 }
 
 impl std::fmt::Debug for ClusterApiInstances {
@@ -61,6 +75,7 @@ struct Named<'a> {
     namespace: &'a str,
     name: &'a str,
     api: Api<DynamicObject>,
+    resource: ApiResource,
 }
 
 impl ClusterApiInstances {
@@ -68,10 +83,62 @@ impl ClusterApiInstances {
         Self {
             client: management,
             deleted: Mutex::default(),
+            served: Mutex::default(),
         }
     }
 
-    fn named<'a>(&self, id: &'a ProviderId) -> Result<Named<'a>, InstanceError> {
+    /// The Machine resource the management cluster serves: v1beta2 where it is served, else
+    /// v1beta1. A cluster serving neither is an error that holds the node, never a machine
+    /// gone.
+    async fn served(&self) -> Result<ApiResource, InstanceError> {
+        if let Some(found) = self
+            .served
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
+            return Ok(found);
+        }
+        let group = match kube::discovery::group(&self.client, GROUP).await {
+            Ok(group) => group,
+            Err(kube::Error::Discovery(_)) => {
+                return Err(no_machines("no cluster.x-k8s.io API group"));
+            }
+            Err(error) => return Err(failure(&format!("discover the {GROUP} API"), &error)),
+        };
+        let found = VERSIONS
+            .iter()
+            .find(|version| {
+                group
+                    .versioned_resources(version)
+                    .iter()
+                    .any(|(resource, _)| resource.kind == "Machine")
+            })
+            .map(|version| machine_resource_in(version))
+            .ok_or_else(|| {
+                no_machines(&format!(
+                    "{GROUP} serves {}, none of them with Machines in {}",
+                    group.versions().collect::<Vec<_>>().join(", "),
+                    VERSIONS.join(" or ")
+                ))
+            })?;
+        *self.served.lock().unwrap_or_else(PoisonError::into_inner) = Some(found.clone());
+        Ok(found)
+    }
+
+    /// A call found the Machine resource itself missing: discovery is asked again next time.
+    fn resource_gone(&self, resource: &ApiResource, what: &str) -> InstanceError {
+        self.served
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        no_machines(&format!(
+            "{what}: the management cluster no longer serves {} Machines",
+            resource.api_version
+        ))
+    }
+
+    async fn named<'a>(&self, id: &'a ProviderId) -> Result<Named<'a>, InstanceError> {
         let node = id.node().unwrap_or("(none)");
         let (Some(name), Some(namespace)) = (
             id.node_annotation(MACHINE_ANNOTATION),
@@ -83,10 +150,12 @@ impl ClusterApiInstances {
                  Machines (is --instance-provider right?)"
             )));
         };
+        let resource = self.served().await?;
         Ok(Named {
             namespace,
             name,
-            api: Api::namespaced_with(self.client.clone(), namespace, &machine_resource()),
+            api: Api::namespaced_with(self.client.clone(), namespace, &resource),
+            resource,
         })
     }
 
@@ -96,14 +165,17 @@ impl ClusterApiInstances {
         id: &ProviderId,
         named: &Named<'_>,
     ) -> Result<Option<DynamicObject>, InstanceError> {
-        let machine = named.api.get_opt(named.name).await.map_err(|error| {
-            failure(
-                &format!("read Machine {}/{}", named.namespace, named.name),
-                &error,
-            )
-        })?;
-        let Some(machine) = machine else {
-            return Ok(None);
+        let what = format!("read Machine {}/{}", named.namespace, named.name);
+        let machine = match named.api.get(named.name).await {
+            Ok(machine) => machine,
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return if names_object(&status, named.name) {
+                    Ok(None)
+                } else {
+                    Err(self.resource_gone(&named.resource, &what))
+                };
+            }
+            Err(error) => return Err(failure(&what, &error)),
         };
         let names = machine.data["spec"]["providerID"]
             .as_str()
@@ -136,6 +208,25 @@ impl ClusterApiInstances {
     }
 }
 
+/// Whether a 404 says the object `name` is not there. The API server answers a resource it
+/// does not serve with a 404 too, without the object's name in its details: that is a missing
+/// API, never a missing Machine.
+fn names_object(status: &kube::core::Status, name: &str) -> bool {
+    status.is_not_found()
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|details| details.name == name)
+}
+
+fn no_machines(why: &str) -> InstanceError {
+    InstanceError::Refused(format!(
+        "the management cluster has no Machines ({GROUP} {}): {why}; is Cluster API installed \
+         there, and does the management kubeconfig point at it? The node is held",
+        VERSIONS.join(" or ")
+    ))
+}
+
 fn failure(what: &str, error: &kube::Error) -> InstanceError {
     match error {
         kube::Error::Api(status) if matches!(status.code, 401 | 403) => {
@@ -144,10 +235,6 @@ fn failure(what: &str, error: &kube::Error) -> InstanceError {
                 status.message, status.code
             ))
         }
-        kube::Error::Api(status) if status.code == 404 => InstanceError::Refused(format!(
-            "{what}: the management cluster has no Machines (cluster.x-k8s.io/v1beta2): {}",
-            status.message
-        )),
         other => InstanceError::Transient(format!("{what}: {other}")),
     }
 }
@@ -162,7 +249,7 @@ impl InstanceProvider for ClusterApiInstances {
         id: &'a ProviderId,
     ) -> BoxFuture<'a, Result<InstanceState, InstanceError>> {
         async move {
-            let named = self.named(id)?;
+            let named = self.named(id).await?;
             match self.read(id, &named).await? {
                 Some(machine) if machine.metadata.deletion_timestamp.is_some() => {
                     Ok(InstanceState::Stopping)
@@ -187,7 +274,7 @@ impl InstanceProvider for ClusterApiInstances {
 
     fn terminate<'a>(&'a self, id: &'a ProviderId) -> BoxFuture<'a, Result<(), InstanceError>> {
         async move {
-            let named = self.named(id)?;
+            let named = self.named(id).await?;
             let shown = format!("Machine {}/{}", named.namespace, named.name);
             let Some(machine) = self.read(id, &named).await? else {
                 return Ok(());
@@ -219,7 +306,10 @@ impl InstanceProvider for ClusterApiInstances {
             };
             match named.api.delete(named.name, &by_uid).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(kube::Error::Api(status)) if names_object(&status, named.name) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    return Err(self.resource_gone(&named.resource, &format!("delete {shown}")));
+                }
                 Err(kube::Error::Api(status)) if status.code == 409 => {
                     return Err(InstanceError::Refused(format!(
                         "{shown} was replaced by a namesake before its delete; not deleted"

@@ -17,7 +17,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use crate::instances::cluster_api::{EXCLUDE_DRAINING, EXCLUDE_VOLUME_WAIT, machine_resource};
+use crate::instances::cluster_api::{
+    EXCLUDE_DRAINING, EXCLUDE_VOLUME_WAIT, machine_resource, machine_resource_in,
+};
 
 pub const FINALIZER: &str = "machine.cluster.x-k8s.io";
 const PRE_DRAIN: &str = "pre-drain.delete.hook.machine.cluster.x-k8s.io";
@@ -27,6 +29,13 @@ const PRE_TERMINATE: &str = "pre-terminate.delete.hook.machine.cluster.x-k8s.io"
 /// (`clusterName`, `bootstrap`, `infrastructureRef` with `apiGroup`, `kind`, `name`), the rest
 /// kept as sent.
 pub fn machine_crd() -> CustomResourceDefinition {
+    machine_crd_serving(&["v1beta2"])
+}
+
+/// The Machine CRD serving `versions` (the first one stored), with v1beta2's schema in each:
+/// the fields the provider reads are the same in v1beta1, which Cluster API before v1.11
+/// serves alone.
+pub fn machine_crd_serving(versions: &[&str]) -> CustomResourceDefinition {
     let reference = json!({
         "type": "object",
         "required": ["apiGroup", "kind", "name"],
@@ -44,8 +53,8 @@ pub fn machine_crd() -> CustomResourceDefinition {
             "group": "cluster.x-k8s.io",
             "scope": "Namespaced",
             "names": {"kind": "Machine", "listKind": "MachineList", "plural": "machines", "singular": "machine", "shortNames": ["ma"]},
-            "versions": [{
-                "name": "v1beta2", "served": true, "storage": true,
+            "versions": versions.iter().enumerate().map(|(n, version)| json!({
+                "name": version, "served": true, "storage": n == 0,
                 "subresources": {"status": {}},
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
@@ -59,7 +68,7 @@ pub fn machine_crd() -> CustomResourceDefinition {
                                     "configRef": reference.clone(),
                                     "dataSecretName": {"type": "string"},
                                 }},
-                                "infrastructureRef": reference,
+                                "infrastructureRef": reference.clone(),
                                 "providerID": {"type": "string"},
                                 "version": {"type": "string"},
                                 "failureDomain": {"type": "string"},
@@ -69,7 +78,7 @@ pub fn machine_crd() -> CustomResourceDefinition {
                         "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
                     },
                 }},
-            }],
+            })).collect::<Vec<_>>(),
         },
     }))
     .expect("a valid CRD")
@@ -229,8 +238,16 @@ async fn reconcile_delete(
 /// drops, the CRD having the status subresource), as the machine controller would.
 pub async fn create_machine(management: &kube::Client, machine: &DynamicObject) -> Result<()> {
     let namespace = machine.metadata.namespace.as_deref().unwrap_or("default");
-    let machines =
-        Api::<DynamicObject>::namespaced_with(management.clone(), namespace, &machine_resource());
+    let version = machine
+        .types
+        .as_ref()
+        .and_then(|types| types.api_version.rsplit_once('/'))
+        .map_or("v1beta2", |(_, version)| version);
+    let machines = Api::<DynamicObject>::namespaced_with(
+        management.clone(),
+        namespace,
+        &machine_resource_in(version),
+    );
     let created = machines.create(&PostParams::default(), machine).await?;
     let name = created.metadata.name.unwrap_or_default();
     machines

@@ -167,12 +167,20 @@ impl QueryClient {
         })?;
         let text = answer.text().into_owned();
         if answer.status.is_success() {
-            return Ok(text);
+            return match xml::not_ec2_answer(&text, action) {
+                None => Ok(text),
+                Some(why) => Err(CallError::Failed(InstanceError::Refused(format!(
+                    "ec2:{action}: the endpoint is not EC2: {why}; check --aws-endpoint-url"
+                )))),
+            };
         }
-        let (code, message) = xml::error(&text).unwrap_or_else(|| {
+        let (code, message) = xml::ec2_error(&text).unwrap_or_else(|| {
             (
                 format!("HTTP {}", answer.status.as_u16()),
-                text.chars().take(200).collect(),
+                format!(
+                    "not an EC2 error document (check --aws-endpoint-url): {}",
+                    text.chars().take(200).collect::<String>()
+                ),
             )
         });
         Err(CallError::Api(ApiError {

@@ -40,6 +40,37 @@ pub fn error(text: &str) -> Option<(String, String)> {
     ))
 }
 
+/// Why `text` is not EC2's answer to `action`: EC2 answers `<{action}Response>` on success
+/// and `<Response><Errors><Error>` on failure. A server that is not EC2 (a wrong
+/// `--aws-endpoint-url`, a proxy's page, S3) answers something else, and an answer that lists
+/// no instance must never be read as "no such instance".
+pub fn not_ec2_answer(text: &str, action: &str) -> Option<String> {
+    let document = match Document::parse(text) {
+        Ok(document) => document,
+        Err(error) => return Some(format!("not XML ({error})")),
+    };
+    let root = document.root_element().tag_name().name();
+    let expected = format!("{action}Response");
+    (root != expected).then(|| format!("the answer's document is <{root}>, not EC2's <{expected}>"))
+}
+
+/// The code and message of an error in EC2's own shape (`<Response><Errors><Error>`); `None`
+/// for any other document, whatever `Error` elements it has.
+pub fn ec2_error(text: &str) -> Option<(String, String)> {
+    let document = Document::parse(text).ok()?;
+    let root = document.root_element();
+    if root.tag_name().name() != "Response" {
+        return None;
+    }
+    let error = children(root, "Errors")
+        .next()
+        .and_then(|errors| children(errors, "Error").next())?;
+    Some((
+        child_text(error, "Code").unwrap_or_default(),
+        child_text(error, "Message").unwrap_or_default(),
+    ))
+}
+
 /// An instance as an answer lists it: its id and state name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
@@ -111,5 +142,27 @@ mod tests {
             ))
         );
         assert!(instances("not xml", "instanceState").is_err());
+        assert_eq!(
+            ec2_error(failed),
+            Some((
+                "UnauthorizedOperation".into(),
+                "You are not authorized".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn only_ec2_documents_are_taken_for_ec2_answers() {
+        let listed_nothing =
+            "<DescribeInstancesResponse><reservationSet/></DescribeInstancesResponse>";
+        assert_eq!(not_ec2_answer(listed_nothing, "DescribeInstances"), None);
+        let s3 = "<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>b</Name></ListBucketResult>";
+        let why = not_ec2_answer(s3, "DescribeInstances").unwrap();
+        assert!(why.contains("<ListBucketResult>"), "{why}");
+        assert!(not_ec2_answer("<html>ok</html>", "StopInstances").is_some());
+        assert!(not_ec2_answer("plain text", "StopInstances").is_some());
+        // S3's error document is not EC2's: its code is never read as EC2's.
+        let s3_error = "<Error><Code>InvalidInstanceID.NotFound</Code><Message>x</Message></Error>";
+        assert_eq!(ec2_error(s3_error), None);
     }
 }
