@@ -186,6 +186,50 @@ async fn the_reporter_writes_events_conditions_and_taints_through_the_api() -> R
     Ok(())
 }
 
+/// A failure reported again and again is one Event whose series counts the repeats, as
+/// client-go's event broadcaster keeps it; a report of its own stays an Event of its own.
+#[tokio::test]
+async fn repeats_of_a_series_are_one_event_with_a_count() -> Result<()> {
+    let (sim, _nodes) = sim_with_node().await?;
+    let publisher = EventPublisher::new(sim.client(), "out-of-service-gc", "gc-0");
+    let failed = |attempt: u32| {
+        EventReport::warning(
+            node_reference("n1"),
+            "FenceFailed",
+            "Fence",
+            format!("the power-off request failed (attempt {attempt})"),
+        )
+        .in_series("n1/FenceFailed")
+    };
+    for attempt in 1..=3 {
+        publisher.publish(&failed(attempt)).await?;
+    }
+    publisher
+        .publish(&EventReport::normal(
+            node_reference("n1"),
+            "Fenced",
+            "Fence",
+            "off",
+        ))
+        .await?;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(sim.client(), "default");
+    let listed = events.list(&ListParams::default()).await?.items;
+    let failures: Vec<_> = listed
+        .iter()
+        .filter(|event| event.reason.as_deref() == Some("FenceFailed"))
+        .collect();
+    ensure!(failures.len() == 1, "{failures:?}");
+    let series = failures[0].series.as_ref();
+    ensure!(series.map(|series| series.count) == Some(3), "{series:?}");
+    ensure!(
+        failures[0].note.as_deref() == Some("the power-off request failed (attempt 1)"),
+        "the first note stays: {:?}",
+        failures[0].note
+    );
+    ensure!(listed.len() == 2, "{listed:?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn one_leader_at_a_time_and_resigning_hands_over() -> Result<()> {
     let (sim, _nodes) = sim_with_node().await?;

@@ -238,7 +238,9 @@ impl FenceWork {
         };
         self.fencer.seen_not_ready(shared, node, due);
         let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
-        self.timers.set(identity, wait.max(least));
+        // A change never brings a look forward past the node's backoff.
+        let backing_off = self.fencer.retry_wait(&identity).unwrap_or_default();
+        self.timers.set(identity, wait.max(least).max(backing_off));
     }
 
     fn expired(&mut self, shared: &Arc<Shared>, node: NodeIdentity) {
@@ -248,9 +250,10 @@ impl FenceWork {
             let outcome = match fencer.attempt(&shared, &node).await {
                 Ok(outcome) => outcome,
                 Err(error) => {
-                    tracing::warn!(node = %node.name(), error = %Chain(&error), "fence attempt failed");
+                    let wait = fencer.failed(&node, BACKOFF);
+                    tracing::warn!(node = %node.name(), error = %Chain(&error), retry_in = ?wait, "fence attempt failed");
                     shared.metrics.error(error.kind());
-                    FenceOutcome::Retry(BACKOFF.first)
+                    FenceOutcome::Retry(wait)
                 }
             };
             (node, outcome)

@@ -8,3 +8,4 @@ mod controller;
 mod fencing;
 mod outages;
 mod providers;
+mod storms;

@@ -39,11 +39,13 @@ pub enum Mode {
     /// Forwards (the request takes effect), then answers nothing for [`LOST_ANSWER_HOLD`] and
     /// closes the connection: the client's timeout fires after the cloud acted.
     LoseAnswers,
-    /// Answers requests with this `Action` 403 `UnauthorizedOperation` without forwarding
-    /// them, as EC2 does for an IAM policy that lacks it; forwards the others.
+    /// Answers requests with this Query API `Action` (or, for a REST API such as Redfish,
+    /// whose path contains it) 403 without forwarding them: EC2's `UnauthorizedOperation` for
+    /// an IAM policy that lacks the action, Redfish's `InsufficientPrivilege` for a BMC
+    /// account of too low a role. Forwards the others.
     Refuse(String),
-    /// Holds requests with this `Action` unanswered for [`LOST_ANSWER_HOLD`] without
-    /// forwarding them: an endpoint that hangs past the client's timeout.
+    /// Holds requests with this `Action` (or path part) unanswered for [`LOST_ANSWER_HOLD`]
+    /// without forwarding them: an endpoint that hangs past the client's timeout.
     Hang(String),
     /// Answers every request 200 with a document that is not EC2's (S3's bucket listing): a
     /// `--aws-endpoint-url` that points at another service.
@@ -183,7 +185,8 @@ impl Interposer {
     }
 
     /// Every request that reached the interposer, forwarded or failed.
-    /// How many requests with this Query API `Action` reached the interposer.
+    /// How many requests with this Query API `Action` reached the interposer, refused or
+    /// forwarded.
     pub fn calls(&self, action: &str) -> usize {
         let wanted = format!("Action={action}&");
         self.lock()
@@ -304,6 +307,8 @@ impl Relay {
             .iter()
             .find(|(key, _)| key == "Action")
             .map(|(_, value)| value.clone());
+        let matches =
+            |wanted: &String| action.as_ref() == Some(wanted) || path.contains(wanted.as_str());
         match &mode {
             Mode::Refuse(refused) if action.as_ref() == Some(refused) => {
                 return Ok(self.failure(
@@ -312,7 +317,19 @@ impl Relay {
                     "You are not authorized to perform this operation.",
                 ));
             }
-            Mode::Hang(hung) if action.as_ref() == Some(hung) => {
+            Mode::Refuse(refused) if path.contains(refused.as_str()) => {
+                self.lock().failed += 1;
+                let body = serde_json::json!({"error": {
+                    "code": "Base.1.0.InsufficientPrivilege",
+                    "message": "There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation. (interposed)",
+                }});
+                return Ok(http::Response::builder()
+                    .status(http::StatusCode::FORBIDDEN)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .expect("a valid response"));
+            }
+            Mode::Hang(hung) if matches(hung) => {
                 self.lock().failed += 1;
                 tokio::time::sleep(LOST_ANSWER_HOLD).await;
                 return Err(AnswerLost);

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use nodegrace_core::backoff::Backoff;
+use nodegrace_core::backoff::{Backoff, Retry};
 use nodegrace_core::error_chain::Chain;
-use nodegrace_core::instances::{InstanceError, InstanceState};
+use nodegrace_core::instances::{InstanceError, InstanceProvider, InstanceState, ProviderId};
 use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, UpdateError, Updated};
@@ -44,6 +44,26 @@ const PROVIDER_POLL: Backoff = Backoff {
     first: Duration::from_millis(200),
     longest: Duration::from_secs(15),
 };
+/// A machine's failed provider calls (a refused terminate, an unreachable provider, a
+/// providerID it cannot read): 1 s doubling to 5 min, plus up to a tenth.
+pub const PROVIDER_FAILURES: Backoff = Backoff {
+    first: Duration::from_secs(1),
+    longest: Duration::from_secs(300),
+};
+
+/// What one look at the machine found.
+enum Look {
+    /// Terminated, or unknown for the whole confirmation: the node may go.
+    Gone,
+    /// A provider call failed: the machine's backoff says when to look again.
+    Failed,
+    /// The provider accepted a terminate request just now.
+    Requested,
+    /// A request is in progress.
+    Waiting,
+    /// The provider does not know the machine, not yet for the whole confirmation.
+    Unknown,
+}
 /// Retry delays of failing API writes.
 const WRITE_BACKOFF: Backoff = Backoff {
     first: Duration::from_millis(200),
@@ -62,6 +82,8 @@ pub struct NodeTermination {
     announced: HashSet<String>,
     /// Since when every provider answer said the machine is not found.
     not_found_since: Option<tokio::time::Instant>,
+    /// The machine's failed provider calls, kept across a restart of the steps.
+    machine_retry: Retry,
 }
 
 impl NodeTermination {
@@ -72,6 +94,7 @@ impl NodeTermination {
             reported: HashMap::new(),
             announced: HashSet::new(),
             not_found_since: None,
+            machine_retry: Retry::default(),
         }
     }
 
@@ -541,6 +564,10 @@ impl NodeTermination {
     /// finalizer removed by someone else) or replaced by a namesake, none is sent. The polls
     /// while a request is in progress ask the provider only: they change nothing, and a read
     /// of the Node per poll was most of the step's cost.
+    ///
+    /// Two schedules: the polls of a machine on its way out (200 ms doubling to 15 s, begun
+    /// again by each accepted request), and the failures' backoff ([`PROVIDER_FAILURES`]),
+    /// kept by the task across a restart of the steps, which nothing cuts short.
     async fn terminate_instance(&mut self, stop: &CancellationToken) -> Step {
         let Some(provider) = self.shared.provider.clone() else {
             return Ok(());
@@ -548,6 +575,12 @@ impl NodeTermination {
         let mut polls = 0;
         let mut last_read: Option<Node> = None;
         loop {
+            if let Some(wait) = self.machine_retry.wait(tokio::time::Instant::now()) {
+                tokio::select! {
+                    () = stop.cancelled() => return Err(Halt::Stopped),
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
             let (node, read_this_round) = match last_read.take() {
                 Some(node) if !resend_due(requested_at(&node)) => (node, false),
                 _ => (
@@ -561,99 +594,32 @@ impl NodeTermination {
             let id = match self.node.machine(&node) {
                 Ok(id) => id,
                 Err(error) => {
-                    self.announce(
-                        "no-provider-id",
-                        true,
-                        "TerminationBlocked",
-                        error.to_string(),
-                    );
-                    self.condition(Reason::TerminatingInstance, error.to_string());
-                    polls += 1;
-                    tokio::select! {
-                        () = stop.cancelled() => return Err(Halt::Stopped),
-                        () = tokio::time::sleep(PROVIDER_POLL.delay(polls)) => {}
-                    }
+                    self.machine_failed(&error, "TerminationBlocked");
                     continue;
                 }
             };
-            let state = provider.state(&id).await;
-            if !matches!(state, Ok(InstanceState::NotFound)) {
-                self.not_found_since = None;
-            }
-            let through = provider.name();
-            match state {
-                Ok(state) if state == provider.terminated_as() => {
-                    if !self.announced.contains("terminated") {
-                        self.shared.metrics.instances_terminated.inc();
-                    }
-                    self.announce(
-                        "terminated",
-                        false,
-                        "InstanceTerminated",
-                        format!(
-                            "Machine {id} is {state}: terminated (instance provider {through})"
-                        ),
-                    );
-                    return Ok(());
+            let look = self
+                .look_at_machine(&*provider, &id, &node, read_this_round)
+                .await?;
+            let pause = match look {
+                Look::Gone => return Ok(()),
+                Look::Failed => continue,
+                Look::Requested => {
+                    polls = 0;
+                    PROVIDER_POLL.first
                 }
-                Ok(InstanceState::NotFound) => {
-                    let since = *self
-                        .not_found_since
-                        .get_or_insert_with(tokio::time::Instant::now);
-                    let confirm = self.shared.settings.instance_not_found_confirm;
-                    if since.elapsed() >= confirm {
-                        self.announce(
-                            "not-found",
-                            false,
-                            "InstanceNotFound",
-                            format!(
-                                "Machine {id} is not known to instance provider {through} (every \
-                                 answer for {} said so); released as gone",
-                                format_args!("{} s", confirm.as_secs_f64())
-                            ),
-                        );
-                        return Ok(());
-                    }
-                    self.condition(
-                        Reason::TerminatingInstance,
-                        format!(
-                            "Machine {id} is not known to instance provider {through}; released \
-                             as gone once that holds for {} (a machine just launched can read \
-                             as unknown)",
-                            format_args!("{} s", confirm.as_secs_f64())
-                        ),
-                    );
+                Look::Waiting => {
+                    last_read = Some(node);
+                    polls += 1;
+                    PROVIDER_POLL.delay(polls)
                 }
-                Ok(_) => {
-                    // A request is sent on a read of this round, never on the one a poll kept
-                    // (should it fall due meanwhile, the next round reads again).
-                    if read_this_round && resend_due(requested_at(&node)) {
-                        self.condition(
-                            Reason::TerminatingInstance,
-                            format!("Terminating machine {id} through instance provider {through}"),
-                        );
-                        match provider.terminate(&id).await {
-                            // The mark is not in the read kept; the next round reads it.
-                            Ok(()) => self.mark_requested().await?,
-                            Err(error) => self.provider_failed(&error),
-                        }
-                    } else {
-                        last_read = Some(node);
-                        self.condition(
-                            Reason::TerminatingInstance,
-                            format!(
-                                "Waiting for machine {id} to be terminated (instance provider \
-                                 {through})"
-                            ),
-                        );
-                    }
+                Look::Unknown => {
+                    polls += 1;
+                    PROVIDER_POLL.delay(polls)
                 }
-                Err(error) => self.provider_failed(&error),
-            }
-            polls += 1;
-            let pause = PROVIDER_POLL.delay(polls);
+            };
             let pause = match self.not_found_since {
-                // The confirmation is read when it is due, not a backoff step later.
+                // The confirmation is read when it is due, not a poll later.
                 Some(since) => pause.min(
                     (since + self.shared.settings.instance_not_found_confirm)
                         .saturating_duration_since(tokio::time::Instant::now())
@@ -668,29 +634,128 @@ impl NodeTermination {
         }
     }
 
-    fn provider_failed(&mut self, error: &InstanceError) {
+    /// One look at the machine: its state, and a terminate request when one is due on a read
+    /// of this round (never on the one a poll kept: should it fall due meanwhile, the next
+    /// round reads again).
+    async fn look_at_machine(
+        &mut self,
+        provider: &dyn InstanceProvider,
+        id: &ProviderId,
+        node: &Node,
+        read_this_round: bool,
+    ) -> Step<Look> {
+        let state = provider.state(id).await;
+        if !matches!(state, Ok(InstanceState::NotFound)) {
+            self.not_found_since = None;
+        }
+        let through = provider.name();
+        let state = match state {
+            Ok(state) => state,
+            Err(error) => {
+                self.machine_failed(&error, "InstanceTerminationFailed");
+                return Ok(Look::Failed);
+            }
+        };
+        if state == provider.terminated_as() {
+            if !self.announced.contains("terminated") {
+                self.shared.metrics.instances_terminated.inc();
+            }
+            self.announce(
+                "terminated",
+                false,
+                "InstanceTerminated",
+                format!("Machine {id} is {state}: terminated (instance provider {through})"),
+            );
+            return Ok(Look::Gone);
+        }
+        if state == InstanceState::NotFound {
+            return Ok(self.not_found(id, through));
+        }
+        if !(read_this_round && resend_due(requested_at(node))) {
+            // A request in progress, and this answer a good one: failures start over.
+            self.machine_retry.succeeded();
+            self.condition(
+                Reason::TerminatingInstance,
+                format!("Waiting for machine {id} to be terminated (instance provider {through})"),
+            );
+            return Ok(Look::Waiting);
+        }
+        self.condition(
+            Reason::TerminatingInstance,
+            format!("Terminating machine {id} through instance provider {through}"),
+        );
+        match provider.terminate(id).await {
+            // The mark is not in the read kept; the next round reads it.
+            Ok(()) => {
+                self.machine_retry.succeeded();
+                self.mark_requested().await?;
+                Ok(Look::Requested)
+            }
+            Err(error) => {
+                self.machine_failed(&error, "InstanceTerminationFailed");
+                Ok(Look::Failed)
+            }
+        }
+    }
+
+    /// The provider does not know the machine: gone once that has held for
+    /// `--instance-not-found-confirm`, since a machine just launched can read as unknown.
+    fn not_found(&mut self, id: &ProviderId, through: &str) -> Look {
+        let since = *self
+            .not_found_since
+            .get_or_insert_with(tokio::time::Instant::now);
+        let confirm = self.shared.settings.instance_not_found_confirm;
+        let shown = format!("{} s", confirm.as_secs_f64());
+        if since.elapsed() >= confirm {
+            self.announce(
+                "not-found",
+                false,
+                "InstanceNotFound",
+                format!(
+                    "Machine {id} is not known to instance provider {through} (every answer for \
+                     {shown} said so); released as gone"
+                ),
+            );
+            return Look::Gone;
+        }
+        self.condition(
+            Reason::TerminatingInstance,
+            format!(
+                "Machine {id} is not known to instance provider {through}; released as gone \
+                 once that holds for {shown} (a machine just launched can read as unknown)"
+            ),
+        );
+        Look::Unknown
+    }
+
+    /// A provider call (or the providerID) failed: the node is held, the failure counted in
+    /// the machine's backoff, and said in the condition and in one Event per kind of failure
+    /// whose series counts the repeats.
+    fn machine_failed(&mut self, error: &InstanceError, reason: &str) {
+        let wait = self
+            .machine_retry
+            .failed(PROVIDER_FAILURES, tokio::time::Instant::now());
         self.shared.metrics.error("provider");
         let through = self
             .shared
             .provider
             .as_ref()
             .map_or("none", |provider| provider.name());
-        tracing::warn!(node = %self.node, provider = through, error = %error, "instance provider call failed; retrying");
-        self.condition(
-            Reason::TerminatingInstance,
-            format!("Instance provider {through} failed: {error}; the node is held, retrying"),
+        let failures = self.machine_retry.failures();
+        tracing::warn!(node = %self.node, provider = through, error = %error, retry_in = ?wait, failures, "instance provider call failed");
+        let said = format!(
+            "Instance provider {through} failed: {error}; the node is held, tried again in {} \
+             ({failures} failure(s) in a row)",
+            format_args!("{:.0} s", wait.as_secs_f64())
         );
-        // One Warning per kind of failure, not per text: a request ID in the provider's
-        // message would make one per poll.
-        self.announce(
-            &format!("provider-error:{}", error.kind()),
-            true,
-            "InstanceTerminationFailed",
-            format!(
-                "Instance provider {through} failed: {error}; the node is held, retrying with \
-                 backoff"
-            ),
-        );
+        self.condition(Reason::TerminatingInstance, said.clone());
+        // Keyed by kind, not text: a request ID in the provider's message would make a new
+        // series per try.
+        let reference = node_reference(self.node.name());
+        let series = format!("{}/{reason}/{}", self.node.uid(), error.kind());
+        self.shared
+            .reporter
+            .event(EventReport::warning(reference, reason, "Terminate", said).in_series(series));
     }
 
     async fn mark_requested(&self) -> Step {

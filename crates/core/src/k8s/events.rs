@@ -1,12 +1,18 @@
 //! Kubernetes Events (events.k8s.io/v1) under a reporting controller named per program. Each
 //! call writes an Event of its own: kube-runtime's Recorder folds repeats of a reason into one
 //! series and keeps only the first note, which would hide e.g. every priority group but the
-//! first. Programs write Events through [`Reporter`](super::reporter::Reporter), which retries.
+//! first. Where that folding is wanted (the same failure tried again and again), a report
+//! names its series ([`EventReport::in_series`]): a repeat counts up the first Event's
+//! `series.count` instead of writing another. Programs write Events through
+//! [`Reporter`](super::reporter::Reporter), which retries.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
 
 /// Publishes Events as `nodegrace-<program>`, instance = the node or pod it runs as.
@@ -15,6 +21,15 @@ pub struct EventPublisher {
     client: Client,
     controller: String,
     instance: String,
+    /// The Event each series began with (namespace, name) and its count so far.
+    series: Arc<Mutex<HashMap<String, Series>>>,
+}
+
+#[derive(Debug, Clone)]
+struct Series {
+    namespace: String,
+    name: String,
+    count: i32,
 }
 
 impl std::fmt::Debug for EventPublisher {
@@ -51,6 +66,9 @@ pub struct EventReport {
     pub action: String,
     /// For people.
     pub note: String,
+    /// Repeats of the same key are one Event whose `series.count` grows; `None` for an Event
+    /// of its own.
+    pub series: Option<String>,
 }
 
 impl EventReport {
@@ -66,6 +84,17 @@ impl EventReport {
             reason: reason.to_owned(),
             action: action.to_owned(),
             note: note.into(),
+            series: None,
+        }
+    }
+
+    /// This report and its repeats under `key` are one Event with a count: the note is the
+    /// first one's (an Event's note cannot change), the count and last time are the latest.
+    #[must_use]
+    pub fn in_series(self, key: impl Into<String>) -> Self {
+        Self {
+            series: Some(key.into()),
+            ..self
         }
     }
 
@@ -88,12 +117,38 @@ impl EventPublisher {
             client,
             controller: reporting_controller(program),
             instance: instance.to_owned(),
+            series: Arc::default(),
         }
     }
 
-    /// Writes `event` as a new Event object.
+    /// Writes `event` as a new Event object, or as one more of its series.
     pub async fn publish(&self, event: &EventReport) -> Result<(), kube::Error> {
         let now = jiff::Timestamp::now();
+        if let Some(key) = &event.series {
+            let known = self
+                .series
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(key)
+                .cloned();
+            if let Some(known) = known {
+                match self.count_up(&known, now).await {
+                    Ok(()) => {
+                        self.remember(
+                            key,
+                            Series {
+                                count: known.count + 1,
+                                ..known
+                            },
+                        );
+                        return Ok(());
+                    }
+                    // Expired (Events live an hour) or deleted: the series starts again.
+                    Err(kube::Error::Api(status)) if status.is_not_found() => {}
+                    Err(error) => return Err(error),
+                }
+            }
+        }
         let regarding = &event.regarding;
         let name = regarding.name.as_deref().unwrap_or(&self.controller);
         let object = events::v1::Event {
@@ -115,7 +170,36 @@ impl EventPublisher {
         // Cluster-scoped objects' Events live in `default`, as the kubelet's Node Events do.
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
         let api: Api<events::v1::Event> = Api::namespaced(self.client.clone(), namespace);
-        api.create(&PostParams::default(), &object).await.map(drop)
+        api.create(&PostParams::default(), &object).await?;
+        if let (Some(key), Some(name)) = (&event.series, object.metadata.name) {
+            let first = Series {
+                namespace: namespace.to_owned(),
+                name,
+                count: 1,
+            };
+            self.remember(key, first);
+        }
+        Ok(())
+    }
+
+    /// One more of a series: `series.count` and `series.lastObservedTime`, the only fields of
+    /// an events.k8s.io Event that change after its creation.
+    async fn count_up(&self, series: &Series, now: jiff::Timestamp) -> Result<(), kube::Error> {
+        let api: Api<events::v1::Event> = Api::namespaced(self.client.clone(), &series.namespace);
+        let patch = serde_json::json!({"series": {
+            "count": series.count + 1,
+            "lastObservedTime": MicroTime(now),
+        }});
+        api.patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+    }
+
+    fn remember(&self, key: &str, series: Series) {
+        self.series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.to_owned(), series);
     }
 }
 

@@ -9,7 +9,7 @@
 //! finds what was under way instead of guessing. The histories this guards against, and their
 //! tests, are in docs/out-of-service-gc.md ("Fencing and recovery").
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::Api;
 use kube::api::ListParams;
+use nodegrace_core::backoff::{Backoff, Retry};
 use nodegrace_core::instances::{InstanceProvider, InstanceState, Power, ProviderId};
 use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
@@ -42,8 +43,14 @@ pub const CONDITION: &str = "OutOfServiceFence";
 const ACTION: &str = "Fence";
 /// How often the provider is asked whether a machine is off yet.
 pub(crate) const POLL: Duration = Duration::from_secs(1);
-/// How soon a held or failed fence is looked at again (a change of the node comes sooner).
+/// How soon a fence held by a guard is looked at again.
 pub(crate) const RECHECK: Duration = Duration::from_secs(10);
+/// A machine's failed provider calls (power off, power on, state): 10 s, doubling to 5 min,
+/// plus up to a tenth. No change of the node, not even our own write, retries sooner.
+pub const PROVIDER_BACKOFF: Backoff = Backoff {
+    first: Duration::from_secs(10),
+    longest: Duration::from_secs(300),
+};
 
 #[derive(Debug, Clone)]
 pub struct FenceSettings {
@@ -63,7 +70,7 @@ pub struct FenceSettings {
 pub enum FenceOutcome {
     /// Nothing for now: not a candidate, or fenced (the cleanup takes it from here).
     NotDue,
-    /// Held or failed: look again after this long (or when the node changes).
+    /// Held or failed: look again after this long, and not sooner whatever changes.
     Retry(Duration),
     /// Held until the node changes (`nodegrace.io/do-not-fence`).
     WaitForChange,
@@ -80,6 +87,9 @@ pub struct Fencer {
     /// The last reason reported per node (by name, with the UID it was said of), so a pass
     /// that finds the same hold says nothing new.
     said: Mutex<HashMap<String, (String, &'static str)>>,
+    /// Each Node object's failures in a row and the earliest it may be tried again, shared by
+    /// the fence and the recovery of its machine.
+    retries: Mutex<BTreeMap<NodeIdentity, Retry>>,
 }
 
 impl std::fmt::Debug for Fencer {
@@ -112,7 +122,43 @@ impl Fencer {
             nodes,
             deciding: tokio::sync::Mutex::new(()),
             said: Mutex::default(),
+            retries: Mutex::default(),
         }
+    }
+
+    fn retries(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeIdentity, Retry>> {
+        self.retries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How long `identity`'s machine must still wait after its last failure or hold.
+    pub fn retry_wait(&self, identity: &NodeIdentity) -> Option<Duration> {
+        let now = tokio::time::Instant::now();
+        self.retries()
+            .get(identity)
+            .and_then(|retry| retry.wait(now))
+    }
+
+    /// Counts a failure of `identity`'s work under `policy`; returns how long it now waits.
+    pub fn failed(&self, identity: &NodeIdentity, policy: Backoff) -> Duration {
+        let now = tokio::time::Instant::now();
+        self.retries()
+            .entry(identity.clone())
+            .or_default()
+            .failed(policy, now)
+    }
+
+    /// A guard holds `identity` for `wait`: not looked at sooner, no failure counted.
+    fn held_for(&self, identity: &NodeIdentity, wait: Duration) {
+        let now = tokio::time::Instant::now();
+        self.retries()
+            .entry(identity.clone())
+            .or_default()
+            .hold(wait, now);
+    }
+
+    /// `identity`'s work went through (or has nothing left to fail): its backoff starts over.
+    fn succeeded(&self, identity: &NodeIdentity) {
+        self.retries().remove(identity);
     }
 
     pub fn manages(&self, node: &Node) -> bool {
@@ -193,11 +239,15 @@ impl Fencer {
                 tracing::info!(node = name, reason, %message, "fence");
             }
             let reference = node_reference(name);
-            shared.reporter.event(if warning {
+            let event = if warning {
                 EventReport::warning(reference, reason, ACTION, message)
             } else {
                 EventReport::normal(reference, reason, ACTION, message)
-            });
+            };
+            // A step tried again (Fencing, FenceFailed, …) counts up its first Event.
+            shared
+                .reporter
+                .event(event.in_series(format!("{uid}/{reason}")));
         }
     }
 
@@ -229,7 +279,12 @@ impl Fencer {
         shared: &Shared,
         identity: &NodeIdentity,
     ) -> Result<FenceOutcome, PassError> {
+        // A failed call or a guard's hold is waited out whatever woke this attempt.
+        if let Some(wait) = self.retry_wait(identity) {
+            return Ok(FenceOutcome::Retry(wait));
+        }
         let Some(node) = read(shared, identity).await? else {
+            self.succeeded(identity);
             return Ok(FenceOutcome::NotDue);
         };
         match mark(&node) {
@@ -242,6 +297,7 @@ impl Fencer {
         }
         let now = Timestamp::now();
         if self.due_at(&node, now).is_none_or(|due| due > now) {
+            self.succeeded(identity);
             return Ok(FenceOutcome::NotDue);
         }
         if let Some(value) = do_not_fence(&node) {
@@ -265,6 +321,7 @@ impl Fencer {
                 "FenceHeldHeartbeat",
                 &evidence.explain(now),
             );
+            self.held_for(identity, left);
             return Ok(FenceOutcome::Retry(left));
         }
         let managed: Vec<Arc<Node>> = self
@@ -283,23 +340,26 @@ impl Fencer {
                     "{partition}; so many at once is taken for a partition, not dead machines"
                 ),
             );
+            self.held_for(identity, RECHECK);
             return Ok(FenceOutcome::Retry(RECHECK));
         }
         let id = match identity.machine(&node) {
             Ok(id) => id,
             Err(error) => {
+                let wait = self.failed(identity, PROVIDER_BACKOFF);
                 self.hold(
                     shared,
                     identity,
                     "provider",
                     "FenceHeldProvider",
-                    &error.to_string(),
+                    &format!("{error}; looked at again in {}", seconds(wait)),
                 );
-                return Ok(FenceOutcome::Retry(RECHECK));
+                return Ok(FenceOutcome::Retry(wait));
             }
         };
         let state = match self.provider.state(&id).await {
             Ok(InstanceState::NotFound) => {
+                let wait = self.failed(identity, PROVIDER_BACKOFF);
                 self.hold(
                     shared,
                     identity,
@@ -307,22 +367,28 @@ impl Fencer {
                     "FenceHeldMachineNotFound",
                     &format!(
                         "the {} provider does not know machine {id}; a machine that cannot be \
-                         found cannot be confirmed off, so the node is never tainted for it",
-                        self.provider.name()
+                         found cannot be confirmed off, so the node is never tainted for it \
+                         (asked again in {})",
+                        self.provider.name(),
+                        seconds(wait)
                     ),
                 );
-                return Ok(FenceOutcome::Retry(RECHECK));
+                return Ok(FenceOutcome::Retry(wait));
             }
             Ok(state) => state,
             Err(error) => {
+                let wait = self.failed(identity, PROVIDER_BACKOFF);
                 self.hold(
                     shared,
                     identity,
                     "provider",
                     "FenceHeldProvider",
-                    &format!("cannot ask about machine {id}: {error}"),
+                    &format!(
+                        "cannot ask about machine {id}: {error}; asked again in {}",
+                        seconds(wait)
+                    ),
                 );
-                return Ok(FenceOutcome::Retry(RECHECK));
+                return Ok(FenceOutcome::Retry(wait));
             }
         };
         let deciding = self.deciding.lock().await;
@@ -344,6 +410,7 @@ impl Fencer {
                     self.settings.max_fenced
                 ),
             );
+            self.held_for(identity, RECHECK);
             return Ok(FenceOutcome::Retry(RECHECK));
         }
         let after = self.settings.after;
@@ -428,6 +495,7 @@ impl Fencer {
                         .to_owned(),
                 },
             );
+            self.succeeded(identity);
             return Ok(FenceOutcome::NotDue);
         }
         let silent = matches!(self.heartbeat(shared, identity).await?, Heartbeat::Silent);
@@ -562,6 +630,7 @@ impl Fencer {
         let Updated::Written(node) = written else {
             return Ok(FenceOutcome::NotDue);
         };
+        self.succeeded(identity);
         let metrics = &shared.metrics.fence;
         metrics.fence("fenced");
         metrics
@@ -611,6 +680,7 @@ impl Fencer {
         id: &ProviderId,
     ) -> Result<FenceOutcome, PassError> {
         shared.metrics.fence.fence("cancelled");
+        self.succeeded(identity);
         let powered_on = self.provider.power(id, Power::On).await;
         self.clear(shared, identity, Step::Fencing).await?;
         let then = match powered_on {
@@ -642,6 +712,9 @@ impl Fencer {
         identity: &NodeIdentity,
         why: String,
     ) -> Result<FenceOutcome, PassError> {
+        // Counted before the write that clears the step: that write wakes this node's loop,
+        // which must find the backoff already in force.
+        let wait = self.failed(identity, PROVIDER_BACKOFF);
         self.clear(shared, identity, Step::Fencing).await?;
         shared.metrics.fence.fence("failed");
         self.report(
@@ -652,10 +725,14 @@ impl Fencer {
                 reason: "FenceFailed",
                 holding: false,
                 warning: true,
-                message: format!("{why}; tried again in {}s", RECHECK.as_secs()),
+                message: format!(
+                    "{why}; tried again in {} ({} failure(s) in a row)",
+                    seconds(wait),
+                    self.retries().get(identity).map_or(1, Retry::failures)
+                ),
             },
         );
-        Ok(FenceOutcome::Retry(RECHECK))
+        Ok(FenceOutcome::Retry(wait))
     }
 
     /// Removes the fence's step from the node if it is still `step`.
@@ -714,6 +791,11 @@ impl Fencer {
             .filter(|node| !identity.is(node))
             .count())
     }
+}
+
+/// A wait as the messages say it: whole seconds.
+pub(crate) fn seconds(wait: Duration) -> String {
+    format!("{}s", wait.as_secs_f64().round())
 }
 
 pub(crate) fn seconds_between(from: Timestamp, to: Timestamp) -> f64 {

@@ -10,7 +10,7 @@ use nodegrace_core::instances::{Power, ProviderId};
 use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::nodes::{Readiness, readiness};
 
-use super::{Fencer, POLL, RECHECK, Report, seconds_between};
+use super::{Fencer, POLL, PROVIDER_BACKOFF, Report, seconds, seconds_between};
 use crate::fence_mark::{FENCE_LABEL, Mark, Step, mark};
 use crate::shared::{PassError, Shared};
 
@@ -33,6 +33,10 @@ impl Fencer {
         let Ok(id) = identity.machine(node) else {
             return Ok(None);
         };
+        // A failed power change is waited out whatever woke the cleanup (our own write too).
+        if let Some(wait) = self.retry_wait(identity) {
+            return Ok(Some(wait));
+        }
         if node.metadata.deletion_timestamp.is_some() {
             // The machine leaves with its Node: whoever holds the Node's finalizer
             // (termination-controller) terminates it, and on bare metal that termination is a
@@ -75,6 +79,8 @@ impl Fencer {
             return Ok(Some(Duration::ZERO));
         }
         if let Err(error) = self.provider.power(id, Power::On).await {
+            // Counted before the write back to Fenced, which wakes the cleanup.
+            let wait = self.failed(identity, PROVIDER_BACKOFF);
             self.advance(shared, identity, Step::Recovering, Step::Fenced, at)
                 .await?;
             self.report(
@@ -87,13 +93,14 @@ impl Fencer {
                     warning: true,
                     message: format!(
                         "The node is clean, but powering machine {id} on failed: {error}; tried \
-                         again in {}s",
-                        RECHECK.as_secs()
+                         again in {}",
+                        seconds(wait)
                     ),
                 },
             );
-            return Ok(Some(RECHECK));
+            return Ok(Some(wait));
         }
+        self.succeeded(identity);
         self.report(
             shared,
             identity.name(),
@@ -139,6 +146,7 @@ impl Fencer {
         // Off before it is written off: a machine that boots late must not run beside the
         // workload that moved away from it.
         if let Err(error) = self.provider.power(id, Power::Off).await {
+            let wait = self.failed(identity, PROVIDER_BACKOFF);
             self.report(
                 shared,
                 identity.name(),
@@ -149,13 +157,14 @@ impl Fencer {
                     warning: true,
                     message: format!(
                         "Not Ready within --recover-timeout, and powering machine {id} off again \
-                         failed: {error}; tried again in {}s",
-                        RECHECK.as_secs()
+                         failed: {error}; tried again in {}",
+                        seconds(wait)
                     ),
                 },
             );
-            return Ok(Some(RECHECK));
+            return Ok(Some(wait));
         }
+        self.succeeded(identity);
         if !self
             .advance(
                 shared,
@@ -193,6 +202,7 @@ impl Fencer {
         if found.step != Step::Recovering {
             return;
         }
+        self.succeeded(identity);
         shared.metrics.fence.recovery("recovered");
         let took = found
             .since

@@ -1,0 +1,240 @@
+//! A provider that refuses or hangs, for every power call out-of-service-gc makes: the
+//! release-shaped binary against moto's EC2 and sushy-tools' Redfish emulator behind the
+//! interposer, which refuses (an IAM policy without `ec2:StopInstances`, a BMC account
+//! without the role to reset) or holds the call past `--instance-provider-timeout`. Over a
+//! window of the backoff's schedule, the calls that reach the provider, the Node's writes and
+//! the Events are counted: at most one call per backoff step, one Event with a count.
+//!
+//! The window is real time: the controller's due times are wall-clock, as on a cluster.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use kube_sim::KubeSim;
+use out_of_service_gc::fencing::PROVIDER_BACKOFF;
+use provider_testbed::interposer::{Interposer, Mode};
+use provider_testbed::moto::Moto;
+use provider_testbed::sushy::{Sushy, System};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use crate::common::*;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_out-of-service-gc");
+const ZONE: &str = "us-east-1a";
+const REGION: &str = "us-east-1";
+/// Long enough for the first retry (10 s, plus a tenth) and short of the second (at 30 s).
+const OBSERVED: Duration = Duration::from_secs(24);
+
+fn start(sim: &KubeSim, provider: &[String]) -> Result<Child> {
+    Command::new(BINARY)
+        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
+        .args([
+            "--admin-listen=127.0.0.1:0",
+            "--leader-elect=false",
+            "--fence-after=1s",
+            "--liveness-guard-window=1s",
+            "--instance-provider-timeout=2s",
+            "--log-level=warn",
+        ])
+        .args(provider)
+        .env_remove("AWS_REGION")
+        .env("AWS_ACCESS_KEY_ID", "AKIAPROGRAM")
+        .env("AWS_SECRET_ACCESS_KEY", "secret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("start out-of-service-gc")
+}
+
+/// The most calls the backoff allows within `window` of the first one: the first, then one
+/// per step of the schedule that has come due.
+fn allowed_within(window: Duration) -> usize {
+    let mut at = Duration::ZERO;
+    let mut calls = 1;
+    for failures in 1.. {
+        at += PROVIDER_BACKOFF.delay(failures);
+        if at > window {
+            break;
+        }
+        calls += 1;
+    }
+    calls
+}
+
+/// Counts the writes of `node` (each new resourceVersion the watch shows).
+fn count_writes(client: &Client, node: &str) -> Arc<Mutex<BTreeMap<String, ()>>> {
+    let seen: Arc<Mutex<BTreeMap<String, ()>>> = Arc::default();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let counted = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut events = watcher(nodes, config).boxed();
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Apply(node)) = event
+                && let Some(version) = node.metadata.resource_version
+            {
+                counted.lock().unwrap().insert(version, ());
+            }
+        }
+    });
+    seen
+}
+
+/// The Events about `node` with `reason`, each with its series count.
+async fn series(client: &Client, node: &str, reason: &str) -> Result<Vec<i32>> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|event| {
+            event.reason.as_deref() == Some(reason)
+                && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
+        })
+        .map(|event| event.series.map_or(1, |series| series.count))
+        .collect())
+}
+
+/// The story every refusal must tell: the node goes NotReady, the first power-off is refused;
+/// from then on, over [`OBSERVED`], the provider gets at most one call per backoff step, the
+/// Node few writes, and the failures one Event whose count grows; the node is never tainted.
+async fn storm_free(client: &Client, calls: impl Fn() -> usize, what: &str) -> Result<()> {
+    let writes = count_writes(client, "hung");
+    stop_kubelet(client, "hung").await?;
+    nodegrace_core::testing::wait_for(
+        &format!("the first {what}"),
+        Duration::from_secs(60),
+        || async { Ok(calls() >= 1) },
+    )
+    .await?;
+    let written_before = writes.lock().unwrap().len();
+    // An observation window, not a wait for state: the count over it is the result.
+    tokio::time::sleep(OBSERVED).await;
+    let made = calls();
+    let allowed = allowed_within(OBSERVED);
+    ensure!(
+        (2..=allowed).contains(&made),
+        "{made} {what} calls in {OBSERVED:?} (the backoff allows {allowed}, and a retry is due \
+         within it)"
+    );
+    // Per try: the fence step stamped and cleared, the condition written twice.
+    let written = writes.lock().unwrap().len() - written_before;
+    ensure!(
+        written <= 4 * made + 2,
+        "the Node was written {written} times for {made} tries"
+    );
+    let failed = series(client, "hung", "FenceFailed").await?;
+    ensure!(failed.len() == 1, "FenceFailed Events: {failed:?}");
+    ensure!(
+        (made as i32 - 1..=made as i32).contains(&failed[0]),
+        "the FenceFailed Event counts {} of {made} failures",
+        failed[0]
+    );
+    let node = Api::<Node>::all(client.clone()).get("hung").await?;
+    ensure!(!has_taint(&node), "tainted without a power-off");
+    Ok(())
+}
+
+async fn ec2_node(client: &Client, id: &str) -> Result<()> {
+    let node = serde_json::from_value(json!({
+        "metadata": {"name": "hung", "labels": {"kubernetes.io/hostname": "hung"}},
+        "spec": {"providerID": format!("aws:///{ZONE}/{id}")},
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    all_ready(client, 1).await
+}
+
+async fn ec2_storm(mode: Mode) -> Result<()> {
+    let moto = Moto::start().await?;
+    let cloud = Interposer::start(&moto.url).await?;
+    cloud.set(mode);
+    let sim = sim(0, world()).await?;
+    let client = sim.client();
+    let id = moto.run_instances(ZONE, 1).await?.remove(0);
+    ec2_node(&client, &id).await?;
+    let _program = start(
+        &sim,
+        &[
+            "--instance-provider=aws".to_owned(),
+            format!("--aws-endpoint-url={}", cloud.url()),
+            format!("--aws-region={REGION}"),
+        ],
+    )?;
+    storm_free(&client, || cloud.calls("StopInstances"), "StopInstances").await?;
+    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("running"));
+    Ok(())
+}
+
+/// The outside check's history: an IAM policy without `ec2:StopInstances` (91 calls in 12 s
+/// before).
+#[tokio::test]
+async fn a_refused_ec2_power_off_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    ec2_storm(Mode::Refuse("StopInstances".to_owned())).await
+}
+
+/// EC2 that does not answer a StopInstances within `--instance-provider-timeout`.
+#[tokio::test]
+async fn an_ec2_power_off_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    ec2_storm(Mode::Hang("StopInstances".to_owned())).await
+}
+
+async fn redfish_storm(mode: Mode) -> Result<()> {
+    let system = System::new(0, true);
+    let sushy = Sushy::start_plain(std::slice::from_ref(&system)).await?;
+    let bmc = Interposer::start(&sushy.url).await?;
+    bmc.set(mode);
+    let file = sushy.dir.path().join("machines.yaml");
+    let machines = json!({"machines": [{"node": "hung", "endpoint": bmc.url(),
+        "system": system.path(), "credentials": sushy.credentials()}]});
+    std::fs::write(&file, machines.to_string())?;
+    let sim = sim(0, world()).await?;
+    let client = sim.client();
+    let node = serde_json::from_value(json!({
+        "metadata": {"name": "hung", "labels": {"kubernetes.io/hostname": "hung"}},
+        "spec": {"providerID": "redfish:///hung"},
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    all_ready(&client, 1).await?;
+    let _program = start(
+        &sim,
+        &[
+            "--instance-provider=redfish".to_owned(),
+            format!("--redfish-config={}", file.display()),
+        ],
+    )?;
+    let resets = || {
+        bmc.seen()
+            .iter()
+            .filter(|seen| seen.method == "POST" && seen.path.contains("ComputerSystem.Reset"))
+            .count()
+    };
+    storm_free(&client, resets, "ComputerSystem.Reset").await
+}
+
+/// A BMC account whose role may read but not reset.
+#[tokio::test]
+async fn a_refused_redfish_reset_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    redfish_storm(Mode::Refuse("ComputerSystem.Reset".to_owned())).await
+}
+
+/// A BMC that does not answer the reset within `--instance-provider-timeout`.
+#[tokio::test]
+async fn a_redfish_reset_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    redfish_storm(Mode::Hang("ComputerSystem.Reset".to_owned())).await
+}
