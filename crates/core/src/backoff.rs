@@ -33,6 +33,23 @@ impl Backoff {
     }
 }
 
+impl Backoff {
+    /// How many tries the schedule allows within `window` of the first one: the first, then
+    /// one for each delay that has run out by then (jitter only makes them later).
+    pub fn tries_within(self, window: Duration) -> usize {
+        let mut at = Duration::ZERO;
+        let mut tries = 1;
+        for failures in 1.. {
+            at = at.saturating_add(self.delay(failures));
+            if at > window {
+                break;
+            }
+            tries += 1;
+        }
+        tries
+    }
+}
+
 /// How far above the schedule a jittered delay may land: up to a tenth, so that many nodes
 /// failing together (an IAM policy wrong for all of them) spread their retries.
 const JITTER: f64 = 0.1;
@@ -90,6 +107,19 @@ impl Retry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tries_within_a_window_follow_the_schedule() {
+        let backoff = Backoff {
+            first: Duration::from_secs(10),
+            longest: Duration::from_secs(300),
+        };
+        // 0, 10, 30, 70, 150 s.
+        assert_eq!(backoff.tries_within(Duration::from_secs(9)), 1);
+        assert_eq!(backoff.tries_within(Duration::from_secs(24)), 2);
+        assert_eq!(backoff.tries_within(Duration::from_secs(60)), 3);
+        assert_eq!(backoff.tries_within(Duration::from_secs(150)), 5);
+    }
 
     #[test]
     fn a_jittered_delay_is_never_below_the_schedule_nor_a_tenth_above_it() {

@@ -7,19 +7,15 @@
 //!
 //! The window is real time: the controller's due times are wall-clock, as on a cluster.
 
-use std::collections::BTreeMap;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{ListParams, PostParams};
-use kube::runtime::watcher;
+use kube::api::PostParams;
 use kube::{Api, Client};
 use kube_sim::KubeSim;
+use nodegrace_core::testing::storms::{NodeWrites, event_series};
 use out_of_service_gc::fencing::PROVIDER_BACKOFF;
 use provider_testbed::interposer::{Interposer, Mode};
 use provider_testbed::moto::Moto;
@@ -57,61 +53,11 @@ fn start(sim: &KubeSim, provider: &[String]) -> Result<Child> {
         .context("start out-of-service-gc")
 }
 
-/// The most calls the backoff allows within `window` of the first one: the first, then one
-/// per step of the schedule that has come due.
-fn allowed_within(window: Duration) -> usize {
-    let mut at = Duration::ZERO;
-    let mut calls = 1;
-    for failures in 1.. {
-        at += PROVIDER_BACKOFF.delay(failures);
-        if at > window {
-            break;
-        }
-        calls += 1;
-    }
-    calls
-}
-
-/// Counts the writes of `node` (each new resourceVersion the watch shows).
-fn count_writes(client: &Client, node: &str) -> Arc<Mutex<BTreeMap<String, ()>>> {
-    let seen: Arc<Mutex<BTreeMap<String, ()>>> = Arc::default();
-    let nodes: Api<Node> = Api::all(client.clone());
-    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let counted = Arc::clone(&seen);
-    tokio::spawn(async move {
-        let mut events = watcher(nodes, config).boxed();
-        while let Some(event) = events.next().await {
-            if let Ok(watcher::Event::Apply(node)) = event
-                && let Some(version) = node.metadata.resource_version
-            {
-                counted.lock().unwrap().insert(version, ());
-            }
-        }
-    });
-    seen
-}
-
-/// The Events about `node` with `reason`, each with its series count.
-async fn series(client: &Client, node: &str, reason: &str) -> Result<Vec<i32>> {
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    Ok(events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|event| {
-            event.reason.as_deref() == Some(reason)
-                && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
-        })
-        .map(|event| event.series.map_or(1, |series| series.count))
-        .collect())
-}
-
 /// The story every refusal must tell: the node goes NotReady, the first power-off is refused;
 /// from then on, over [`OBSERVED`], the provider gets at most one call per backoff step, the
 /// Node few writes, and the failures one Event whose count grows; the node is never tainted.
 async fn storm_free(client: &Client, calls: impl Fn() -> usize, what: &str) -> Result<()> {
-    let writes = count_writes(client, "hung");
+    let writes = NodeWrites::watch(client, "hung");
     stop_kubelet(client, "hung").await?;
     nodegrace_core::testing::wait_for(
         &format!("the first {what}"),
@@ -119,23 +65,23 @@ async fn storm_free(client: &Client, calls: impl Fn() -> usize, what: &str) -> R
         || async { Ok(calls() >= 1) },
     )
     .await?;
-    let written_before = writes.lock().unwrap().len();
+    let written_before = writes.count();
     // An observation window, not a wait for state: the count over it is the result.
     tokio::time::sleep(OBSERVED).await;
     let made = calls();
-    let allowed = allowed_within(OBSERVED);
+    let allowed = PROVIDER_BACKOFF.tries_within(OBSERVED);
     ensure!(
         (2..=allowed).contains(&made),
         "{made} {what} calls in {OBSERVED:?} (the backoff allows {allowed}, and a retry is due \
          within it)"
     );
     // Per try: the fence step stamped and cleared, the condition written twice.
-    let written = writes.lock().unwrap().len() - written_before;
+    let written = writes.count() - written_before;
     ensure!(
         written <= 4 * made + 2,
         "the Node was written {written} times for {made} tries"
     );
-    let failed = series(client, "hung", "FenceFailed").await?;
+    let failed = event_series(client, "hung", "FenceFailed").await?;
     ensure!(failed.len() == 1, "FenceFailed Events: {failed:?}");
     ensure!(
         (made as i32 - 1..=made as i32).contains(&failed[0]),

@@ -11,10 +11,11 @@ use kube::{Api, Client};
 use kube_sim::KubeSim;
 use kube_sim::cluster::Cluster;
 use nodegrace_core::instances::cluster_api::{
-    EXCLUDE_DRAINING, EXCLUDE_VOLUME_WAIT, machine_resource,
+    EXCLUDE_DRAINING, EXCLUDE_VOLUME_WAIT, machine_resource, machine_resource_in,
 };
 use nodegrace_core::testing::cluster_api::{
-    MachineController, Step, create_machine, machine, machine_crd, node_annotations,
+    MachineController, Step, create_machine, machine, machine_crd, machine_crd_serving,
+    node_annotations,
 };
 use serde_json::json;
 use tokio::process::{Child, Command};
@@ -232,6 +233,93 @@ async fn a_machine_already_deleting_is_waited_for_not_deleted_again() -> Result<
         controller
             .steps()
             .contains(&Step::Removed("workers-0".to_owned()))
+    );
+    Ok(())
+}
+
+/// The outside check's leak: Cluster API before v1.11 serves Machines as v1beta1 only. The
+/// Machine is found there, deleted by UID, and the node released once it is gone.
+#[tokio::test]
+async fn a_machine_served_only_as_v1beta1_is_deleted_before_its_node_goes() -> Result<()> {
+    let management = Cluster::new(0)
+        .crd(machine_crd_serving(&["v1beta1"]))
+        .start()
+        .await?;
+    let workload = sim(0).await?;
+    let (manage, work) = (management.client(), workload.client());
+    let id = "docker:///workload/worker-0";
+    let mut old = machine("default", "workers-0", "worker-0", id);
+    // No machine controller of v1beta1 here: the delete ends the Machine at once.
+    old.metadata.finalizers = None;
+    let v1beta1 = machine_resource_in("v1beta1");
+    old.types = Some(kube::api::TypeMeta {
+        api_version: v1beta1.api_version.clone(),
+        kind: "Machine".to_owned(),
+    });
+    create_machine(&manage, &old).await?;
+    machine_node(
+        &work,
+        "worker-0",
+        id,
+        Some(node_annotations("default", "workers-0")),
+    )
+    .await?;
+    let _controller = start(&workload, &management)?;
+    wait_for("the finalizer", || has_finalizer(&work, "worker-0")).await?;
+    delete_node(&work, "worker-0").await?;
+    wait_for("the node released", || node_gone(&work, "worker-0")).await?;
+    let machines: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(manage.clone(), "default", &v1beta1);
+    ensure!(
+        machines.get_opt("workers-0").await?.is_none(),
+        "released while its Machine runs"
+    );
+    Ok(())
+}
+
+/// A management cluster without Machines in any version this provider reads: the node is
+/// held with a Warning that says so, past the not-found confirmation (2 s here), and tried
+/// again on the backoff.
+#[tokio::test]
+async fn without_machines_in_the_management_cluster_the_node_is_held() -> Result<()> {
+    let management = Cluster::new(0).start().await?;
+    let workload = sim(0).await?;
+    let work = workload.client();
+    machine_node(
+        &work,
+        "worker-0",
+        "docker:///workload/worker-0",
+        Some(node_annotations("default", "workers-0")),
+    )
+    .await?;
+    let _controller = start(&workload, &management)?;
+    wait_for("the finalizer", || has_finalizer(&work, "worker-0")).await?;
+    delete_node(&work, "worker-0").await?;
+    wait_for("the Warning", || {
+        warned(&work, "worker-0", "the management cluster has no Machines")
+    })
+    .await?;
+    // Three failures take 3 s of backoff, past the 2 s a machine gone would need.
+    wait_for("three tries", || async {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(work.clone(), "default");
+        Ok(events
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|event| {
+                event.reason.as_deref() == Some("InstanceTerminationFailed")
+                    && event
+                        .series
+                        .as_ref()
+                        .is_some_and(|series| series.count >= 3)
+            }))
+    })
+    .await?;
+    ensure!(
+        !node_gone(&work, "worker-0").await?,
+        "released without a Machine gone"
     );
     Ok(())
 }

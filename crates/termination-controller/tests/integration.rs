@@ -14,5 +14,6 @@ mod hooks;
 mod plan;
 mod providers;
 mod safety;
+mod storms;
 mod webhook;
 mod windows;

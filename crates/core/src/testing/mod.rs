@@ -9,6 +9,7 @@ mod dashboard;
 mod fake_logind;
 pub mod proxy;
 pub mod reference;
+pub mod storms;
 
 use std::future::Future;
 use std::net::SocketAddr;

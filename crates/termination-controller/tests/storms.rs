@@ -1,0 +1,373 @@
+//! A provider that refuses or hangs, for the terminate call of every provider: the
+//! release-shaped binary against moto's EC2 and sushy-tools' Redfish behind the interposer,
+//! an operator's command, and a Cluster API management cluster whose RBAC does not let us
+//! delete Machines. From the first terminate on, over a window of the failures' backoff, the
+//! calls that reach the provider, the Node's writes and the Events are counted: at most one
+//! call per backoff step, one Event with a count, the node held and the machine untouched.
+//! Then the provider takes the request, and the machine's polls start again from their first
+//! step rather than where the failures' backoff had grown to.
+//!
+//! The window is real time: the steps' deadlines are wall-clock, as on a cluster.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use kube::{Api, Client};
+use kube_sim::KubeSim;
+use nodegrace_core::testing::storms::{NodeWrites, event_series};
+use provider_testbed::interposer::{Interposer, Mode};
+use provider_testbed::moto::Moto;
+use provider_testbed::sushy::{Sushy, System};
+use serde_json::json;
+use termination_controller::termination::PROVIDER_FAILURES;
+use tokio::process::{Child, Command};
+
+use crate::common::{delete_node, has_finalizer, machine_node, node_gone, sim, wait_for};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
+const ZONE: &str = "us-east-1a";
+const REGION: &str = "us-east-1";
+const FAILED: &str = "InstanceTerminationFailed";
+/// Five tries of the failures' backoff (at 0, 1, 3, 7 and 15 s) and short of the sixth (at
+/// 31 s).
+const OBSERVED: Duration = Duration::from_secs(24);
+
+fn start(sim: &KubeSim, provider: &[String]) -> Result<Child> {
+    Command::new(BINARY)
+        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
+        .args([
+            "--admin-listen=127.0.0.1:0",
+            "--leader-elect=false",
+            "--instance-not-found-confirm=2s",
+            "--instance-provider-timeout=2s",
+            "--log-level=warn",
+        ])
+        .args(provider)
+        .env_remove("AWS_REGION")
+        .env("AWS_ACCESS_KEY_ID", "AKIAPROGRAM")
+        .env("AWS_SECRET_ACCESS_KEY", "secret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("start termination-controller")
+}
+
+/// Deletes `worker` and, from the first terminate on, counts over [`OBSERVED`]: the calls
+/// within the backoff's schedule, the Node's writes, one Event with a count; the node held.
+async fn storm_free(client: &Client, calls: &dyn Fn() -> usize, what: &str) -> Result<usize> {
+    wait_for("the finalizer", || has_finalizer(client, "worker")).await?;
+    let writes = NodeWrites::watch(client, "worker");
+    delete_node(client, "worker").await?;
+    nodegrace_core::testing::wait_for(
+        &format!("the first {what}"),
+        Duration::from_secs(60),
+        || async { Ok(calls() >= 1) },
+    )
+    .await?;
+    let written_before = writes.count();
+    // An observation window, not a wait for state: the count over it is the result.
+    tokio::time::sleep(OBSERVED).await;
+    let made = calls();
+    let allowed = PROVIDER_FAILURES.tries_within(OBSERVED);
+    ensure!(
+        (3..=allowed).contains(&made),
+        "{made} {what} calls in {OBSERVED:?} (the backoff allows {allowed}, and retries are due \
+         within it)"
+    );
+    // Per failure, the condition says the count and the next try: one status write.
+    let written = writes.count() - written_before;
+    ensure!(
+        written <= 2 * made + 2,
+        "the Node was written {written} times for {made} tries"
+    );
+    let failed = event_series(client, "worker", FAILED).await?;
+    ensure!(
+        failed.len() == 1,
+        "InstanceTerminationFailed Events: {failed:?}"
+    );
+    ensure!(
+        (made as i32 - 1..=made as i32).contains(&failed[0]),
+        "the Event counts {} of {made} failures",
+        failed[0]
+    );
+    ensure!(!node_gone(client, "worker").await?, "released on a failure");
+    Ok(made)
+}
+
+async fn ec2_storm(mode: Mode) -> Result<()> {
+    let moto = Moto::start().await?;
+    let cloud = Interposer::start(&moto.url).await?;
+    cloud.set(mode);
+    let sim = sim(0).await?;
+    let client = sim.client();
+    let id = moto.run_instances(ZONE, 1).await?.remove(0);
+    machine_node(&client, "worker", &format!("aws:///{ZONE}/{id}"), None).await?;
+    let _controller = start(
+        &sim,
+        &[
+            "--instance-provider=aws".to_owned(),
+            format!("--aws-endpoint-url={}", cloud.url()),
+            format!("--aws-region={REGION}"),
+        ],
+    )?;
+    let made = storm_free(
+        &client,
+        &|| cloud.calls("TerminateInstances"),
+        "TerminateInstances",
+    )
+    .await?;
+    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("running"));
+
+    // The refusal lifted: the next try is accepted, and the machine's end is read at the
+    // polls' first step, not a grown backoff later (15 s before).
+    let describes_before = cloud.calls("DescribeInstances");
+    cloud.set(Mode::Forward);
+    wait_for("the node released", || node_gone(&client, "worker")).await?;
+    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("terminated"));
+    ensure!(
+        cloud.calls("TerminateInstances") == made + 1,
+        "one accepted TerminateInstances after {made} failed"
+    );
+    // The try after the failures reads once, terminates, and reads the end on the first poll.
+    let describes = cloud.calls("DescribeInstances") - describes_before;
+    ensure!(
+        describes <= 3,
+        "{describes} DescribeInstances to read the end"
+    );
+    Ok(())
+}
+
+/// Termination protection, or an IAM policy without `ec2:TerminateInstances`.
+#[tokio::test]
+async fn a_refused_ec2_terminate_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    ec2_storm(Mode::Refuse("TerminateInstances".to_owned())).await
+}
+
+/// EC2 that does not answer a TerminateInstances within `--instance-provider-timeout`.
+#[tokio::test]
+async fn an_ec2_terminate_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    ec2_storm(Mode::Hang("TerminateInstances".to_owned())).await
+}
+
+async fn redfish_storm(mode: Mode) -> Result<()> {
+    let system = System::new(0, true);
+    let sushy = Sushy::start_plain(std::slice::from_ref(&system)).await?;
+    let bmc = Interposer::start(&sushy.url).await?;
+    bmc.set(mode);
+    let file = sushy.dir.path().join("machines.yaml");
+    let machines = json!({"machines": [{"node": "worker", "endpoint": bmc.url(),
+        "system": system.path(), "credentials": sushy.credentials()}]});
+    std::fs::write(&file, machines.to_string())?;
+    let sim = sim(0).await?;
+    let client = sim.client();
+    machine_node(&client, "worker", "redfish:///worker", None).await?;
+    let _controller = start(
+        &sim,
+        &[
+            "--instance-provider=redfish".to_owned(),
+            format!("--redfish-config={}", file.display()),
+        ],
+    )?;
+    let resets = || {
+        bmc.seen()
+            .iter()
+            .filter(|seen| seen.method == "POST" && seen.path.contains("ComputerSystem.Reset"))
+            .count()
+    };
+    storm_free(&client, &resets, "ComputerSystem.Reset").await?;
+    Ok(())
+}
+
+/// A BMC account whose role may read but not reset.
+#[tokio::test]
+async fn a_refused_redfish_power_off_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    redfish_storm(Mode::Refuse("ComputerSystem.Reset".to_owned())).await
+}
+
+/// A BMC that does not answer the reset within `--instance-provider-timeout`.
+#[tokio::test]
+async fn a_redfish_power_off_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    redfish_storm(Mode::Hang("ComputerSystem.Reset".to_owned())).await
+}
+
+/// The operator's command: `state` answers, `terminate` fails (or hangs); each try is a line
+/// of its log.
+async fn exec_storm(terminate: &str) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let log = dir.path().join("calls.log");
+    let script = dir.path().join("provider.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$1\" >> {log}\ncase \"$1\" in\n  state) echo running ;;\n  \
+             terminate) {terminate} ;;\nesac\n",
+            log = log.display()
+        ),
+    )?;
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let sim = sim(0).await?;
+    let client = sim.client();
+    machine_node(&client, "worker", "example:///worker", None).await?;
+    let _controller = start(
+        &sim,
+        &[
+            "--instance-provider=exec".to_owned(),
+            format!("--instance-provider-command={}", script.display()),
+        ],
+    )?;
+    let terminates = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| *line == "terminate")
+            .count()
+    };
+    storm_free(&client, &terminates, "terminate").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failing_exec_terminate_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    exec_storm("echo 'not allowed' >&2; exit 1").await
+}
+
+#[tokio::test]
+async fn an_exec_terminate_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    exec_storm("exec sleep 30").await
+}
+
+/// Cluster API's management cluster failing every Machine delete (500s): tries on the
+/// backoff's schedule, counted by the management cluster's fault injector.
+#[tokio::test]
+async fn a_failing_machine_delete_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    use kube_sim::cluster::Cluster;
+    use kube_sim::faults::{ErrorRule, FailureKind};
+    use nodegrace_core::testing::cluster_api::{
+        create_machine, machine, machine_crd, node_annotations,
+    };
+
+    let management = Cluster::new(0).crd(machine_crd()).start().await?;
+    let id = "docker:///workload/worker";
+    create_machine(
+        &management.client(),
+        &machine("default", "workers-0", "worker", id),
+    )
+    .await?;
+    management.faults().add_rule(ErrorRule {
+        verb: "delete".to_owned(),
+        resource: "machines".to_owned(),
+        rate: 1.0,
+        failure: FailureKind::InternalError,
+    });
+    let sim = sim(0).await?;
+    let client = sim.client();
+    machine_node(
+        &client,
+        "worker",
+        id,
+        Some(node_annotations("default", "workers-0")),
+    )
+    .await?;
+    let _controller = start(
+        &sim,
+        &[
+            "--instance-provider=cluster-api".to_owned(),
+            format!(
+                "--cluster-api-kubeconfig={}",
+                management.kubeconfig_path().display()
+            ),
+        ],
+    )?;
+    let deletes = || usize::try_from(management.faults().failed()).unwrap_or(usize::MAX);
+    storm_free(&client, &deletes, "Machine delete").await?;
+    Ok(())
+}
+
+/// A management cluster whose RBAC lets us read and annotate Machines but not delete them:
+/// a 403 holds the node with a Warning that names the missing permission.
+#[tokio::test]
+async fn a_machine_delete_forbidden_by_rbac_holds_the_node() -> Result<()> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::api::PostParams;
+    use kube_sim::cluster::Cluster;
+    use nodegrace_core::testing::cluster_api::{
+        create_machine, machine, machine_crd, node_annotations,
+    };
+
+    let management = Cluster::new(0).crd(machine_crd()).start().await?;
+    let manage = management.client();
+    let id = "docker:///workload/worker";
+    create_machine(&manage, &machine("default", "workers-0", "worker", id)).await?;
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "machine-reader"},
+        "rules": [
+            {"apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"],
+             "verbs": ["get", "list", "watch", "patch"]},
+            {"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version"], "verbs": ["get"]},
+        ],
+    }))?;
+    Api::<ClusterRole>::all(manage.clone())
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "machine-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "machine-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "machine-reader"}],
+    }))?;
+    Api::<ClusterRoleBinding>::all(manage.clone())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    // The admin's kubeconfig, acting as the reader (the admin may impersonate).
+    let dir = tempfile::tempdir()?;
+    let reader = dir.path().join("reader.kubeconfig");
+    let admin = std::fs::read_to_string(management.kubeconfig_path())?;
+    ensure!(admin.contains("    token: kube-sim\n"), "{admin}");
+    std::fs::write(
+        &reader,
+        admin.replace(
+            "    token: kube-sim\n",
+            "    token: kube-sim\n    as: machine-reader\n",
+        ),
+    )?;
+    let sim = sim(0).await?;
+    let client = sim.client();
+    machine_node(
+        &client,
+        "worker",
+        id,
+        Some(node_annotations("default", "workers-0")),
+    )
+    .await?;
+    let _controller = start(
+        &sim,
+        &[
+            "--instance-provider=cluster-api".to_owned(),
+            format!("--cluster-api-kubeconfig={}", reader.display()),
+        ],
+    )?;
+    wait_for("the finalizer", || has_finalizer(&client, "worker")).await?;
+    delete_node(&client, "worker").await?;
+    wait_for("three refused deletes", || async {
+        Ok(event_series(&client, "worker", FAILED)
+            .await?
+            .iter()
+            .any(|count| *count >= 3))
+    })
+    .await?;
+    let failed = event_series(&client, "worker", FAILED).await?;
+    ensure!(failed.len() == 1, "{failed:?}");
+    ensure!(!node_gone(&client, "worker").await?, "released on a 403");
+    let machines: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        manage.clone(),
+        "default",
+        &nodegrace_core::instances::cluster_api::machine_resource(),
+    );
+    let left = machines.get("workers-0").await?;
+    ensure!(
+        left.metadata.deletion_timestamp.is_none(),
+        "the Machine was deleted"
+    );
+    Ok(())
+}
