@@ -327,8 +327,13 @@ impl NodeTermination {
     /// Step 11: lets the node go.
     async fn release(&mut self, deleted: Option<Timestamp>) -> Step {
         // Its conditions still queued would land after it is gone: on a namesake registered
-        // since, or as a wasted read. Dropped before the object can go.
-        self.shared.reporter.forget_node(self.node.name());
+        // since, or as a wasted read. Dropped before the object can go, and a write of them
+        // under way (read by name) finished first.
+        self.shared
+            .reporter
+            .forget_node(self.node.name())
+            .wait()
+            .await;
         remove_finalizer(&self.shared.client, &self.node).await?;
         if let Some(deleted) = deleted {
             let seconds = Timestamp::now()

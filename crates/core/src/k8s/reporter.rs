@@ -131,8 +131,9 @@ enum Write {
     Event(EventReport),
     Condition(ConditionWrite),
     Taint(TaintWrite),
-    /// Drop the node's pending conditions and taints.
-    Forget(String),
+    /// Drop the node's pending conditions and taints; said done once taken in, which is
+    /// never while a write is under way.
+    Forget(String, oneshot::Sender<()>),
 }
 
 /// The worker's end. A program awaits it after its work, so what it queued last (a
@@ -189,9 +190,15 @@ impl Reporter {
 
     /// Drops the conditions and taints still pending for `node` (its Events stay: they tell
     /// what happened and outlive it). For a program about to let the Node object go: a write
-    /// that lands after that lands on a namesake, or is a wasted read.
-    pub fn forget_node(&self, node: &str) {
-        self.send(Write::Forget(node.to_owned()));
+    /// that lands after that lands on a namesake, or is a wasted read. The worker writes one
+    /// thing at a time and takes the forgetting in between two writes, so once the returned
+    /// [`Landed`] resolves no write of the node is under way either: a write that read the
+    /// Node by name before it went can no longer land on a namesake after it. Await it before
+    /// the write that lets the Node go.
+    pub fn forget_node(&self, node: &str) -> Landed {
+        let (taken, receiver) = oneshot::channel();
+        self.send(Write::Forget(node.to_owned(), taken));
+        Landed(receiver)
     }
 
     fn send(&self, write: Write) {
@@ -233,11 +240,12 @@ impl Pending {
                 self.retry_taints.retain(|old| !older(old));
                 self.taints.push_back(new);
             }
-            Write::Forget(node) => {
+            Write::Forget(node, taken) => {
                 self.conditions.remove(&node);
                 self.taints.retain(|old| old.node != node);
                 self.retry_conditions.retain(|(old, _)| *old != node);
                 self.retry_taints.retain(|old| old.node != node);
+                let _ = taken.send(());
             }
         }
     }
@@ -545,6 +553,30 @@ mod tests {
             ConditionSpec::new(type_, "True", "R", "m"),
             ConditionGuard::Always,
         );
+    }
+
+    /// The window of a write that read the Node by name before it went: forgetting the node
+    /// is done only once that write is over, so the caller lets the Node go after it.
+    #[tokio::test(start_paused = true)]
+    async fn forgetting_a_node_is_done_only_after_its_write_under_way() {
+        let sink = Recorder::slow(Duration::from_millis(10));
+        let (reporter, worker) = Reporter::start(sink.clone());
+        let started = Instant::now();
+        wish(&reporter, "n1", "A");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(sink.written(), ["conditions n1 A True"], "under way");
+        reporter.forget_node("n1").wait().await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(10),
+            "forgotten {:?} after the write began, before it ended",
+            started.elapsed()
+        );
+        // Nothing pending: forgetting an idle node is done at once.
+        let idle = Instant::now();
+        reporter.forget_node("n2").wait().await;
+        assert_eq!(idle.elapsed(), Duration::ZERO);
+        drop(reporter);
+        worker.wait().await;
     }
 
     #[tokio::test(start_paused = true)]
