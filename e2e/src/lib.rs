@@ -3,6 +3,10 @@
 //! as processes under their ServiceAccount's RBAC, each machine with a real elogind — and plays
 //! a story whose acts check their own outcome.
 
+// The demo's acts and the explorer's scripts are stories read top to bottom; the programs'
+// own code stays under the lint's default (issue 61).
+#![allow(clippy::too_many_lines)]
+
 pub mod acts;
 pub mod chart;
 pub mod cluster;

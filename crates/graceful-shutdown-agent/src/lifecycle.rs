@@ -161,6 +161,8 @@ mod tests {
         }
     }
 
+    // The table of every event in every phase reads best whole.
+    #[allow(clippy::too_many_lines)]
     #[test]
     fn every_event_in_every_phase() {
         let cases = [

@@ -2,6 +2,11 @@
 //! controllers nodegrace's components interact with. Test infrastructure held to production
 //! standards; see README.md for what it does and how it differs from a real API server.
 
+// The simulator's dispatch over the API's resources and its control loops follow upstream's
+// long functions where that keeps them comparable; the programs' own code stays under the
+// lint's default (issue 61).
+#![allow(clippy::too_many_lines)]
+
 pub mod admission;
 pub mod admission_policy;
 pub mod annotations;

@@ -10,7 +10,8 @@ use kube::Api;
 use kube::runtime::watcher;
 use nodegrace_core::assembly::Frame;
 use nodegrace_core::cli::InstanceProviderKind;
-use nodegrace_core::instances::Metered;
+use nodegrace_core::dirty::Dirty;
+use nodegrace_core::instances::{InstanceProvider, Metered, ProviderMetrics};
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use nodegrace_core::k8s::{nodes, volumes};
 use nodegrace_core::program::Started;
@@ -103,6 +104,51 @@ fn check_fencing(
     Ok(())
 }
 
+/// With `--fence-after` and a provider that can power machines off, the fencing agent.
+fn fencer(
+    fencing: &FencingArgs,
+    window: Option<Duration>,
+    provider: Option<&Arc<dyn InstanceProvider>>,
+    metrics: &ProviderMetrics,
+    nodes: &Watched<Node>,
+) -> Result<Option<Arc<Fencer>>> {
+    let (Some(after), Some(provider)) = (fencing.fence_after, provider) else {
+        return Ok(None);
+    };
+    if let Some(why) = provider.power_unsupported() {
+        bail!(
+            "--fence-after cannot fence: the {} provider cannot power machines off: {why}",
+            provider.name()
+        );
+    }
+    Ok(Some(Arc::new(Fencer::new(
+        Metered::wrap(Arc::clone(provider), metrics.clone()),
+        FenceSettings {
+            after,
+            selector: fencing.fence_node_selector.clone(),
+            max_fraction: fencing.not_ready_max_fraction,
+            max_fenced: fencing.max_fenced,
+            timeout: fencing.fence_timeout,
+            recover: fencing.recover_after_cleanup,
+            recover_timeout: fencing.recover_timeout,
+            window,
+        },
+        nodes.clone(),
+    ))))
+}
+
+/// Every VolumeAttachment, cached trimmed; a change marks its node.
+fn watch_attachments(client: &kube::Client, dirty: &Arc<Dirty>) -> Watched<VolumeAttachment> {
+    let dirty = Arc::clone(dirty);
+    Watched::start_observed(
+        Api::<VolumeAttachment>::all(client.clone()),
+        watcher::Config::default(),
+        WatchCounters::default(),
+        volumes::trim_for_cache,
+        move |attachment: &VolumeAttachment| dirty.mark(&attachment.spec.node_name),
+    )
+}
+
 /// Starts the admin server, then the controller in a task of its own.
 pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow::Error>> {
     // Every option is used here: a new flag that nothing reads does not compile.
@@ -135,44 +181,20 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         } else {
             trim_node
         });
-        let fencer = match (fencing.fence_after, &cluster.provider) {
-            (Some(after), Some(provider)) => {
-                if let Some(why) = provider.power_unsupported() {
-                    bail!("--fence-after cannot fence: the {} provider cannot power machines off: {why}", provider.name());
-                }
-                Some(Arc::new(Fencer::new(
-                    Metered::wrap(Arc::clone(provider), provider_metrics.clone()),
-                    FenceSettings {
-                        after,
-                        selector: fencing.fence_node_selector.clone(),
-                        max_fraction: fencing.not_ready_max_fraction,
-                        max_fenced: fencing.max_fenced,
-                        timeout: fencing.fence_timeout,
-                        recover: fencing.recover_after_cleanup,
-                        recover_timeout: fencing.recover_timeout,
-                        window: liveness_guard_window,
-                    },
-                    nodes.clone(),
-                )))
-            }
-            _ => None,
-        };
-        let attachments = {
-            let dirty = Arc::clone(&cluster.dirty);
-            Watched::start_observed(
-                Api::<VolumeAttachment>::all(cluster.client.clone()),
-                watcher::Config::default(),
-                WatchCounters::default(),
-                volumes::trim_for_cache,
-                move |attachment: &VolumeAttachment| dirty.mark(&attachment.spec.node_name),
-            )
-        };
+        let fencer = fencer(
+            &fencing,
+            liveness_guard_window,
+            cluster.provider.as_ref(),
+            &provider_metrics,
+            &nodes,
+        )?;
+        let attachments = watch_attachments(&cluster.client, &cluster.dirty);
         let heartbeats = Arc::new(Heartbeats::new(tokio::time::Instant::now()));
         // Watched from the start, leader or not: a new leader must already know which kubelets
         // were heard from lately, or it would have to wait a whole window before any cleanup.
         // A fence always asks the heartbeat, whatever --liveness-guard says of the cleanup.
-        let heartbeat_watch = (liveness_guard || fencer.is_some())
-            .then(|| heartbeats.watch(cluster.client.clone()));
+        let heartbeat_watch =
+            (liveness_guard || fencer.is_some()).then(|| heartbeats.watch(cluster.client.clone()));
         let _stop_watching = heartbeat_watch.map(AbortOnDropHandle::new);
         let caches = async {
             nodes.synced().await?;

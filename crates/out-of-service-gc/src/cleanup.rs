@@ -13,6 +13,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
@@ -26,16 +27,15 @@ use nodegrace_core::k8s::volumes::Staying;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use serde_json::json;
 
+use crate::api::{EXPECTED_EFFECT, NODE_LEASE_NAMESPACE, OUT_OF_SERVICE_TAINT};
+use crate::conditions::Reason;
 use crate::fence_mark::{Step, clear_mark, mark};
 use crate::fencing::Fencer;
 use crate::fresh::Fresh;
-use crate::guard::{Evidence, Heartbeat, NODE_LEASE_NAMESPACE};
-use crate::qualify::{
-    EXPECTED_EFFECT, NodeStatus, OUT_OF_SERVICE_TAINT, PodVerdict, node_status, pod_verdict,
-    ready_since,
-};
+use crate::guard::{Evidence, Heartbeat};
+use crate::qualify::{NodeStatus, PodVerdict, node_status, pod_verdict, ready_since};
 use crate::shared::{PassError, Shared};
-use crate::status::{DISRUPTION_REASON, Phase, after_cleanup, plural};
+use crate::status::{Phase, after_cleanup, plural};
 
 const ACTION: &str = "OutOfServiceCleanup";
 /// Force actions in flight at once for one node.
@@ -173,12 +173,12 @@ impl NodeCleanup {
             .condition(self.node.name(), phase.condition(), guard);
     }
 
-    fn node_event(&self, warning: bool, reason: &str, note: String) {
+    fn node_event(&self, warning: bool, reason: Reason, note: String) {
         let reference = node_reference(self.node.name());
         let event = if warning {
-            EventReport::warning(reference, reason, ACTION, note)
+            EventReport::warning(reference, reason.as_str(), ACTION, note)
         } else {
-            EventReport::normal(reference, reason, ACTION, note)
+            EventReport::normal(reference, reason.as_str(), ACTION, note)
         };
         self.reporter().event(event);
     }
@@ -236,19 +236,7 @@ impl NodeCleanup {
 
     async fn clean(&self, view: &LiveView, taint: &Taint) -> Result<Outcome, PassError> {
         self.said().saw_out_of_service = true;
-        if taint.effect != EXPECTED_EFFECT
-            && !std::mem::replace(&mut self.said().effect_warned, true)
-        {
-            self.node_event(
-                true,
-                "OutOfServiceTaintEffect",
-                format!(
-                    "The {OUT_OF_SERVICE_TAINT} taint has effect {}; {EXPECTED_EFFECT} is \
-                     expected (it also evicts and keeps new pods off). Cleaning up anyway.",
-                    taint.effect
-                ),
-            );
-        }
+        self.warn_of_effect(taint);
         if self.shared.settings.liveness_guard
             && let Heartbeat::Recent { evidence, left } = view.heartbeat
         {
@@ -257,75 +245,22 @@ impl NodeCleanup {
         self.said().refusing = false;
         let now = Timestamp::now();
         let since = self.taint_since(view, taint, now);
-        let mut victims = Vec::new();
-        let mut staying = Vec::new();
-        let mut next_due: Option<Timestamp> = None;
-        for pod in self.pods.state() {
-            match pod_verdict(&pod, taint, since, now) {
-                PodVerdict::ForceDelete if self.deleted_by_us(pod.uid()) => {}
-                PodVerdict::ForceDelete => victims.push(pod),
-                PodVerdict::ForceDeleteAt(due) => {
-                    next_due = Some(next_due.map_or(due, |next| next.min(due)));
-                    staying.push(pod);
-                }
-                PodVerdict::Tolerated => staying.push(pod),
-                PodVerdict::Released => self.tell_held(&pod),
-            }
-        }
-        let attachments = self.attachments();
-        if !victims.is_empty() || !attachments.is_empty() {
-            self.report(&Phase::Cleaning {
-                pods: victims.len(),
-                attachments: attachments.len(),
-            });
-            if !std::mem::replace(&mut self.said().started, true) {
-                self.node_event(
-                    false,
-                    "OutOfServiceCleanupStarted",
-                    format!(
-                        "Node is out of service ({}) and not ready: force-deleting {} {} that do \
-                         not tolerate the taint and detaching {} {}",
-                        describe(taint),
-                        victims.len(),
-                        plural(victims.len(), "pod", "pods"),
-                        attachments.len(),
-                        plural(attachments.len(), "volume", "volumes"),
-                    ),
-                );
-            }
-        }
-        let results: Vec<(Arc<Pod>, Result<Deleted, PassError>)> = futures::stream::iter(victims)
-            .map(|pod| async move {
-                let result = self.force_delete(&pod, taint).await;
-                (pod, result)
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
-        let mut first_error = None;
-        let mut skipped = false;
-        let mut progressed = false;
-        for (pod, result) in results {
-            match result {
-                Ok(Deleted::Yes | Deleted::AlreadyGone) => {
-                    self.remember_deleted(pod.uid());
-                    progressed = true;
-                }
-                Ok(Deleted::Skipped) => skipped = true,
-                Err(error) => {
-                    // Its volumes stay in use until it is gone.
-                    staying.push(pod);
-                    first_error.get_or_insert(error);
-                }
-            }
-        }
-        if skipped {
+        let Sorted {
+            victims,
+            mut staying,
+            next_due,
+        } = self.sort(taint, since, now);
+        self.say_cleaning(taint, victims.len(), self.attachments().len());
+        let deleted = self.force_delete_all(victims, taint).await;
+        if deleted.skipped {
             // The node changed under us: the next pass starts from what it is now.
             return Ok(Outcome::Wait(Some(Duration::ZERO)));
         }
+        // A pod whose deletion failed keeps its volumes in use until it is gone.
+        staying.extend(deleted.failed);
         let detach = self.detach_unused(&staying).await;
-        if let Some(error) = first_error {
-            return Err(if progressed {
+        if let Some(error) = deleted.first_error {
+            return Err(if deleted.progressed {
                 PassError::Partial(Box::new(error))
             } else {
                 error
@@ -348,12 +283,101 @@ impl NodeCleanup {
             });
             return Ok(Outcome::Wait(None));
         }
+        self.done(view).await
+    }
+
+    /// Once per cleanup: a taint whose effect is not `NoExecute` is cleaned up anyway.
+    fn warn_of_effect(&self, taint: &Taint) {
+        if taint.effect == EXPECTED_EFFECT
+            || std::mem::replace(&mut self.said().effect_warned, true)
+        {
+            return;
+        }
+        self.node_event(
+            true,
+            Reason::OutOfServiceTaintEffect,
+            format!(
+                "The {OUT_OF_SERVICE_TAINT} taint has effect {}; {EXPECTED_EFFECT} is expected \
+                 (it also evicts and keeps new pods off). Cleaning up anyway.",
+                taint.effect
+            ),
+        );
+    }
+
+    /// The node's pods by what the taint means for each now.
+    fn sort(&self, taint: &Taint, since: Timestamp, now: Timestamp) -> Sorted {
+        let mut sorted = Sorted::default();
+        for pod in self.pods.state() {
+            match pod_verdict(&pod, taint, since, now) {
+                PodVerdict::ForceDelete if self.deleted_by_us(pod.uid()) => {}
+                PodVerdict::ForceDelete => sorted.victims.push(pod),
+                PodVerdict::ForceDeleteAt(due) => {
+                    sorted.next_due = Some(sorted.next_due.map_or(due, |next| next.min(due)));
+                    sorted.staying.push(pod);
+                }
+                PodVerdict::Tolerated => sorted.staying.push(pod),
+                PodVerdict::Released => self.tell_held(&pod),
+            }
+        }
+        sorted
+    }
+
+    /// The condition while there is work, and the Event when the cleanup starts.
+    fn say_cleaning(&self, taint: &Taint, pods: usize, attachments: usize) {
+        if pods == 0 && attachments == 0 {
+            return;
+        }
+        self.report(&Phase::Cleaning { pods, attachments });
+        if std::mem::replace(&mut self.said().started, true) {
+            return;
+        }
+        self.node_event(
+            false,
+            Reason::OutOfServiceCleanupStarted,
+            format!(
+                "Node is out of service ({}) and not ready: force-deleting {pods} {} that do not \
+                 tolerate the taint and detaching {attachments} {}",
+                describe(taint),
+                plural(pods, "pod", "pods"),
+                plural(attachments, "volume", "volumes"),
+            ),
+        );
+    }
+
+    async fn force_delete_all(&self, victims: Vec<Arc<Pod>>, taint: &Taint) -> ForceDeleted {
+        let results: Vec<(Arc<Pod>, Result<Deleted, PassError>)> = futures::stream::iter(victims)
+            .map(|pod| async move {
+                let result = self.force_delete(&pod, taint).await;
+                (pod, result)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        let mut outcome = ForceDeleted::default();
+        for (pod, result) in results {
+            match result {
+                Ok(Deleted::Yes | Deleted::AlreadyGone) => {
+                    self.remember_deleted(pod.uid());
+                    outcome.progressed = true;
+                }
+                Ok(Deleted::Skipped) => outcome.skipped = true,
+                Err(error) => {
+                    outcome.failed.push(pod);
+                    outcome.first_error.get_or_insert(error);
+                }
+            }
+        }
+        outcome
+    }
+
+    /// Nothing left that must go: said once, and a fenced machine is recovered.
+    async fn done(&self, view: &LiveView) -> Result<Outcome, PassError> {
         let auto_untaint = self.shared.settings.auto_untaint;
         self.report(&Phase::Done { auto_untaint });
         if !std::mem::replace(&mut self.said().done, true) {
             self.node_event(
                 false,
-                "OutOfServiceCleanupDone",
+                Reason::OutOfServiceCleanupDone,
                 format!(
                     "No pod that does not tolerate the taint and no volume attachment of one is \
                      left; {}",
@@ -367,6 +391,50 @@ impl NodeCleanup {
             )),
             _ => Ok(Outcome::Wait(None)),
         }
+    }
+
+    /// What is left from before the node turned Ready (at `ready`): the pods that have to go
+    /// and were bound before, and the attachments of before that no pod on the node now keeps
+    /// — judged by the rule that decided during the cleanup what stays (`Staying`), so the
+    /// volume of a pod that tolerates the taint is not waited for: it was never to go.
+    async fn left_from_before(
+        &self,
+        view: &LiveView,
+        taint: &Taint,
+        ready: Option<Timestamp>,
+    ) -> Result<(usize, usize), PassError> {
+        let before = |created: Option<&Time>| match (created, ready) {
+            (Some(created), Some(ready)) => created.0 <= ready,
+            _ => true,
+        };
+        let now = Timestamp::now();
+        let since = self.taint_since(view, taint, now);
+        // A pod already released (force-deleted, finished, kept only by another's finalizer)
+        // is done with, as the cleanup counted it: it holds the taint no more than it held
+        // the cleanup.
+        let (left, staying): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) =
+            self.pods.state().into_iter().partition(|pod| {
+                matches!(
+                    pod_verdict(pod, taint, since, now),
+                    PodVerdict::ForceDelete | PodVerdict::ForceDeleteAt(_)
+                ) && before(pod.metadata.creation_timestamp.as_ref())
+            });
+        let attachments = self.attachments();
+        if attachments.is_empty() {
+            return Ok((left.len(), 0));
+        }
+        let unfinished: Vec<Arc<Pod>> = staying
+            .into_iter()
+            .filter(|pod| !is_terminal(pod))
+            .collect();
+        let in_use = Staying::of(&self.shared.client, &unfinished)
+            .await
+            .map_err(|error| PassError::api("read the claims of the pods that stay", error))?;
+        let attachments_left = attachments
+            .iter()
+            .filter(|va| before(va.metadata.creation_timestamp.as_ref()) && !in_use.keeps(va))
+            .count();
+        Ok((left.len(), attachments_left))
     }
 
     /// The taint went by someone else's hand (an operator's, without `--auto-untaint`): the
@@ -411,7 +479,7 @@ impl NodeCleanup {
         if !std::mem::replace(&mut self.said().refusing, true) {
             self.shared.metrics.refusals.inc();
             tracing::warn!(node = %self.node.name(), ?evidence, %until, "cleanup refused: the node may still be alive");
-            self.node_event(true, "OutOfServiceCleanupRefused", message.clone());
+            self.node_event(true, Reason::OutOfServiceCleanupRefused, message.clone());
         }
         self.report(&Phase::Refused(message));
         Outcome::Wait(Some(left))
@@ -456,7 +524,7 @@ impl NodeCleanup {
                     "conditions": [{
                         "type": "DisruptionTarget",
                         "status": "True",
-                        "reason": DISRUPTION_REASON,
+                        "reason": Reason::DeletionByOutOfServiceGC.as_str(),
                         "message": message,
                         "lastTransitionTime": Timestamp::now().to_string(),
                     }],
@@ -490,7 +558,7 @@ impl NodeCleanup {
                 tracing::info!(node = %self.node.name(), pod = %format!("{namespace}/{name}"), %uid, "force-deleted");
                 self.reporter().event(EventReport::warning(
                     object_reference(pod),
-                    "ForceDeleted",
+                    Reason::ForceDeleted.as_str(),
                     ACTION,
                     format!(
                         "Force-deleted: node {} is out of service ({}) and not ready, so its \
@@ -536,7 +604,7 @@ impl NodeCleanup {
         tracing::info!(node = %self.node.name(), pod = %format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()), %finalizers, "force-deleted, held by finalizers");
         self.reporter().event(EventReport::normal(
             object_reference(pod),
-            "ForceDeletedHeldByFinalizers",
+            Reason::ForceDeletedHeldByFinalizers.as_str(),
             ACTION,
             format!(
                 "Force-deleted and marked Failed; the object stays until its finalizers \
@@ -607,7 +675,7 @@ impl NodeCleanup {
                     tracing::info!(node = %self.node.name(), attachment = %name, volume = ?volume, "force-detached");
                     self.node_event(
                         false,
-                        "VolumeForceDetached",
+                        Reason::VolumeForceDetached,
                         format!(
                             "Deleted VolumeAttachment {name} (volume {}): no pod on this \
                              out-of-service node uses it",
@@ -658,45 +726,7 @@ impl NodeCleanup {
             ));
             return Ok(Outcome::Wait(None));
         }
-        // Left from before: a pod that has to go and was bound before the node turned Ready,
-        // and an attachment of before that no pod on the node now keeps — judged by the rule
-        // that decided during the cleanup what stays (`Staying`), so the volume of a pod that
-        // tolerates the taint is not waited for: it was never to go.
-        let before = |created: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| match (
-            created, since,
-        ) {
-            (Some(created), Some(since)) => created.0 <= since,
-            _ => true,
-        };
-        let now = Timestamp::now();
-        let since = self.taint_since(view, taint, now);
-        // A pod already released (force-deleted, finished, kept only by another's finalizer)
-        // is done with, as the cleanup counted it: it holds the taint no more than it held
-        // the cleanup.
-        let (left, staying): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) =
-            self.pods.state().into_iter().partition(|pod| {
-                matches!(
-                    pod_verdict(pod, taint, since, now),
-                    PodVerdict::ForceDelete | PodVerdict::ForceDeleteAt(_)
-                ) && before(pod.metadata.creation_timestamp.as_ref())
-            });
-        let pods_left = left.len();
-        let attachments = self.attachments();
-        let attachments_left = if attachments.is_empty() {
-            0
-        } else {
-            let unfinished: Vec<Arc<Pod>> = staying
-                .into_iter()
-                .filter(|pod| !is_terminal(pod))
-                .collect();
-            let in_use = Staying::of(&self.shared.client, &unfinished)
-                .await
-                .map_err(|error| PassError::api("read the claims of the pods that stay", error))?;
-            attachments
-                .iter()
-                .filter(|va| before(va.metadata.creation_timestamp.as_ref()) && !in_use.keeps(va))
-                .count()
-        };
+        let (pods_left, attachments_left) = self.left_from_before(view, taint, since).await?;
         if pods_left > 0 || attachments_left > 0 {
             self.report(&Phase::Pending(format!(
                 "The node is Ready again; waiting for {pods_left} {} and {attachments_left} \
@@ -741,7 +771,7 @@ impl NodeCleanup {
         tracing::info!(node = %self.node.name(), "out-of-service taint removed");
         self.node_event(
             false,
-            "OutOfServiceTaintRemoved",
+            Reason::OutOfServiceTaintRemoved,
             format!(
                 "Removed the out-of-service taint ({}): the node is Ready again and nothing \
                  bound to it before is left",
@@ -754,6 +784,26 @@ impl NodeCleanup {
         }
         Ok(Outcome::Finished)
     }
+}
+
+/// The node's pods, sorted by a pass.
+#[derive(Default)]
+struct Sorted {
+    victims: Vec<Arc<Pod>>,
+    staying: Vec<Arc<Pod>>,
+    /// When the first `tolerationSeconds` runs out.
+    next_due: Option<Timestamp>,
+}
+
+/// What the force-deletions of a pass came to.
+#[derive(Default)]
+struct ForceDeleted {
+    progressed: bool,
+    /// The node changed under a deletion: it was not sent.
+    skipped: bool,
+    /// The pods whose deletion failed.
+    failed: Vec<Arc<Pod>>,
+    first_error: Option<PassError>,
 }
 
 fn describe(taint: &Taint) -> String {

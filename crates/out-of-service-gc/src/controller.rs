@@ -23,9 +23,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::OUT_OF_SERVICE_TAINT;
 use crate::cleanup::{NodeCleanup, Outcome};
+use crate::conditions::Reason;
 use crate::fencing::{FenceOutcome, Fencer};
-use crate::qualify::OUT_OF_SERVICE_TAINT;
 use crate::shared::{PassError, Shared};
 use crate::tainting::{Attempt, AutoTaint, due_at};
 
@@ -61,131 +62,213 @@ impl Controller {
     /// Runs until `acting` is cancelled (leadership lost, or the program stopping); every
     /// cleanup task stops with it.
     pub async fn run(&self, acting: CancellationToken) {
-        // By Node object: a namesake is another node. One worker per name at a time: a
-        // namesake's starts once the old one has ended.
-        let mut workers: BTreeMap<NodeIdentity, Worker> = BTreeMap::new();
-        let mut running: JoinSet<NodeIdentity> = JoinSet::new();
-        let mut checks = NodeTimers::default();
-        let mut attempts: JoinSet<(NodeIdentity, Attempt)> = JoinSet::new();
-        // The Node objects told about (a namesake is told about afresh).
-        let mut told_unconfirmed: BTreeSet<NodeIdentity> = BTreeSet::new();
-        let mut fencing = self.fencer.clone().map(FenceWork::new);
-        for node in self.nodes.state() {
-            self.dirty
+        Leading {
+            controller: self,
+            acting: &acting,
+            cleanups: Cleanups::default(),
+            auto_taint: AutoTaintWork::default(),
+            fencing: self.fencer.clone().map(FenceWork::new),
+        }
+        .run()
+        .await;
+    }
+}
+
+/// One term as leader: a field per kind of work, a method per event.
+struct Leading<'a> {
+    controller: &'a Controller,
+    acting: &'a CancellationToken,
+    cleanups: Cleanups,
+    auto_taint: AutoTaintWork,
+    fencing: Option<FenceWork>,
+}
+
+/// One cleanup task per tainted Node object. By Node object: a namesake is another node. One
+/// worker per name at a time: a namesake's starts once the old one has ended.
+#[derive(Default)]
+struct Cleanups {
+    workers: BTreeMap<NodeIdentity, Worker>,
+    running: JoinSet<NodeIdentity>,
+}
+
+/// `--auto-taint-after`'s timers and attempts.
+#[derive(Default)]
+struct AutoTaintWork {
+    checks: NodeTimers,
+    attempts: JoinSet<(NodeIdentity, Attempt)>,
+    /// The Node objects told about (a namesake is told about afresh).
+    told_unconfirmed: BTreeSet<NodeIdentity>,
+}
+
+impl Leading<'_> {
+    async fn run(mut self) {
+        let controller = self.controller;
+        for node in controller.nodes.state() {
+            controller
+                .dirty
                 .mark(&node.metadata.name.clone().unwrap_or_default());
         }
         loop {
-            for name in self.dirty.take() {
-                let node = self.nodes.get(None, &name);
-                let identity = node.as_deref().and_then(NodeIdentity::of);
-                let tainted = node
-                    .as_deref()
-                    .is_some_and(|node| taint_with_key(node, OUT_OF_SERVICE_TAINT).is_some());
-                let named = NodeIdentity::all_named(&name);
-                let mut has_worker = false;
-                for (started_for, worker) in workers.range(named.clone()) {
-                    has_worker = true;
-                    if identity.as_ref().is_some_and(|id| id != started_for) {
-                        // A namesake took the name: the old task ends (its next read finds
-                        // its node gone), and its end marks the name for the new one.
-                        worker.stop.cancel();
-                    } else {
-                        worker.poke.send_replace(());
-                    }
-                }
-                if !has_worker && let Some(identity) = identity.clone().filter(|_| tainted) {
-                    let (poke, poked) = watch::channel(());
-                    let stop = acting.child_token();
-                    let cleanup = NodeCleanup::new(
-                        Arc::clone(&self.shared),
-                        identity.clone(),
-                        self.fencer.clone(),
-                    );
-                    running.spawn(look_after(cleanup, poked, stop.clone(), identity.clone()));
-                    workers.insert(identity, Worker { poke, stop });
-                }
-                if let Some(fencing) = &mut fencing {
-                    fencing.changed(&self.shared, &name, node.as_deref());
-                }
-                if let Some(auto) = &self.auto_taint {
-                    let due = node
-                        .as_deref()
-                        .and_then(|node| due_at(node, auto.after, Timestamp::now()));
-                    if let Some((due, identity)) = due.zip(identity) {
-                        let wait = Duration::try_from(due.duration_since(Timestamp::now()))
-                            .unwrap_or(Duration::ZERO);
-                        checks.set(identity, wait);
-                    } else {
-                        checks.clear(&name);
-                        told_unconfirmed.retain(|told| told.name() != name);
-                    }
-                }
+            for name in controller.dirty.take() {
+                self.node_changed(&name);
             }
-            self.shared.metrics.nodes_tainted.set(workers.len() as i64);
+            let tainted = self.cleanups.workers.len() as i64;
+            controller.shared.metrics.nodes_tainted.set(tainted);
             tokio::select! {
-                () = acting.cancelled() => break,
-                () = self.dirty.marked() => {}
-                Some(finished) = running.join_next() => {
-                    if let Ok(node) = finished {
-                        workers.remove(&node);
-                        // Tainted again since the task decided to finish, or a namesake's
-                        // turn: look again.
-                        self.dirty.mark(node.name());
-                    }
+                () = self.acting.cancelled() => break,
+                () = controller.dirty.marked() => {}
+                Some(finished) = self.cleanups.running.join_next() => {
+                    self.cleanup_finished(finished.ok());
                 }
-                Some(node) = checks.expired() => {
-                    if let Some(auto) = self.auto_taint.clone() {
-                        let shared = Arc::clone(&self.shared);
-                        attempts.spawn(async move {
-                            let attempt = match auto.attempt(&shared, &node).await {
-                                Ok(attempt) => attempt,
-                                Err(error) => {
-                                    shared.metrics.error(error.kind());
-                                    Attempt::Unconfirmed(Chain(&error).to_string())
-                                }
-                            };
-                            (node, attempt)
-                        });
-                    }
+                Some(node) = self.auto_taint.checks.expired() => self.auto_taint_due(node),
+                Some(done) = self.auto_taint.attempts.join_next() => {
+                    self.auto_taint_tried(done.ok());
                 }
-                event = fence_event(&mut fencing) => {
-                    if let Some(fencing) = &mut fencing {
-                        match event {
-                            FenceEvent::Due(node) => fencing.expired(&self.shared, node),
-                            FenceEvent::Finished(node, outcome) => {
-                                let current = self.nodes.get(None, node.name());
-                                fencing.finished(&self.shared, node, outcome, current.as_deref());
-                            }
-                        }
-                    }
-                }
-                Some(done) = attempts.join_next() => {
-                    if let Ok((node, Attempt::Unconfirmed(why))) = done {
-                        let name = node.name().to_owned();
-                        // The name's earlier Node objects are forgotten: one told about per name.
-                        told_unconfirmed.retain(|told| told.name() != name || *told == node);
-                        if told_unconfirmed.insert(node.clone()) {
-                            tracing::warn!(node = %name, %why, "not tainting: not confirmed powered off");
-                            self.shared.reporter.event(EventReport::warning(
-                                node_reference(&name),
-                                "OutOfServiceNotConfirmed",
-                                "OutOfServiceTaint",
-                                format!("NotReady long enough for --auto-taint-after, but not tainted: {why}"),
-                            ));
-                        }
-                        if !checks.has(&name) {
-                            checks.set(node, RECHECK_UNCONFIRMED);
-                        }
-                    }
-                }
+                event = fence_event(&mut self.fencing) => self.fence_event(event),
             }
         }
-        running.shutdown().await;
-        attempts.shutdown().await;
-        if let Some(fencing) = &mut fencing {
+        self.cleanups.running.shutdown().await;
+        self.auto_taint.attempts.shutdown().await;
+        if let Some(fencing) = &mut self.fencing {
             fencing.attempts.shutdown().await;
         }
-        self.shared.metrics.nodes_tainted.set(0);
+        controller.shared.metrics.nodes_tainted.set(0);
+    }
+
+    /// A node the watch reported changed: its cleanup, its fence, its auto-taint timer.
+    fn node_changed(&mut self, name: &str) {
+        let node = self.controller.nodes.get(None, name);
+        let identity = node.as_deref().and_then(NodeIdentity::of);
+        self.cleanup_changed(name, node.as_deref(), identity.as_ref());
+        if let Some(fencing) = &mut self.fencing {
+            fencing.changed(&self.controller.shared, name, node.as_deref());
+        }
+        self.auto_taint_changed(name, node.as_deref(), identity);
+    }
+
+    /// Pokes the node's cleanup task, ends an old one a namesake replaced, or starts one for
+    /// a node with the taint.
+    fn cleanup_changed(
+        &mut self,
+        name: &str,
+        node: Option<&Node>,
+        identity: Option<&NodeIdentity>,
+    ) {
+        let tainted = node.is_some_and(|node| taint_with_key(node, OUT_OF_SERVICE_TAINT).is_some());
+        let mut has_worker = false;
+        for (started_for, worker) in self.cleanups.workers.range(NodeIdentity::all_named(name)) {
+            has_worker = true;
+            if identity.is_some_and(|id| id != started_for) {
+                // A namesake took the name: the old task ends (its next read finds its node
+                // gone), and its end marks the name for the new one.
+                worker.stop.cancel();
+            } else {
+                worker.poke.send_replace(());
+            }
+        }
+        let Some(identity) = identity.filter(|_| tainted && !has_worker) else {
+            return;
+        };
+        let (poke, poked) = watch::channel(());
+        let stop = self.acting.child_token();
+        let cleanup = NodeCleanup::new(
+            Arc::clone(&self.controller.shared),
+            identity.clone(),
+            self.controller.fencer.clone(),
+        );
+        self.cleanups
+            .running
+            .spawn(look_after(cleanup, poked, stop.clone(), identity.clone()));
+        self.cleanups
+            .workers
+            .insert(identity.clone(), Worker { poke, stop });
+    }
+
+    fn cleanup_finished(&mut self, finished: Option<NodeIdentity>) {
+        if let Some(node) = finished {
+            self.cleanups.workers.remove(&node);
+            // Tainted again since the task decided to finish, or a namesake's turn: look
+            // again.
+            self.controller.dirty.mark(node.name());
+        }
+    }
+
+    /// Sets the node's `--auto-taint-after` timer, or clears it when it is no candidate.
+    fn auto_taint_changed(
+        &mut self,
+        name: &str,
+        node: Option<&Node>,
+        identity: Option<NodeIdentity>,
+    ) {
+        let Some(auto) = &self.controller.auto_taint else {
+            return;
+        };
+        let now = Timestamp::now();
+        let due = node.and_then(|node| due_at(node, auto.after, now));
+        let work = &mut self.auto_taint;
+        if let Some((due, identity)) = due.zip(identity) {
+            let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
+            work.checks.set(identity, wait);
+        } else {
+            work.checks.clear(name);
+            work.told_unconfirmed.retain(|told| told.name() != name);
+        }
+    }
+
+    fn auto_taint_due(&mut self, node: NodeIdentity) {
+        let Some(auto) = self.controller.auto_taint.clone() else {
+            return;
+        };
+        let shared = Arc::clone(&self.controller.shared);
+        self.auto_taint.attempts.spawn(async move {
+            let attempt = match auto.attempt(&shared, &node).await {
+                Ok(attempt) => attempt,
+                Err(error) => {
+                    shared.metrics.error(error.kind());
+                    Attempt::Unconfirmed(Chain(&error).to_string())
+                }
+            };
+            (node, attempt)
+        });
+    }
+
+    /// An attempt that could not confirm the machine off: said once per Node object, and
+    /// tried again later.
+    fn auto_taint_tried(&mut self, done: Option<(NodeIdentity, Attempt)>) {
+        let Some((node, Attempt::Unconfirmed(why))) = done else {
+            return;
+        };
+        let name = node.name().to_owned();
+        let work = &mut self.auto_taint;
+        // The name's earlier Node objects are forgotten: one told about per name.
+        work.told_unconfirmed
+            .retain(|told| told.name() != name || *told == node);
+        if work.told_unconfirmed.insert(node.clone()) {
+            tracing::warn!(node = %name, %why, "not tainting: not confirmed powered off");
+            self.controller.shared.reporter.event(EventReport::warning(
+                node_reference(&name),
+                Reason::OutOfServiceNotConfirmed.as_str(),
+                "OutOfServiceTaint",
+                format!("NotReady long enough for --auto-taint-after, but not tainted: {why}"),
+            ));
+        }
+        if !work.checks.has(&name) {
+            work.checks.set(node, RECHECK_UNCONFIRMED);
+        }
+    }
+
+    fn fence_event(&mut self, event: FenceEvent) {
+        let Some(fencing) = &mut self.fencing else {
+            return;
+        };
+        let shared = &self.controller.shared;
+        match event {
+            FenceEvent::Due(node) => fencing.expired(shared, node),
+            FenceEvent::Finished(node, outcome) => {
+                let current = self.controller.nodes.get(None, node.name());
+                fencing.finished(shared, node, outcome, current.as_deref());
+            }
+        }
     }
 }
 

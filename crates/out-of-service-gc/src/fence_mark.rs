@@ -9,12 +9,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
-use crate::status::FENCED_ANNOTATION;
-
-pub const FENCE_LABEL: &str = "nodegrace.io/fence";
-pub const FENCE_SINCE_ANNOTATION: &str = "nodegrace.io/fence-since";
-/// Set by an operator: never fence this node, only report that it would have been.
-pub const DO_NOT_FENCE_ANNOTATION: &str = "nodegrace.io/do-not-fence";
+use crate::api::{DO_NOT_FENCE_ANNOTATION, FENCE_LABEL, FENCE_SINCE_ANNOTATION, FENCED_ANNOTATION};
 
 /// The steps of a fence that hold a machine out of service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

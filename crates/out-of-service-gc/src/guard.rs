@@ -19,8 +19,7 @@ use tokio::time::Instant;
 
 /// The kubelet's default `leaseDurationSeconds`, used when the Lease does not say.
 const DEFAULT_LEASE_SECONDS: u64 = 40;
-/// Where the kubelets' heartbeat Leases live.
-pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+use crate::api::NODE_LEASE_NAMESPACE;
 
 /// What the node's heartbeat says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

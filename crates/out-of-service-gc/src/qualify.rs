@@ -11,10 +11,7 @@ use nodegrace_core::k8s::nodes::{Readiness, readiness, taint_with_key};
 use nodegrace_core::k8s::pods::is_terminal;
 use nodegrace_core::k8s::tolerations::toleration_time;
 
-/// The taint an operator (or `--auto-taint-after`) puts on a node that is shut down for good.
-pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
-/// The effect the KEP asks for: it also makes the taint manager evict and keeps new pods off.
-pub const EXPECTED_EFFECT: &str = "NoExecute";
+use crate::api::{EXPECTED_EFFECT, OUT_OF_SERVICE_TAINT};
 
 /// Where a node stands.
 #[derive(Debug, Clone, PartialEq)]
@@ -330,8 +327,20 @@ mod tests {
                 "{name}"
             );
         }
-        // A pod whose forced deletion only another controller's finalizer holds up is done
-        // with; one not yet marked failed is deleted (and marked) once more.
+    }
+
+    /// A pod whose forced deletion only another controller's finalizer holds up is done with;
+    /// one not yet marked failed is deleted (and marked) once more.
+    #[test]
+    fn a_pod_held_by_a_finalizer_after_its_forced_deletion_is_done_with() {
+        let now: Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
+        let since: Timestamp = "2026-01-01T00:09:00Z".parse().unwrap();
+        let shutdown = taint(
+            Some("nodeshutdown"),
+            "NoExecute",
+            Some("2026-01-01T00:09:00Z"),
+        );
+        let key = OUT_OF_SERVICE_TAINT;
         let mut held = pod(&json!([]));
         held.metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));

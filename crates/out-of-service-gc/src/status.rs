@@ -2,14 +2,8 @@
 
 use nodegrace_core::k8s::conditions::ConditionSpec;
 
-pub const CONDITION: &str = "OutOfServiceCleanup";
-/// The reason of the `DisruptionTarget` condition put on a pod before it is force-deleted, in
-/// the manner of the pod GC's `DeletionByPodGC`.
-pub const DISRUPTION_REASON: &str = "DeletionByOutOfServiceGC";
-/// Set by an external fencing agent: the node's machine is powered off for sure.
-pub const FENCED_ANNOTATION: &str = "nodegrace.io/fenced";
-/// The value `--auto-taint-after` gives the taint, as the KEP's example.
-pub const AUTO_TAINT_VALUE: &str = "nodeshutdown";
+use crate::api::CLEANUP_CONDITION;
+use crate::conditions::Reason;
 
 /// Where a tainted node's cleanup stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,12 +23,22 @@ pub enum Phase {
 impl Phase {
     pub fn condition(&self) -> ConditionSpec {
         match self {
-            Self::Pending(message) => ConditionSpec::new(CONDITION, "False", "Pending", message),
-            Self::Refused(message) => ConditionSpec::new(CONDITION, "False", "Refused", message),
+            Self::Pending(message) => ConditionSpec::new(
+                CLEANUP_CONDITION,
+                "False",
+                Reason::Pending.as_str(),
+                message,
+            ),
+            Self::Refused(message) => ConditionSpec::new(
+                CLEANUP_CONDITION,
+                "False",
+                Reason::Refused.as_str(),
+                message,
+            ),
             Self::Cleaning { pods, attachments } => ConditionSpec::new(
-                CONDITION,
+                CLEANUP_CONDITION,
                 "True",
-                "Cleaning",
+                Reason::Cleaning.as_str(),
                 format!(
                     "{pods} {} to force-delete and {attachments} volume {} left",
                     plural(*pods, "pod", "pods"),
@@ -42,9 +46,9 @@ impl Phase {
                 ),
             ),
             Self::Done { auto_untaint } => ConditionSpec::new(
-                CONDITION,
+                CLEANUP_CONDITION,
                 "True",
-                "Done",
+                Reason::Done.as_str(),
                 format!(
                     "No pod that does not tolerate the out-of-service taint and no volume \
                      attachment is left on this node; {}",
@@ -52,9 +56,9 @@ impl Phase {
                 ),
             ),
             Self::TaintRemoved => ConditionSpec::new(
-                CONDITION,
+                CLEANUP_CONDITION,
                 "False",
-                "TaintRemoved",
+                Reason::TaintRemoved.as_str(),
                 "The node has no out-of-service taint",
             ),
         }

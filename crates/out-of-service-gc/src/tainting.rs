@@ -19,9 +19,10 @@ use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::taints::put_taint;
 
-use crate::qualify::{EXPECTED_EFFECT, OUT_OF_SERVICE_TAINT, not_ready_for, not_ready_since};
+use crate::api::{AUTO_TAINT_VALUE, EXPECTED_EFFECT, FENCED_ANNOTATION, OUT_OF_SERVICE_TAINT};
+use crate::conditions::Reason;
+use crate::qualify::{not_ready_for, not_ready_since};
 use crate::shared::{PassError, Shared};
-use crate::status::{AUTO_TAINT_VALUE, FENCED_ANNOTATION};
 
 #[derive(Debug, Clone)]
 pub struct AutoTaint {
@@ -195,7 +196,7 @@ impl AutoTaint {
         tracing::info!(node = name, %because, "out-of-service taint added");
         shared.reporter.event(EventReport::normal(
             node_reference(name),
-            "OutOfServiceTaintAdded",
+            Reason::OutOfServiceTaintAdded.as_str(),
             "OutOfServiceTaint",
             format!(
                 "Added {OUT_OF_SERVICE_TAINT}={AUTO_TAINT_VALUE}:{EXPECTED_EFFECT}: NotReady for \

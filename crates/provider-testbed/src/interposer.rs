@@ -247,6 +247,69 @@ impl Relay {
         )
     }
 
+    /// The faults that answer every request without the server.
+    fn answered_without_upstream(&self, mode: &Mode) -> Option<http::Response<Full<Bytes>>> {
+        Some(match mode {
+            Mode::Fail => self.unavailable(),
+            Mode::Throttle => self.failure(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "RequestLimitExceeded",
+                "Request limit exceeded.",
+            ),
+            Mode::InternalError => self.failure(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "An internal error has occurred",
+            ),
+            Mode::ForeignDocument => http::Response::new(Full::new(Bytes::from_static(
+                b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult \
+                  xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>nodes</Name>\
+                  <KeyCount>0</KeyCount></ListBucketResult>",
+            ))),
+            Mode::Forward
+            | Mode::FailAfter(_)
+            | Mode::LoseAnswers
+            | Mode::Refuse(_)
+            | Mode::Hang(_) => return None,
+        })
+    }
+
+    /// The faults of one action (or path): refused, or held unanswered.
+    async fn refused_or_hung(
+        &self,
+        mode: &Mode,
+        action: Option<&str>,
+        path: &str,
+    ) -> Option<Result<http::Response<Full<Bytes>>, AnswerLost>> {
+        let matches =
+            |wanted: &String| action == Some(wanted.as_str()) || path.contains(wanted.as_str());
+        match mode {
+            Mode::Refuse(refused) if action == Some(refused.as_str()) => Some(Ok(self.failure(
+                http::StatusCode::FORBIDDEN,
+                "UnauthorizedOperation",
+                "You are not authorized to perform this operation.",
+            ))),
+            Mode::Refuse(refused) if path.contains(refused.as_str()) => {
+                self.lock().failed += 1;
+                let body = serde_json::json!({"error": {
+                    "code": "Base.1.0.InsufficientPrivilege",
+                    "message": "There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation. (interposed)",
+                }});
+                Some(Ok(http::Response::builder()
+                    .status(http::StatusCode::FORBIDDEN)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .expect("a valid response")))
+            }
+            Mode::Hang(hung) if matches(hung) => {
+                self.lock().failed += 1;
+                tokio::time::sleep(LOST_ANSWER_HOLD).await;
+                Some(Err(AnswerLost))
+            }
+            _ => None,
+        }
+    }
+
     async fn relay(
         &self,
         request: http::Request<Incoming>,
@@ -273,68 +336,16 @@ impl Relay {
             });
             (shared.mode.clone(), shared.hook.clone())
         };
-        match mode {
-            Mode::Fail => return Ok(self.unavailable()),
-            Mode::Throttle => {
-                return Ok(self.failure(
-                    http::StatusCode::SERVICE_UNAVAILABLE,
-                    "RequestLimitExceeded",
-                    "Request limit exceeded.",
-                ));
-            }
-            Mode::InternalError => {
-                return Ok(self.failure(
-                    http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "InternalError",
-                    "An internal error has occurred",
-                ));
-            }
-            Mode::ForeignDocument => {
-                return Ok(http::Response::new(Full::new(Bytes::from_static(
-                    b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult \
-                      xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>nodes</Name>\
-                      <KeyCount>0</KeyCount></ListBucketResult>",
-                ))));
-            }
-            Mode::Forward
-            | Mode::FailAfter(_)
-            | Mode::LoseAnswers
-            | Mode::Refuse(_)
-            | Mode::Hang(_) => {}
+        if let Some(answer) = self.answered_without_upstream(&mode) {
+            return Ok(answer);
         }
         let form: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
         let action = form
             .iter()
             .find(|(key, _)| key == "Action")
             .map(|(_, value)| value.clone());
-        let matches =
-            |wanted: &String| action.as_ref() == Some(wanted) || path.contains(wanted.as_str());
-        match &mode {
-            Mode::Refuse(refused) if action.as_ref() == Some(refused) => {
-                return Ok(self.failure(
-                    http::StatusCode::FORBIDDEN,
-                    "UnauthorizedOperation",
-                    "You are not authorized to perform this operation.",
-                ));
-            }
-            Mode::Refuse(refused) if path.contains(refused.as_str()) => {
-                self.lock().failed += 1;
-                let body = serde_json::json!({"error": {
-                    "code": "Base.1.0.InsufficientPrivilege",
-                    "message": "There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation. (interposed)",
-                }});
-                return Ok(http::Response::builder()
-                    .status(http::StatusCode::FORBIDDEN)
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .body(Full::new(Bytes::from(body.to_string())))
-                    .expect("a valid response"));
-            }
-            Mode::Hang(hung) if matches(hung) => {
-                self.lock().failed += 1;
-                tokio::time::sleep(LOST_ANSWER_HOLD).await;
-                return Err(AnswerLost);
-            }
-            _ => {}
+        if let Some(answer) = self.refused_or_hung(&mode, action.as_deref(), &path).await {
+            return answer;
         }
         let answer_lost = mode == Mode::LoseAnswers;
         if let (Some(hook), Some(action)) = (hook, &action) {

@@ -13,6 +13,9 @@
 //! `cargo bench --bench drain -- rollout` runs the rollouts alone, `-- fleet` the 1,000-node
 //! and the large one alone, `-- rss` the memory alone.
 
+// A benchmark is one measured run, top to bottom, as a test is.
+#![allow(clippy::too_many_lines)]
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

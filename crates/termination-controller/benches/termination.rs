@@ -8,6 +8,9 @@
 //!   CREATEs (answered with the finalizer patch) and half server-dry-run node DELETEs under the
 //!   NDB (the budget's verdict, computed from the caches); latency percentiles.
 
+// A benchmark is one measured run, top to bottom, as a test is.
+#![allow(clippy::too_many_lines)]
+
 #[path = "../tests/proofs/chaos.rs"]
 mod chaos;
 #[path = "../tests/common/mod.rs"]

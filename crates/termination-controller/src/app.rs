@@ -4,13 +4,13 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use governor::{Quota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::runtime::watcher;
 use nodegrace_core::admin::ReadinessGate;
-use nodegrace_core::assembly::Frame;
+use nodegrace_core::assembly::{Connected, Frame};
 use nodegrace_core::backoff::Backoff;
 use nodegrace_core::clock::{Clock, SystemClock};
 use nodegrace_core::instances::Metered;
@@ -206,14 +206,7 @@ pub async fn start_with_clock(
         webhook,
     } = args;
     let webhook = webhook_settings(webhook)?;
-    if !(eviction_qps.is_finite() && eviction_qps > 0.0) {
-        bail!(
-            "--eviction-qps must be a positive number of requests per second, got {eviction_qps}"
-        );
-    }
-    let Some(burst) = NonZeroU32::new(eviction_burst) else {
-        bail!("--eviction-burst must be at least 1");
-    };
+    let eviction_limiter = eviction_limiter(eviction_qps, eviction_burst)?;
     if eviction_concurrency == 0 {
         bail!("--eviction-concurrency must be at least 1");
     }
@@ -229,10 +222,6 @@ pub async fn start_with_clock(
              nodes), got {not_ready_max_fraction}"
         );
     }
-    let quota = Quota::with_period(std::time::Duration::from_secs_f64(1.0 / eviction_qps))
-        .context("--eviction-qps is too high")?
-        .allow_burst(burst);
-    let eviction_limiter = Arc::new(RateLimiter::direct(quota));
     let settings = Settings {
         node_selector,
         eviction_concurrency,
@@ -261,75 +250,121 @@ pub async fn start_with_clock(
         }
         None => None,
     };
-    let started = frame.start(stop, move |cluster| async move {
-        let evictions = cluster.client_without_retries().await?;
-        let nodes = cluster.watch_nodes(nodes::trim_for_cache);
-        let ndbs = cluster.watch_all(trim_ndb);
-        let pdbs = cluster.watch_all(trim_budget);
-        let drain_rules = drain_rules(&cluster.client).await;
-        let namespaces = cluster.watch_all(trim_namespace);
-        let attachments = cluster.watch_all(volumes::trim_for_cache);
-        let caches = async {
-            nodes.synced().await?;
-            ndbs.synced().await?;
-            pdbs.synced().await?;
-            drain_rules.synced().await?;
-            namespaces.synced().await?;
-            attachments.synced().await
-        };
-        let what = "nodes, NodeDisruptionBudgets, PodDisruptionBudgets, NodeDrainRules, \
-                    namespaces and VolumeAttachments";
-        if !cluster.synced(what, caches).await? {
-            return Ok(());
-        }
-        let client = cluster.client.clone();
-        let budgets = Budgets {
-            api: Api::all(client.clone()),
-            cache: ndbs,
-            nodes: nodes.clone(),
-            fresh: Arc::new(FreshNodes::new(Api::all(client.clone()))),
-            clock,
-            waits: crate::waits::Waits::default(),
-        };
-        let webhook = webhook.map(|(listener, mode, source, loaded)| {
-            let admission = Arc::new(Admission {
-                mode,
-                settings: settings.clone(),
-                budgets: budgets.clone(),
-                metrics: metrics.clone(),
-            });
-            let stop = cluster.stop.clone();
-            serve_webhook(client.clone(), listener, admission, source, loaded, stop)
-        });
-        let provider = cluster
-            .provider
-            .clone()
-            .map(|provider| Metered::wrap(provider, metrics.provider.clone()));
-        let controller = Controller {
-            shared: Arc::new(Shared {
-                client,
-                evictions,
-                eviction_limiter,
-                reporter: cluster.reporter.clone(),
-                metrics,
-                settings,
-                nodes,
-                budgets,
-                pdbs,
-                drain_rules,
-                namespaces,
-                attachments,
-                provider,
-                turns: crate::turns::Turns::default(),
-            }),
-            dirty: Arc::clone(&cluster.dirty),
-        };
-        match webhook {
-            Some(webhook) => cluster.lead_beside(controller, webhook).await,
-            None => Ok(cluster.lead(controller).await?),
-        }
-    });
+    let parts = Parts {
+        settings,
+        eviction_limiter,
+        metrics,
+        webhook,
+        clock,
+    };
+    let started = frame.start(stop, move |cluster| lead(cluster, parts));
     Ok(started.await?)
+}
+
+/// `--eviction-qps` and `--eviction-burst` as the evictions' rate limiter.
+fn eviction_limiter(qps: f64, burst: u32) -> Result<Arc<DefaultDirectRateLimiter>> {
+    if !(qps.is_finite() && qps > 0.0) {
+        bail!("--eviction-qps must be a positive number of requests per second, got {qps}");
+    }
+    let Some(burst) = NonZeroU32::new(burst) else {
+        bail!("--eviction-burst must be at least 1");
+    };
+    let quota = Quota::with_period(std::time::Duration::from_secs_f64(1.0 / qps))
+        .context("--eviction-qps is too high")?
+        .allow_burst(burst);
+    Ok(Arc::new(RateLimiter::direct(quota)))
+}
+
+/// What the start made of the flags, for the leader's side.
+struct Parts {
+    settings: Settings,
+    eviction_limiter: Arc<DefaultDirectRateLimiter>,
+    metrics: Metrics,
+    webhook: Option<(
+        tokio::net::TcpListener,
+        Mode,
+        CertificateSource,
+        ReadinessGate,
+    )>,
+    clock: Arc<dyn Clock>,
+}
+
+/// Once connected: the caches synced, then the controller (and the webhook beside it) as long
+/// as this process leads.
+async fn lead(cluster: Connected, parts: Parts) -> Result<()> {
+    let Parts {
+        settings,
+        eviction_limiter,
+        metrics,
+        webhook,
+        clock,
+    } = parts;
+    let evictions = cluster.client_without_retries().await?;
+    let nodes = cluster.watch_nodes(nodes::trim_for_cache);
+    let ndbs = cluster.watch_all(trim_ndb);
+    let pdbs = cluster.watch_all(trim_budget);
+    let drain_rules = drain_rules(&cluster.client).await;
+    let namespaces = cluster.watch_all(trim_namespace);
+    let attachments = cluster.watch_all(volumes::trim_for_cache);
+    let caches = async {
+        nodes.synced().await?;
+        ndbs.synced().await?;
+        pdbs.synced().await?;
+        drain_rules.synced().await?;
+        namespaces.synced().await?;
+        attachments.synced().await
+    };
+    let what = "nodes, NodeDisruptionBudgets, PodDisruptionBudgets, NodeDrainRules, namespaces \
+                and VolumeAttachments";
+    if !cluster.synced(what, caches).await? {
+        return Ok(());
+    }
+    let client = cluster.client.clone();
+    let budgets = Budgets {
+        api: Api::all(client.clone()),
+        cache: ndbs,
+        nodes: nodes.clone(),
+        fresh: Arc::new(FreshNodes::new(Api::all(client.clone()))),
+        clock,
+        waits: crate::waits::Waits::default(),
+    };
+    let webhook = webhook.map(|(listener, mode, source, loaded)| {
+        let admission = Arc::new(Admission {
+            mode,
+            settings: settings.clone(),
+            budgets: budgets.clone(),
+            metrics: metrics.clone(),
+        });
+        let stop = cluster.stop.clone();
+        serve_webhook(client.clone(), listener, admission, source, loaded, stop)
+    });
+    let provider = cluster
+        .provider
+        .clone()
+        .map(|provider| Metered::wrap(provider, metrics.provider.clone()));
+    let controller = Controller {
+        shared: Arc::new(Shared {
+            client,
+            evictions,
+            eviction_limiter,
+            reporter: cluster.reporter.clone(),
+            metrics,
+            settings,
+            nodes,
+            budgets,
+            pdbs,
+            drain_rules,
+            namespaces,
+            attachments,
+            provider,
+            turns: crate::turns::Turns::default(),
+        }),
+        dirty: Arc::clone(&cluster.dirty),
+    };
+    match webhook {
+        Some(webhook) => cluster.lead_beside(controller, webhook).await,
+        None => Ok(cluster.lead(controller).await?),
+    }
 }
 
 /// Serves the webhook once its certificate is loaded, keeping the certificate current.

@@ -325,7 +325,6 @@ fn pods_of<'a>(pdb: &'a PodDisruptionBudget, pods: &'a [Pod]) -> impl Iterator<I
 
 /// The plan for `cluster.node` at `now`.
 pub fn plan(cluster: &Cluster, provider: InstanceProviderKind, now: Timestamp) -> Plan {
-    let node_name = cluster.node.metadata.name.clone().unwrap_or_default();
     let held_by_finalizer = cluster
         .node
         .metadata
@@ -333,7 +332,66 @@ pub fn plan(cluster: &Cluster, provider: InstanceProviderKind, now: Timestamp) -
         .iter()
         .flatten()
         .any(|finalizer| finalizer == FINALIZER);
-    let node_disruption_budgets = match verdict(&cluster.ndbs, &cluster.nodes, &cluster.node, now) {
+    let node_disruption_budgets = ndb_verdict(cluster, now);
+    let rules = NodeRules::for_node(
+        &cluster.drain_rules,
+        cluster.node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+    );
+    let invalid_drain_rules = rules
+        .invalid
+        .iter()
+        .map(|(name, error)| Stuck {
+            pod: name.clone(),
+            why: format!("a selector cannot be read ({error}); the rule applies to no pod"),
+        })
+        .collect();
+    let sorted = sort_pods(cluster, &rules, now);
+    let mut never_evictable = Vec::new();
+    let mut unmeasured = BTreeSet::new();
+    let tiers: Vec<PlannedTier> = sorted
+        .by_tier
+        .into_iter()
+        .map(|((tier, order), pods)| {
+            plan_tier(
+                cluster,
+                (tier, order),
+                pods,
+                &mut never_evictable,
+                &mut unmeasured,
+            )
+        })
+        .collect();
+    let total = tiers.iter().try_fold(0.0, |sum, tier| {
+        tier.min_seconds.map(|seconds| sum + seconds)
+    });
+    let basis = estimate_basis(
+        &unmeasured,
+        !sorted.blockers.is_empty(),
+        node_disruption_budgets.granted,
+        !sorted.wait_completed.is_empty(),
+    );
+    Plan {
+        node: cluster.node.metadata.name.clone().unwrap_or_default(),
+        held_by_finalizer,
+        node_disruption_budgets,
+        pre_drain_hooks: hooks::pending(&cluster.node, Stage::PreDrain),
+        pre_terminate_hooks: hooks::pending(&cluster.node, Stage::PreTerminate),
+        blockers: sorted.blockers,
+        wait_completed: sorted.wait_completed,
+        tiers,
+        never_evictable,
+        left_alone: sorted.left_alone,
+        invalid_drain_rules,
+        estimate: Estimate {
+            min_drain_seconds: total,
+            basis,
+        },
+        machine: machine_end(&cluster.node, provider),
+    }
+}
+
+fn ndb_verdict(cluster: &Cluster, now: Timestamp) -> NdbVerdict {
+    match verdict(&cluster.ndbs, &cluster.nodes, &cluster.node, now) {
         Verdict::Granted { budgets } if budgets.is_empty() => NdbVerdict {
             granted: true,
             budgets,
@@ -349,37 +407,31 @@ pub fn plan(cluster: &Cluster, provider: InstanceProviderKind, now: Timestamp) -
             message: format!("waits for NodeDisruptionBudget {budget}: {refusal}"),
             budgets: vec![budget],
         },
-    };
-    let mut blockers = Vec::new();
-    let mut left_alone = Vec::new();
-    let mut never_evictable = Vec::new();
-    let mut wait_completed = Vec::new();
-    let mut by_tier: BTreeMap<(Tier, i32), Vec<(&Pod, Source)>> = BTreeMap::new();
+    }
+}
+
+/// The node's pods as the drain would take them.
+#[derive(Default)]
+struct SortedPods<'a> {
+    blockers: Vec<Blocker>,
+    left_alone: Vec<Stuck>,
+    wait_completed: Vec<Stuck>,
+    by_tier: BTreeMap<(Tier, i32), Vec<(&'a Pod, Source)>>,
+}
+
+fn sort_pods<'a>(cluster: &'a Cluster, rules: &NodeRules, now: Timestamp) -> SortedPods<'a> {
+    let mut sorted = SortedPods::default();
     let mut pods: Vec<&Pod> = cluster.pods_on_node.iter().collect();
     pods.sort_by_key(|pod| pod_name(pod));
-    let rules = NodeRules::for_node(
-        &cluster.drain_rules,
-        cluster.node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
-    );
-    let invalid_drain_rules = rules
-        .invalid
-        .iter()
-        .map(|(name, error)| Stuck {
-            pod: name.clone(),
-            why: format!("a selector cannot be read ({error}); the rule applies to no pod"),
-        })
-        .collect();
     for pod in pods {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let rule = rules.applied(
-            pod,
-            cluster
-                .namespace_labels
-                .get(namespace)
-                .unwrap_or(&NO_LABELS),
-        );
+        let labels = cluster
+            .namespace_labels
+            .get(namespace)
+            .unwrap_or(&NO_LABELS);
+        let rule = rules.applied(pod, labels);
         match disposition(pod, now, &rule) {
-            Disposition::Skip(skip) => left_alone.push(Stuck {
+            Disposition::Skip(skip) => sorted.left_alone.push(Stuck {
                 pod: pod_name(pod),
                 why: match skip {
                     Skip::Mirror => "a static pod's mirror: it goes with the machine".to_owned(),
@@ -388,10 +440,9 @@ pub fn plan(cluster: &Cluster, provider: InstanceProviderKind, now: Timestamp) -
                         "tolerates nodegrace.io/disrupted: it goes with the machine".to_owned()
                     }
                     Skip::Rule => format!("{}: Skip; it goes with the machine", rule.source),
-                }
-                .clone(),
+                },
             }),
-            Disposition::WaitCompleted(tier) => wait_completed.push(Stuck {
+            Disposition::WaitCompleted(tier) => sorted.wait_completed.push(Stuck {
                 pod: pod_name(pod),
                 why: format!(
                     "{}: WaitCompleted; never evicted, the drain waits for it to finish before \
@@ -400,93 +451,112 @@ pub fn plan(cluster: &Cluster, provider: InstanceProviderKind, now: Timestamp) -
                     tier.label()
                 ),
             }),
-            Disposition::DoNotEvict { until } => blockers.push(Blocker {
+            Disposition::DoNotEvict { until } => sorted.blockers.push(Blocker {
                 pod: pod_name(pod),
                 until: until.map(|until| until.to_string()),
             }),
-            Disposition::Evict { tier, order } => by_tier
+            Disposition::Evict { tier, order } => sorted
+                .by_tier
                 .entry((tier, order))
                 .or_default()
                 .push((pod, rule.source)),
         }
     }
-    let mut tiers = Vec::new();
-    let mut total = Some(0.0);
-    let mut unmeasured = BTreeSet::new();
-    for ((tier, order), pods) in by_tier {
-        // Per queue: the pods of this node in it, and its budget.
-        let mut queues: BTreeMap<QueueKey, (usize, Option<&PodDisruptionBudget>)> = BTreeMap::new();
-        let mut planned = Vec::new();
-        for (pod, source) in pods {
-            let covering = pdbs_for_pod(pod, &cluster.pdbs);
-            let key = QueueKey::of(pod, &covering);
-            let pdb = (covering.len() == 1).then(|| covering[0]);
-            let never = match covering.as_slice() {
-                [] => None,
-                [pdb] => never_allows(pdb).map(|why| {
-                    format!(
-                        "PDB {}/{} can never allow a disruption: {why}",
-                        pdb.metadata.namespace.as_deref().unwrap_or_default(),
-                        pdb.metadata.name.as_deref().unwrap_or_default()
-                    )
-                }),
-                several => Some(format!(
-                    "{} PodDisruptionBudgets cover it ({}); the Eviction API refuses such pods",
-                    several.len(),
-                    key.label()
-                )),
-            };
-            if let Some(why) = never {
-                never_evictable.push(Stuck {
-                    pod: pod_name(pod),
-                    why,
-                });
-            }
-            planned.push(PlannedPod {
+    sorted
+}
+
+/// One tier: its pods with their queues and budgets, those that can never be evicted, and
+/// the least time its budgets allow (`None` when a pod of it can never go).
+fn plan_tier(
+    cluster: &Cluster,
+    (tier, order): (Tier, i32),
+    pods: Vec<(&Pod, Source)>,
+    never_evictable: &mut Vec<Stuck>,
+    unmeasured: &mut BTreeSet<String>,
+) -> PlannedTier {
+    // Per queue: the pods of this node in it, and its budget.
+    let mut queues: BTreeMap<QueueKey, (usize, Option<&PodDisruptionBudget>)> = BTreeMap::new();
+    let mut planned = Vec::new();
+    let mut stuck = false;
+    for (pod, source) in pods {
+        let covering = pdbs_for_pod(pod, &cluster.pdbs);
+        let key = QueueKey::of(pod, &covering);
+        let pdb = (covering.len() == 1).then(|| covering[0]);
+        if let Some(why) = never_evicted(&covering, &key) {
+            stuck = true;
+            never_evictable.push(Stuck {
                 pod: pod_name(pod),
-                queue: key.label(),
-                budget: pdb
-                    .and_then(|pdb| pdb.status.as_ref())
-                    .map(|status| BudgetNumbers {
-                        current_healthy: status.current_healthy,
-                        desired_healthy: status.desired_healthy,
-                        expected_pods: status.expected_pods,
-                        disruptions_allowed: status.disruptions_allowed,
-                    }),
-                rule: (source != Source::Default).then(|| source.to_string()),
+                why,
             });
-            queues.entry(key).or_insert((0, pdb)).0 += 1;
         }
-        let stuck: BTreeSet<&str> = never_evictable.iter().map(|s| s.pod.as_str()).collect();
-        let min_seconds = if planned.iter().any(|pod| stuck.contains(pod.pod.as_str())) {
-            None
-        } else {
-            let mut slowest: f64 = 0.0;
-            for (key, (count, pdb)) in &queues {
-                let Some(pdb) = pdb else { continue };
-                let allowed = pdb.status.as_ref().map_or(0, |s| s.disruptions_allowed);
-                let beyond = count.saturating_sub(usize::try_from(allowed).unwrap_or(0));
-                if beyond == 0 {
-                    continue;
-                }
-                let seconds = if let Some(span) = startup(pdb, &cluster.namespace_pods) {
-                    span.as_secs_f64()
-                } else {
-                    unmeasured.insert(key.label());
-                    0.0
-                };
-                slowest = slowest.max(beyond as f64 * seconds);
-            }
-            Some(slowest)
-        };
-        total = total.zip(min_seconds).map(|(sum, tier)| sum + tier);
-        tiers.push(PlannedTier {
-            tier: tier.label(),
-            order,
-            pods: planned,
-            min_seconds,
+        planned.push(PlannedPod {
+            pod: pod_name(pod),
+            queue: key.label(),
+            budget: pdb
+                .and_then(|pdb| pdb.status.as_ref())
+                .map(|status| BudgetNumbers {
+                    current_healthy: status.current_healthy,
+                    desired_healthy: status.desired_healthy,
+                    expected_pods: status.expected_pods,
+                    disruptions_allowed: status.disruptions_allowed,
+                }),
+            rule: (source != Source::Default).then(|| source.to_string()),
         });
+        queues.entry(key).or_insert((0, pdb)).0 += 1;
     }
+    let min_seconds = (!stuck).then(|| {
+        let mut slowest: f64 = 0.0;
+        for (key, (count, pdb)) in &queues {
+            let Some(pdb) = pdb else { continue };
+            let allowed = pdb.status.as_ref().map_or(0, |s| s.disruptions_allowed);
+            let beyond = count.saturating_sub(usize::try_from(allowed).unwrap_or(0));
+            if beyond == 0 {
+                continue;
+            }
+            let seconds = if let Some(span) = startup(pdb, &cluster.namespace_pods) {
+                span.as_secs_f64()
+            } else {
+                unmeasured.insert(key.label());
+                0.0
+            };
+            slowest = slowest.max(beyond as f64 * seconds);
+        }
+        slowest
+    });
+    PlannedTier {
+        tier: tier.label(),
+        order,
+        pods: planned,
+        min_seconds,
+    }
+}
+
+/// Why a pod with these budgets can never be evicted, if it cannot.
+fn never_evicted(covering: &[&PodDisruptionBudget], key: &QueueKey) -> Option<String> {
+    match covering {
+        [] => None,
+        [pdb] => never_allows(pdb).map(|why| {
+            format!(
+                "PDB {}/{} can never allow a disruption: {why}",
+                pdb.metadata.namespace.as_deref().unwrap_or_default(),
+                pdb.metadata.name.as_deref().unwrap_or_default()
+            )
+        }),
+        several => Some(format!(
+            "{} PodDisruptionBudgets cover it ({}); the Eviction API refuses such pods",
+            several.len(),
+            key.label()
+        )),
+    }
+}
+
+/// How the estimate was made, and what it leaves out.
+fn estimate_basis(
+    unmeasured: &BTreeSet<String>,
+    blocked: bool,
+    granted: bool,
+    waits_for_pods: bool,
+) -> String {
     let mut basis = "tiers one after another; in each, budgets in parallel, each eviction past \
                      a budget's allowance waiting for one replacement to become Ready (its pods' \
                      median start-to-Ready time)"
@@ -495,41 +565,37 @@ pub fn plan(cluster: &Cluster, provider: InstanceProviderKind, now: Timestamp) -
         let _ = write!(
             basis,
             "; no Ready pod to measure for {}, counted as 0 s",
-            unmeasured.into_iter().collect::<Vec<_>>().join(", ")
+            unmeasured
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
-    if !blockers.is_empty() {
+    if blocked {
         basis.push_str("; not before the do-not-evict pods are gone");
     }
-    if !node_disruption_budgets.granted {
+    if !granted {
         basis.push_str("; not before the NodeDisruptionBudgets grant the node");
     }
-    if !wait_completed.is_empty() {
+    if waits_for_pods {
         basis.push_str("; not before the pods waited for have finished");
     }
-    Plan {
-        node: node_name,
-        held_by_finalizer,
-        node_disruption_budgets,
-        pre_drain_hooks: hooks::pending(&cluster.node, Stage::PreDrain),
-        pre_terminate_hooks: hooks::pending(&cluster.node, Stage::PreTerminate),
-        blockers,
-        wait_completed,
-        tiers,
-        never_evictable,
-        left_alone,
-        invalid_drain_rules,
-        estimate: Estimate {
-            min_drain_seconds: total,
-            basis,
-        },
-        machine: machine_end(&cluster.node, provider),
-    }
+    basis
 }
 
 impl Plan {
     /// The human table `plan` prints by default.
     pub fn table(&self) -> String {
+        let mut out = self.head();
+        let _ = writeln!(out);
+        out.push_str(&self.pods_table());
+        self.lists_and_estimate(&mut out);
+        out
+    }
+
+    /// The node, its budgets, its machine, its hooks and its blockers.
+    fn head(&self) -> String {
         let mut out = String::new();
         let yes_no = if self.held_by_finalizer { "yes" } else { "no" };
         let _ = writeln!(out, "Node:                    {}", self.node);
@@ -575,7 +641,12 @@ impl Plan {
                 let _ = writeln!(out, "  {}  {until}", blocker.pod);
             }
         }
-        let _ = writeln!(out);
+        out
+    }
+
+    /// One row per pod to evict, tier by tier, in columns.
+    fn pods_table(&self) -> String {
+        let mut out = String::new();
         let rows: Vec<[String; 6]> = self
             .tiers
             .iter()
@@ -637,6 +708,11 @@ impl Plan {
                 let _ = writeln!(out, "{}", line.join("  ").trim_end());
             }
         }
+        out
+    }
+
+    /// The pods waited for, never evictable and left alone, then the estimate.
+    fn lists_and_estimate(&self, out: &mut String) {
         for (title, list) in [
             ("Waited for, never evicted", &self.wait_completed),
             ("Never evictable", &self.never_evictable),
@@ -662,7 +738,6 @@ impl Plan {
             "\nEstimated minimum drain time: {estimate}\n  ({})",
             self.estimate.basis
         );
-        out
     }
 }
 

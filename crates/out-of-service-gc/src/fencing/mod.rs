@@ -14,32 +14,30 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Taint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
-use kube::Api;
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use nodegrace_core::backoff::{Backoff, Retry};
-use nodegrace_core::instances::{InstanceProvider, InstanceState, Power, ProviderId};
+use nodegrace_core::instances::InstanceProvider;
 use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
-use nodegrace_core::k8s::nodes::{Readiness, node_reference, readiness, taint_with_key};
-use nodegrace_core::k8s::partition::partitioned;
+use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::reporter::ConditionGuard;
 use nodegrace_core::k8s::selectors::selects_node;
-use nodegrace_core::k8s::taints::put_taint;
 use nodegrace_core::k8s::watched::Watched;
 
-use crate::fence_mark::{FENCE_LABEL, Mark, Step, clear_mark, do_not_fence, mark, set_mark};
-use crate::guard::Heartbeat;
-use crate::qualify::{EXPECTED_EFFECT, OUT_OF_SERVICE_TAINT, not_ready_since};
+use crate::api::{FENCE_CONDITION, OUT_OF_SERVICE_TAINT};
+use crate::conditions::Reason;
+use crate::fence_mark::{Mark, Step, do_not_fence, mark, set_mark};
+use crate::qualify::not_ready_since;
 use crate::shared::{PassError, Shared};
-use crate::status::{AUTO_TAINT_VALUE, FENCED_ANNOTATION};
 
+mod guards;
+mod power;
 mod recovery;
 
-/// The node condition that tells where a fence stands.
-pub const CONDITION: &str = "OutOfServiceFence";
+use guards::Cleared;
+
 const ACTION: &str = "Fence";
 /// How often the provider is asked whether a machine is off yet.
 pub(crate) const POLL: Duration = Duration::from_secs(1);
@@ -86,7 +84,7 @@ pub struct Fencer {
     deciding: tokio::sync::Mutex<()>,
     /// The last reason reported per node (by name, with the UID it was said of), so a pass
     /// that finds the same hold says nothing new.
-    said: Mutex<HashMap<String, (String, &'static str)>>,
+    said: Mutex<HashMap<String, (String, Reason)>>,
     /// Each Node object's failures in a row and the earliest it may be tried again, shared by
     /// the fence and the recovery of its machine.
     retries: Mutex<BTreeMap<NodeIdentity, Retry>>,
@@ -103,7 +101,7 @@ impl std::fmt::Debug for Fencer {
 
 /// One line of the fence's story on the node: the condition, and an Event when it is news.
 pub(crate) struct Report {
-    pub reason: &'static str,
+    pub reason: Reason,
     /// The condition's status: `True` while a machine is held off or on its way.
     pub holding: bool,
     pub warning: bool,
@@ -128,6 +126,11 @@ impl Fencer {
 
     fn retries(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeIdentity, Retry>> {
         self.retries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `identity`'s failures in a row.
+    fn failures(&self, identity: &NodeIdentity) -> u32 {
+        self.retries().get(identity).map_or(0, Retry::failures)
     }
 
     /// How long `identity`'s machine must still wait after its last failure or hold.
@@ -196,7 +199,7 @@ impl Fencer {
             name,
             &uid,
             Report {
-                reason: "NotReadySeen",
+                reason: Reason::NotReadySeen,
                 holding: false,
                 warning: false,
                 message: format!(
@@ -216,10 +219,12 @@ impl Fencer {
             warning,
             message,
         } = report;
+        let said_reason = reason;
+        let reason = said_reason.as_str();
         shared.reporter.condition(
             name,
             ConditionSpec::new(
-                CONDITION,
+                FENCE_CONDITION,
                 if holding { "True" } else { "False" },
                 reason,
                 &message,
@@ -230,8 +235,8 @@ impl Fencer {
             .said
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.to_owned(), (uid.to_owned(), reason))
-            .is_none_or(|said| said != (uid.to_owned(), reason));
+            .insert(name.to_owned(), (uid.to_owned(), said_reason))
+            .is_none_or(|said| said != (uid.to_owned(), said_reason));
         if news {
             if warning {
                 tracing::warn!(node = name, reason, %message, "fence");
@@ -251,29 +256,9 @@ impl Fencer {
         }
     }
 
-    fn hold(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-        guard: &'static str,
-        reason: &'static str,
-        why: &str,
-    ) {
-        shared.metrics.fence.hold(guard);
-        self.report(
-            shared,
-            identity.name(),
-            identity.uid(),
-            Report {
-                reason,
-                holding: false,
-                warning: true,
-                message: format!("Not powered off although NotReady past --fence-after: {why}"),
-            },
-        );
-    }
-
-    /// Looks at `identity` afresh and fences it when it is due and every guard allows it.
+    /// Looks at `identity` afresh and fences it when it is due and every guard allows it:
+    /// the guards (`guards.rs`), the step stamped on the Node (`stamp`), then the power-off
+    /// and its confirmation (`power.rs`).
     pub async fn attempt(
         &self,
         shared: &Shared,
@@ -300,120 +285,30 @@ impl Fencer {
             self.succeeded(identity);
             return Ok(FenceOutcome::NotDue);
         }
-        if let Some(value) = do_not_fence(&node) {
-            self.hold(
-                shared,
-                identity,
-                "do-not-fence",
-                "FenceHeldDoNotFence",
-                &format!(
-                    "the node carries nodegrace.io/do-not-fence={value:?}; remove the annotation \
-                     to let it be fenced, or power it off and taint it yourself"
-                ),
-            );
-            return Ok(FenceOutcome::WaitForChange);
-        }
-        if let Heartbeat::Recent { evidence, left } = self.heartbeat(shared, identity).await? {
-            self.hold(
-                shared,
-                identity,
-                "heartbeat",
-                "FenceHeldHeartbeat",
-                &evidence.explain(now),
-            );
-            self.held_for(identity, left);
-            return Ok(FenceOutcome::Retry(left));
-        }
-        let managed: Vec<Arc<Node>> = self
-            .nodes
-            .state()
-            .into_iter()
-            .filter(|other| self.manages(other))
-            .collect();
-        if let Some(partition) = partitioned(&managed, &node, self.settings.max_fraction) {
-            self.hold(
-                shared,
-                identity,
-                "partition",
-                "FenceHeldPartition",
-                &format!(
-                    "{partition}; so many at once is taken for a partition, not dead machines"
-                ),
-            );
-            self.held_for(identity, RECHECK);
-            return Ok(FenceOutcome::Retry(RECHECK));
-        }
-        let id = match identity.machine(&node) {
-            Ok(id) => id,
-            Err(error) => {
-                let wait = self.failed(identity, PROVIDER_BACKOFF);
-                self.hold(
-                    shared,
-                    identity,
-                    "provider",
-                    "FenceHeldProvider",
-                    &format!("{error}; looked at again in {}", seconds(wait)),
-                );
-                return Ok(FenceOutcome::Retry(wait));
-            }
+        let cleared = match self.guards(shared, identity, &node).await? {
+            Ok(cleared) => cleared,
+            Err(hold) => return Ok(self.hold(shared, identity, hold)),
         };
-        let state = match self.provider.state(&id).await {
-            Ok(InstanceState::NotFound) => {
-                let wait = self.failed(identity, PROVIDER_BACKOFF);
-                self.hold(
-                    shared,
-                    identity,
-                    "not-found",
-                    "FenceHeldMachineNotFound",
-                    &format!(
-                        "the {} provider does not know machine {id}; a machine that cannot be \
-                         found cannot be confirmed off, so the node is never tainted for it \
-                         (asked again in {})",
-                        self.provider.name(),
-                        seconds(wait)
-                    ),
-                );
-                return Ok(FenceOutcome::Retry(wait));
-            }
-            Ok(state) => state,
-            Err(error) => {
-                let wait = self.failed(identity, PROVIDER_BACKOFF);
-                self.hold(
-                    shared,
-                    identity,
-                    "provider",
-                    "FenceHeldProvider",
-                    &format!(
-                        "cannot ask about machine {id}: {error}; asked again in {}",
-                        seconds(wait)
-                    ),
-                );
-                return Ok(FenceOutcome::Retry(wait));
-            }
-        };
+        // One decision at a time: `--max-fenced` counts the steps written.
         let deciding = self.deciding.lock().await;
-        let fenced = self.fenced_elsewhere(shared, identity).await?;
-        if fenced >= self.settings.max_fenced {
-            self.hold(
-                shared,
-                identity,
-                "max-fenced",
-                "FenceHeldMaxFenced",
-                &format!(
-                    "{fenced} other {} fenced and not yet back (label {FENCE_LABEL}), and \
-                     --max-fenced is {}",
-                    if fenced == 1 {
-                        "machine is"
-                    } else {
-                        "machines are"
-                    },
-                    self.settings.max_fenced
-                ),
-            );
-            self.held_for(identity, RECHECK);
-            return Ok(FenceOutcome::Retry(RECHECK));
+        if let Some(hold) = self.max_fenced(shared, identity).await? {
+            return Ok(self.hold(shared, identity, hold));
         }
-        let after = self.settings.after;
+        let Some(stamped_at) = self.stamp(shared, identity).await? else {
+            return Ok(FenceOutcome::NotDue);
+        };
+        drop(deciding);
+        self.power_off_stamped(shared, identity, &node, &cleared, stamped_at)
+            .await
+    }
+
+    /// Writes the `fencing` step, decided again on the version written: still due, no step,
+    /// no `do-not-fence`. Returns when, if it was written.
+    async fn stamp(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+    ) -> Result<Option<Timestamp>, PassError> {
         let stamped_at = Timestamp::now();
         let stamped = identity
             .update(&shared.client, |current| {
@@ -429,11 +324,21 @@ impl Fencer {
             .map_err(|error| {
                 PassError::update(format!("mark node {} fencing", identity.name()), error)
             })?;
-        drop(deciding);
-        if !matches!(stamped, Updated::Written(_)) {
-            return Ok(FenceOutcome::NotDue);
-        }
-        let down_for = not_ready_since(&node)
+        Ok(matches!(stamped, Updated::Written(_)).then_some(stamped_at))
+    }
+
+    /// Says that the power-off goes out, sends it unless the machine is off already, and
+    /// confirms it.
+    async fn power_off_stamped(
+        &self,
+        shared: &Shared,
+        identity: &NodeIdentity,
+        node: &Node,
+        cleared: &Cleared,
+        stamped_at: Timestamp,
+    ) -> Result<FenceOutcome, PassError> {
+        let Cleared { id, state } = cleared;
+        let down_for = not_ready_since(node)
             .map(|since| stamped_at.duration_since(since).as_secs())
             .unwrap_or_default();
         self.report(
@@ -441,355 +346,23 @@ impl Fencer {
             identity.name(),
             identity.uid(),
             Report {
-                reason: "Fencing",
+                reason: Reason::Fencing,
                 holding: true,
                 warning: true,
                 message: format!(
                     "NotReady for {down_for}s (--fence-after {}s), its kubelet silent, within \
                      the partition guard: powering machine {id} off through {} ({state} now)",
-                    after.as_secs(),
+                    self.settings.after.as_secs(),
                     self.provider.name()
                 ),
             },
         );
         if !state.powered_off()
-            && let Err(why) = self.power_off(&id).await
+            && let Err(why) = self.power_off(id).await
         {
             return self.fail(shared, identity, why).await;
         }
-        self.confirm(shared, identity, &id, stamped_at).await
-    }
-
-    /// A fence found under way (this process restarted, or a leader changed): the request may
-    /// or may not have gone. A node back meanwhile is not powered off; otherwise the request is
-    /// made again (power-off is idempotent) and confirmed as usual.
-    async fn resume(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-        node: &Node,
-        since: Option<Timestamp>,
-    ) -> Result<FenceOutcome, PassError> {
-        let since = since.unwrap_or_else(Timestamp::now);
-        let id = match identity.machine(node) {
-            Ok(id) => id,
-            Err(error) => return self.fail(shared, identity, error.to_string()).await,
-        };
-        let state = self.provider.state(&id).await;
-        if readiness(node) == Readiness::Ready {
-            if state.is_ok_and(InstanceState::powered_off) {
-                return self.came_back(shared, identity, &id).await;
-            }
-            self.clear(shared, identity, Step::Fencing).await?;
-            shared.metrics.fence.fence("cancelled");
-            self.report(
-                shared,
-                identity.name(),
-                identity.uid(),
-                Report {
-                    reason: "FenceCancelled",
-                    holding: false,
-                    warning: false,
-                    message: "The node turned Ready before its machine was reported off: not \
-                              powered off"
-                        .to_owned(),
-                },
-            );
-            self.succeeded(identity);
-            return Ok(FenceOutcome::NotDue);
-        }
-        let silent = matches!(self.heartbeat(shared, identity).await?, Heartbeat::Silent);
-        let mut requested = since;
-        if silent && matches!(state, Ok(InstanceState::Running)) {
-            if let Err(why) = self.power_off(&id).await {
-                return self.fail(shared, identity, why).await;
-            }
-            // Sent again now: the machine gets the whole --fence-timeout from here.
-            requested = Timestamp::now();
-        }
-        self.confirm(shared, identity, &id, requested).await
-    }
-
-    /// Asks for the power-off; the error as a fence failure says it.
-    async fn power_off(&self, id: &ProviderId) -> Result<(), String> {
-        self.provider
-            .power(id, Power::Off)
-            .await
-            .map_err(|error| format!("the power-off request failed: {error}"))
-    }
-
-    /// Moves the fence on `identity`'s Node from `from` to `to` (begun `at`), decided on the
-    /// version written: only while it is at `from` and the node is not Ready. Returns whether
-    /// it was written.
-    pub(crate) async fn advance(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-        from: Step,
-        to: Step,
-        at: Timestamp,
-    ) -> Result<bool, PassError> {
-        let written = identity
-            .update(&shared.client, |current| {
-                let at_step = mark(current).is_some_and(|found| found.step == from);
-                if !at_step || readiness(current) == Readiness::Ready {
-                    return false;
-                }
-                // Decided on the version written: a Node deleted since the pass's view leaves
-                // with its machine, never powered on again (see `Fencer::recover`).
-                if to == Step::Recovering && current.metadata.deletion_timestamp.is_some() {
-                    return false;
-                }
-                set_mark(current, to, at);
-                true
-            })
-            .await
-            .map_err(|error| {
-                PassError::update(
-                    format!("mark node {} {}", identity.name(), to.as_str()),
-                    error,
-                )
-            })?;
-        Ok(matches!(written, Updated::Written(_)))
-    }
-
-    /// Polls the provider until it reports the machine off, then marks the node fenced and
-    /// taints it, unless the node came back meanwhile.
-    async fn confirm(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-        id: &ProviderId,
-        requested: Timestamp,
-    ) -> Result<FenceOutcome, PassError> {
-        let deadline = requested
-            .checked_add(self.settings.timeout)
-            .unwrap_or(Timestamp::MAX);
-        let last = loop {
-            let state = self.provider.state(id).await;
-            if let Ok(state) = state
-                && state.powered_off()
-            {
-                break state;
-            }
-            if Timestamp::now() >= deadline {
-                let said = match state {
-                    Ok(state) => format!("it still reads {state}"),
-                    Err(error) => format!("the last answer was an error: {error}"),
-                };
-                return self
-                    .fail(
-                        shared,
-                        identity,
-                        format!(
-                            "machine {id} was not reported off within --fence-timeout ({}s): \
-                             {said}",
-                            self.settings.timeout.as_secs()
-                        ),
-                    )
-                    .await;
-            }
-            tokio::time::sleep(POLL).await;
-        };
-        let off_at = Timestamp::now();
-        let mut came_back = false;
-        let taint = Taint {
-            key: OUT_OF_SERVICE_TAINT.to_owned(),
-            value: Some(AUTO_TAINT_VALUE.to_owned()),
-            effect: EXPECTED_EFFECT.to_owned(),
-            time_added: Some(Time(off_at)),
-        };
-        let written = identity
-            .update(&shared.client, |current| {
-                came_back = false;
-                if mark(current).map(|mark| mark.step) != Some(Step::Fencing) {
-                    return false;
-                }
-                if readiness(current) == Readiness::Ready {
-                    came_back = true;
-                    return false;
-                }
-                set_mark(current, Step::Fenced, off_at);
-                current
-                    .metadata
-                    .annotations
-                    .get_or_insert_with(Default::default)
-                    .insert(FENCED_ANNOTATION.to_owned(), off_at.to_string());
-                if taint_with_key(current, OUT_OF_SERVICE_TAINT).is_none() {
-                    put_taint(current, &taint);
-                }
-                true
-            })
-            .await
-            .map_err(|error| {
-                PassError::update(format!("mark node {} fenced", identity.name()), error)
-            })?;
-        if came_back {
-            return self.came_back(shared, identity, id).await;
-        }
-        let Updated::Written(node) = written else {
-            return Ok(FenceOutcome::NotDue);
-        };
-        self.succeeded(identity);
-        let metrics = &shared.metrics.fence;
-        metrics.fence("fenced");
-        metrics
-            .power_off
-            .observe(seconds_between(requested, off_at));
-        if let Some(since) = not_ready_since(&node) {
-            metrics
-                .not_ready_to_fenced
-                .observe(seconds_between(since, off_at));
-        }
-        shared.metrics.taints_added.inc();
-        self.report(
-            shared,
-            identity.name(),
-            identity.uid(),
-            Report {
-                reason: "Fenced",
-                holding: true,
-                warning: true,
-                message: format!(
-                    "Machine {id} confirmed off at {off_at} ({} reports it {last}); added \
-                     {FENCED_ANNOTATION}={off_at}",
-                    self.provider.name()
-                ),
-            },
-        );
-        // The taint's own Event, as `--auto-taint-after` and operators' tools say it.
-        shared.reporter.event(EventReport::normal(
-            node_reference(identity.name()),
-            "OutOfServiceTaintAdded",
-            "OutOfServiceTaint",
-            format!(
-                "Added {OUT_OF_SERVICE_TAINT}={AUTO_TAINT_VALUE}:{EXPECTED_EFFECT}: NotReady for \
-                 more than {}s and fenced at {off_at}",
-                self.settings.after.as_secs()
-            ),
-        ));
-        Ok(FenceOutcome::NotDue)
-    }
-
-    /// The power-off landed after the node turned Ready again (a partition that healed during
-    /// the fence): nothing is tainted, and the machine is powered on again.
-    async fn came_back(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-        id: &ProviderId,
-    ) -> Result<FenceOutcome, PassError> {
-        shared.metrics.fence.fence("cancelled");
-        self.succeeded(identity);
-        let powered_on = self.provider.power(id, Power::On).await;
-        self.clear(shared, identity, Step::Fencing).await?;
-        let then = match powered_on {
-            Ok(()) => "powering it on again".to_owned(),
-            Err(error) => {
-                format!("the power-on request failed ({error}): power machine {id} on yourself")
-            }
-        };
-        self.report(
-            shared,
-            identity.name(),
-            identity.uid(),
-            Report {
-                reason: "FencedAfterBack",
-                holding: false,
-                warning: true,
-                message: format!(
-                    "Machine {id} went off after the node had turned Ready again (a partition \
-                     that healed during the fence): not tainted; {then}"
-                ),
-            },
-        );
-        Ok(FenceOutcome::NotDue)
-    }
-
-    async fn fail(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-        why: String,
-    ) -> Result<FenceOutcome, PassError> {
-        // Counted before the write that clears the step: that write wakes this node's loop,
-        // which must find the backoff already in force.
-        let wait = self.failed(identity, PROVIDER_BACKOFF);
-        self.clear(shared, identity, Step::Fencing).await?;
-        shared.metrics.fence.fence("failed");
-        self.report(
-            shared,
-            identity.name(),
-            identity.uid(),
-            Report {
-                reason: "FenceFailed",
-                holding: false,
-                warning: true,
-                message: format!(
-                    "{why}; tried again in {} ({} failure(s) in a row)",
-                    seconds(wait),
-                    self.retries().get(identity).map_or(1, Retry::failures)
-                ),
-            },
-        );
-        Ok(FenceOutcome::Retry(wait))
-    }
-
-    /// Removes the fence's step from the node if it is still `step`.
-    async fn clear(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-        step: Step,
-    ) -> Result<(), PassError> {
-        identity
-            .update(&shared.client, |current| {
-                mark(current).is_some_and(|mark| mark.step == step) && clear_mark(current)
-            })
-            .await
-            .map_err(|error| {
-                PassError::update(
-                    format!("clear the fence of node {}", identity.name()),
-                    error,
-                )
-            })?;
-        Ok(())
-    }
-
-    async fn heartbeat(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-    ) -> Result<Heartbeat, PassError> {
-        shared
-            .heartbeats
-            .read(&shared.client, identity.name(), self.settings.window)
-            .await
-            .map_err(|error| PassError::Api {
-                what: format!("read the Lease of node {}", identity.name()),
-                source: error,
-            })
-    }
-
-    /// Machines fenced and not yet back, other than `identity`'s, by a fresh list.
-    async fn fenced_elsewhere(
-        &self,
-        shared: &Shared,
-        identity: &NodeIdentity,
-    ) -> Result<usize, PassError> {
-        let nodes: Api<Node> = Api::all(shared.client.clone());
-        let marked = nodes
-            .list(&ListParams::default().labels(FENCE_LABEL))
-            .await
-            .map_err(|error| PassError::Api {
-                what: format!("list the nodes labelled {FENCE_LABEL}"),
-                source: error,
-            })?;
-        Ok(marked
-            .items
-            .iter()
-            .filter(|node| !identity.is(node))
-            .count())
+        self.confirm(shared, identity, id, stamped_at).await
     }
 }
 

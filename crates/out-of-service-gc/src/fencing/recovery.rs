@@ -11,7 +11,9 @@ use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::nodes::{Readiness, readiness};
 
 use super::{Fencer, POLL, PROVIDER_BACKOFF, Report, seconds, seconds_between};
-use crate::fence_mark::{FENCE_LABEL, Mark, Step, mark};
+use crate::api::FENCE_LABEL;
+use crate::conditions::Reason;
+use crate::fence_mark::{Mark, Step, mark};
 use crate::shared::{PassError, Shared};
 
 impl Fencer {
@@ -88,7 +90,7 @@ impl Fencer {
                 identity.name(),
                 identity.uid(),
                 Report {
-                    reason: "PowerOnFailed",
+                    reason: Reason::PowerOnFailed,
                     holding: true,
                     warning: true,
                     message: format!(
@@ -106,7 +108,7 @@ impl Fencer {
             identity.name(),
             identity.uid(),
             Report {
-                reason: "PoweringOn",
+                reason: Reason::PoweringOn,
                 holding: true,
                 warning: false,
                 message: format!(
@@ -126,7 +128,7 @@ impl Fencer {
             identity.name(),
             identity.uid(),
             Report {
-                reason: "LeftOffForDeletion",
+                reason: Reason::LeftOffForDeletion,
                 holding: true,
                 warning: false,
                 message: format!(
@@ -152,7 +154,7 @@ impl Fencer {
                 identity.name(),
                 identity.uid(),
                 Report {
-                    reason: "RecoveryFailed",
+                    reason: Reason::RecoveryFailed,
                     holding: true,
                     warning: true,
                     message: format!(
@@ -183,7 +185,7 @@ impl Fencer {
             identity.name(),
             identity.uid(),
             Report {
-                reason: "RecoveryFailed",
+                reason: Reason::RecoveryFailed,
                 holding: true,
                 warning: true,
                 message: format!(
@@ -215,7 +217,7 @@ impl Fencer {
             identity.name(),
             identity.uid(),
             Report {
-                reason: "Recovered",
+                reason: Reason::Recovered,
                 holding: false,
                 warning: false,
                 message: format!(
