@@ -61,6 +61,28 @@ pub struct Seen {
     pub method: String,
     pub path: String,
     pub body: String,
+    /// When it arrived (wall clock, for a judge that reports in it).
+    pub at: std::time::SystemTime,
+    /// Answered `RequestLimitExceeded` by the interposer: one of the client's own retries of
+    /// a throttled call, not a call of its own.
+    pub throttled: bool,
+}
+
+impl Seen {
+    /// A Query API request's form field (`Action`, `InstanceId.1`).
+    pub fn field(&self, name: &str) -> Option<String> {
+        form_urlencoded::parse(self.body.as_bytes())
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.into_owned())
+    }
+
+    /// The values of `InstanceId.N` of a Query API request.
+    pub fn instance_ids(&self) -> Vec<String> {
+        form_urlencoded::parse(self.body.as_bytes())
+            .filter(|(key, _)| key.starts_with("InstanceId."))
+            .map(|(_, value)| value.into_owned())
+            .collect()
+    }
 }
 
 /// A Query API request about to be forwarded to the server, for the hook.
@@ -329,10 +351,13 @@ impl Relay {
             .to_owned();
         let (mode, hook) = {
             let mut shared = self.lock();
+            let throttled = shared.mode == Mode::Throttle;
             shared.seen.push(Seen {
                 method: parts.method.to_string(),
                 path: path.clone(),
                 body: String::from_utf8_lossy(&body).into_owned(),
+                at: std::time::SystemTime::now(),
+                throttled,
             });
             (shared.mode.clone(), shared.hook.clone())
         };

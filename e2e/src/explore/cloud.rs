@@ -170,6 +170,7 @@ impl Machines {
             ProviderFault::Throttle => Mode::Throttle,
             ProviderFault::InternalError => Mode::InternalError,
             ProviderFault::LoseAnswers => Mode::LoseAnswers,
+            ProviderFault::Refuse(action) => Mode::Refuse(action.as_str().to_owned()),
         });
         Outcome::Done(format!("EC2 {fault:?}"))
     }
@@ -197,6 +198,14 @@ impl Machines {
         }
         aws.hide(id, Duration::from_secs(seconds));
         Outcome::Done(format!("EC2 does not know {id} for {seconds} s"))
+    }
+
+    /// Every request that reached the interposer (aws only), for invariant 13.
+    pub fn provider_requests(&self) -> Vec<provider_testbed::interposer::Seen> {
+        self.aws
+            .as_ref()
+            .map(|aws| aws.interposer.seen())
+            .unwrap_or_default()
     }
 
     /// What reached EC2 in this run (aws only): requests, failed ones, answers that left a

@@ -13,6 +13,7 @@ pub mod run;
 pub mod schedule;
 pub mod setup;
 pub mod sim;
+pub mod storms;
 
 use std::fmt;
 use std::time::Duration;

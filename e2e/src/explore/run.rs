@@ -36,6 +36,7 @@ use super::schedule::{self, Event, NODES, Program, Programs, Provider, REPLICAS,
 use super::setup;
 use super::setup::node_budgets;
 use super::sim::{Outcome, sim_get as get};
+use super::storms;
 use crate::cluster::Cluster;
 use crate::processes::Guarded;
 use crate::wait::poll_until;
@@ -325,6 +326,9 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     if termination {
         violations.extend(leaks(&dir, &client, &world).await?);
     }
+    violations.extend(storms::provider_calls(
+        &world.machines().provider_requests(),
+    ));
     violations.extend(panics(&dir.join("logs")));
     write_violations(&dir, &violations, &history.lines)?;
     drop(replicas);

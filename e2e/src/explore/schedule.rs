@@ -67,6 +67,27 @@ pub enum ProviderFault {
     InternalError,
     /// Forwarded and carried out, the answer never comes: the client times out.
     LoseAnswers,
+    /// One action answered 403 `UnauthorizedOperation`, not forwarded: an IAM policy without
+    /// it. The others are forwarded.
+    Refuse(RefusedAction),
+}
+
+/// The EC2 actions an IAM policy may lack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RefusedAction {
+    TerminateInstances,
+    StopInstances,
+    StartInstances,
+}
+
+impl RefusedAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TerminateInstances => "TerminateInstances",
+            Self::StopInstances => "StopInstances",
+            Self::StartInstances => "StartInstances",
+        }
+    }
 }
 
 /// A NodeDisruptionBudget's or a PodDisruptionBudget's numbers: exactly one is set.
@@ -320,7 +341,43 @@ pub fn generate(
     if provider == Provider::Aws {
         let faults = provider_faults(seed, duration, &steps);
         steps.extend(faults);
+        steps.extend(iam_refusals(seed, duration));
         steps.sort_by_key(|step| step.at);
+    }
+    steps
+}
+
+/// About one IAM refusal every `REFUSAL_PACE`, lasting 2–8 s: a stream of its own, so the
+/// other faults of a seed stay as they were drawn before it.
+const REFUSAL_PACE: Duration = Duration::from_secs(8);
+
+fn iam_refusals(seed: u64, duration: Duration) -> Vec<Step> {
+    const REFUSED: [RefusedAction; 3] = [
+        RefusedAction::TerminateInstances,
+        RefusedAction::StopInstances,
+        RefusedAction::StartInstances,
+    ];
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6961_6d5f_7265_6675);
+    let mut steps = Vec::new();
+    let mut at = Duration::ZERO;
+    loop {
+        at += REFUSAL_PACE.mul_f64(rng.random_range(0.3..1.7));
+        if at >= duration {
+            break;
+        }
+        let action = *REFUSED
+            .choose(&mut rng)
+            .unwrap_or(&RefusedAction::StopInstances);
+        steps.push(Step {
+            at,
+            event: Event::ProviderFault {
+                fault: ProviderFault::Refuse(action),
+            },
+        });
+        steps.push(Step {
+            at: at + Duration::from_secs_f64(rng.random_range(2.0..8.0)),
+            event: Event::ProviderHeal,
+        });
     }
     steps
 }

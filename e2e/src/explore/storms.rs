@@ -1,0 +1,128 @@
+//! 13. **No storm against the provider.** A call that changes a machine (a terminate, a
+//! power-off, a power-on) is sent to one machine at most [`CALLS_PER_WINDOW`] times within
+//! any [`WINDOW`], counted at the interposer: a refused or failed call waits out its backoff
+//! whatever wakes its loop (the outside check found 91 StopInstances in 12 s for one machine
+//! an IAM policy refused). Requests the interposer answered as throttled are the client's own
+//! retries of one call and are not counted.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use provider_testbed::interposer::Seen;
+
+use super::invariants::Violation;
+
+/// The window the calls are counted in.
+pub const WINDOW: Duration = Duration::from_secs(10);
+/// The most calls of one action to one machine within [`WINDOW`]: the faster backoff of the
+/// two programs (termination-controller's, 1 s doubling) allows 4 tries in 10 s (at 0, 1, 3
+/// and 7 s); a new leader or a restarted replica counts afresh, so twice that, and one more
+/// for a call in flight at the handover.
+pub const CALLS_PER_WINDOW: usize = 9;
+
+const CHANGING: [&str; 3] = ["TerminateInstances", "StopInstances", "StartInstances"];
+
+pub fn provider_calls(seen: &[Seen]) -> Vec<Violation> {
+    let mut calls: BTreeMap<(String, String), Vec<SystemTime>> = BTreeMap::new();
+    for request in seen.iter().filter(|request| !request.throttled) {
+        let Some(action) = request
+            .field("Action")
+            .filter(|action| CHANGING.contains(&action.as_str()))
+        else {
+            continue;
+        };
+        for id in request.instance_ids() {
+            calls
+                .entry((action.clone(), id))
+                .or_default()
+                .push(request.at);
+        }
+    }
+    calls
+        .into_iter()
+        .filter_map(|((action, id), mut times)| {
+            times.sort();
+            let (start, count) = busiest_window(&times)?;
+            Some(Violation {
+                invariant: 13,
+                at: jiff::Timestamp::try_from(start)
+                    .map(|at| at.to_string())
+                    .unwrap_or_default(),
+                what: format!(
+                    "{count} {action} calls to machine {id} within {} s (at most \
+                     {CALLS_PER_WINDOW}): a failed call retried faster than its backoff",
+                    WINDOW.as_secs()
+                ),
+            })
+        })
+        .collect()
+}
+
+/// The start and count of the first window of [`WINDOW`] holding more than
+/// [`CALLS_PER_WINDOW`] of the sorted `times`.
+fn busiest_window(times: &[SystemTime]) -> Option<(SystemTime, usize)> {
+    let mut end = 0;
+    for (begin, start) in times.iter().enumerate() {
+        while end < times.len()
+            && times[end]
+                .duration_since(*start)
+                .is_ok_and(|since| since < WINDOW)
+        {
+            end += 1;
+        }
+        let count = end - begin;
+        if count > CALLS_PER_WINDOW {
+            return Some((*start, count));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(action: &str, id: &str, after_ms: u64, throttled: bool) -> Seen {
+        Seen {
+            method: "POST".to_owned(),
+            path: "/".to_owned(),
+            body: format!("Action={action}&Version=2016-11-15&InstanceId.1={id}"),
+            at: SystemTime::UNIX_EPOCH + Duration::from_millis(1_000_000 + after_ms),
+            throttled,
+        }
+    }
+
+    #[test]
+    fn a_storm_of_one_machine_is_caught_and_a_backoff_is_not() {
+        // The outside check's storm: a StopInstances every 130 ms, 77 of them in 10 s.
+        let storm: Vec<Seen> = (0..91)
+            .map(|n| request("StopInstances", "i-1", n * 130, false))
+            .collect();
+        let found = provider_calls(&storm);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0]
+                .what
+                .starts_with("77 StopInstances calls to machine i-1"),
+            "{found:?}"
+        );
+        // A 1 s doubling backoff, twice over (a new leader), and throttled retries.
+        let backoff: Vec<Seen> = [0, 1_000, 3_000, 7_000, 15_000, 31_000]
+            .into_iter()
+            .flat_map(|at| [at, at + 500])
+            .map(|at| request("TerminateInstances", "i-2", at, false))
+            .chain((0..20).map(|n| request("TerminateInstances", "i-2", n * 100, true)))
+            .collect();
+        assert_eq!(provider_calls(&backoff), []);
+        // Reads are polls, not judged; other machines are counted apart.
+        let mixed: Vec<Seen> = (0..40)
+            .flat_map(|n| {
+                [
+                    request("DescribeInstances", "i-3", n * 100, false),
+                    request("StopInstances", &format!("i-{n}"), n * 100, false),
+                ]
+            })
+            .collect();
+        assert_eq!(provider_calls(&mixed), []);
+    }
+}
