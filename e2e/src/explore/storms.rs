@@ -1,4 +1,4 @@
-//! 13. **No storm against the provider.** A call that changes a machine (a terminate, a
+//! Invariant 13, no storm against the provider: a call that changes a machine (a terminate, a
 //! power-off, a power-on) is sent to one machine at most [`CALLS_PER_WINDOW`] times within
 //! any [`WINDOW`], counted at the interposer: a refused or failed call waits out its backoff
 //! whatever wakes its loop (the outside check found 91 StopInstances in 12 s for one machine
