@@ -299,6 +299,22 @@ async fn logind(max_delay_seconds: u64) -> Result<Option<LogindHarness>> {
     .await?)
 }
 
+/// When the API server took the last delete of pod `name`, by its audit.
+fn last_delete(cluster: &Cluster, name: &str) -> Result<SystemTime> {
+    let at = cluster
+        .sim
+        .world()
+        .audit()
+        .deletions()
+        .into_iter()
+        .filter(|deletion| deletion.resource == "pods" && deletion.name == name)
+        .map(|deletion| deletion.at)
+        .next_back()
+        .with_context(|| format!("no delete of {name} in the audit"))?;
+    let at: jiff::Timestamp = at.parse()?;
+    Ok(SystemTime::from(at))
+}
+
 fn hook_instant(hook: SystemTime, reference: (Instant, SystemTime)) -> Instant {
     let (instant, wall) = reference;
     match hook.duration_since(wall) {
@@ -339,6 +355,18 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
         powered_off,
     );
 
+    // The judge's watch may show the last removal a moment after the hook ran.
+    wait_for(
+        "the watch to see every pod go",
+        Duration::from_secs(10),
+        || async {
+            let fates = fates.lock().unwrap();
+            Ok(["low-a", "low-b", "mid-a", "high-a"]
+                .iter()
+                .all(|name| fates.get(*name).is_some_and(|fate| fate.removed.is_some())))
+        },
+    )
+    .await?;
     let fates = fates.lock().unwrap().clone();
     let fate = |name: &str| {
         fates
@@ -382,8 +410,10 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
         high.deletion_seen.unwrap() >= mid.removed.unwrap(),
         "high started before mid finished: {fates:?}"
     );
-    // Shutdown proceeds right after the last pod, not at the end of the 9 s budget.
-    let last_pod = high.removed.unwrap();
+    // Shutdown proceeds right after the last pod, not at the end of the 9 s budget. The pod's
+    // end is the API server's (its last delete, in kube-sim's audit), not when the judge's
+    // watch got to it.
+    let last_pod = hook_instant(last_delete(&cluster, "high-a")?, powered_off);
     ensure!(
         hook + Duration::from_millis(50) >= last_pod,
         "shutdown proceeded before the last pod stopped"

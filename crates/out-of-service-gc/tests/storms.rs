@@ -19,7 +19,7 @@ use nodegrace_core::testing::storms::{NodeWrites, event_series};
 use out_of_service_gc::fencing::PROVIDER_BACKOFF;
 use provider_testbed::interposer::{Interposer, Mode};
 use provider_testbed::moto::Moto;
-use provider_testbed::sushy::{Sushy, System};
+use provider_testbed::sushy::InterposedBmc;
 use serde_json::json;
 use tokio::process::{Child, Command};
 
@@ -139,14 +139,7 @@ async fn an_ec2_power_off_that_hangs_is_retried_on_the_backoffs_schedule() -> Re
 }
 
 async fn redfish_storm(mode: Mode) -> Result<()> {
-    let system = System::new(0, true);
-    let sushy = Sushy::start_plain(std::slice::from_ref(&system)).await?;
-    let bmc = Interposer::start(&sushy.url).await?;
-    bmc.set(mode);
-    let file = sushy.dir.path().join("machines.yaml");
-    let machines = json!({"machines": [{"node": "hung", "endpoint": bmc.url(),
-        "system": system.path(), "credentials": sushy.credentials()}]});
-    std::fs::write(&file, machines.to_string())?;
+    let bmc = InterposedBmc::start("hung", mode).await?;
     let sim = sim(0, world()).await?;
     let client = sim.client();
     let node = serde_json::from_value(json!({
@@ -161,16 +154,10 @@ async fn redfish_storm(mode: Mode) -> Result<()> {
         &sim,
         &[
             "--instance-provider=redfish".to_owned(),
-            format!("--redfish-config={}", file.display()),
+            format!("--redfish-config={}", bmc.config.display()),
         ],
     )?;
-    let resets = || {
-        bmc.seen()
-            .iter()
-            .filter(|seen| seen.method == "POST" && seen.path.contains("ComputerSystem.Reset"))
-            .count()
-    };
-    storm_free(&client, resets, "ComputerSystem.Reset").await
+    storm_free(&client, || bmc.resets(), "ComputerSystem.Reset").await
 }
 
 /// A BMC account whose role may read but not reset.
@@ -183,4 +170,94 @@ async fn a_refused_redfish_reset_is_retried_on_the_backoffs_schedule() -> Result
 #[tokio::test]
 async fn a_redfish_reset_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
     redfish_storm(Mode::Hang("ComputerSystem.Reset".to_owned())).await
+}
+
+/// EC2 refusing `DescribeInstances` (an IAM policy without it): the fence cannot ask whether
+/// the machine is known and is held (`FenceHeldProvider`), asked again on the backoff.
+#[tokio::test]
+async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    let moto = Moto::start().await?;
+    let cloud = Interposer::start(&moto.url).await?;
+    cloud.set(Mode::Refuse("DescribeInstances".to_owned()));
+    let sim = sim(0, world()).await?;
+    let client = sim.client();
+    let id = moto.run_instances(ZONE, 1).await?.remove(0);
+    ec2_node(&client, &id).await?;
+    let _program = start(
+        &sim,
+        &[
+            "--instance-provider=aws".to_owned(),
+            format!("--aws-endpoint-url={}", cloud.url()),
+            format!("--aws-region={REGION}"),
+        ],
+    )?;
+    let reads = || cloud.calls("DescribeInstances");
+    held_on_the_schedule(&client, &reads, "DescribeInstances", "FenceHeldProvider").await?;
+    ensure!(cloud.calls("StopInstances") == 0, "powered off unasked");
+    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("running"));
+    Ok(())
+}
+
+/// The machine fenced and the node clean, EC2 refuses `StartInstances`: the recovery's
+/// power-on is tried again on the backoff, not on each of its own writes (the step put back
+/// to `fenced` wakes the cleanup).
+#[tokio::test]
+async fn a_refused_ec2_power_on_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    let moto = Moto::start().await?;
+    let cloud = Interposer::start(&moto.url).await?;
+    cloud.set(Mode::Refuse("StartInstances".to_owned()));
+    let sim = sim(0, world()).await?;
+    let client = sim.client();
+    let id = moto.run_instances(ZONE, 1).await?.remove(0);
+    ec2_node(&client, &id).await?;
+    let _program = start(
+        &sim,
+        &[
+            "--instance-provider=aws".to_owned(),
+            format!("--aws-endpoint-url={}", cloud.url()),
+            format!("--aws-region={REGION}"),
+            "--auto-untaint=true".to_owned(),
+            "--recover-after-cleanup=true".to_owned(),
+        ],
+    )?;
+    let starts = || cloud.calls("StartInstances");
+    held_on_the_schedule(&client, &starts, "StartInstances", "PowerOnFailed").await?;
+    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("stopped"));
+    Ok(())
+}
+
+/// Like [`storm_free`] for a failure that is said by `reason`: at most one call per backoff
+/// step over [`OBSERVED`] and one Event with a count.
+async fn held_on_the_schedule(
+    client: &Client,
+    calls: &dyn Fn() -> usize,
+    what: &str,
+    reason: &str,
+) -> Result<()> {
+    let writes = NodeWrites::watch(client, "hung");
+    stop_kubelet(client, "hung").await?;
+    nodegrace_core::testing::wait_for(
+        &format!("the first {what}"),
+        Duration::from_secs(60),
+        || async { Ok(calls() >= 1) },
+    )
+    .await?;
+    let first = calls();
+    let written_before = writes.count();
+    // An observation window, not a wait for state: the count over it is the result.
+    tokio::time::sleep(OBSERVED).await;
+    let made = calls() - first + 1;
+    let allowed = PROVIDER_BACKOFF.tries_within(OBSERVED);
+    ensure!(
+        (2..=allowed).contains(&made),
+        "{made} {what} calls in {OBSERVED:?} (the backoff allows {allowed})"
+    );
+    let written = writes.count() - written_before;
+    ensure!(
+        written <= 4 * made + 2,
+        "the Node was written {written} times for {made} tries"
+    );
+    let said = event_series(client, "hung", reason).await?;
+    ensure!(said.len() == 1, "{reason} Events: {said:?}");
+    Ok(())
 }

@@ -163,3 +163,41 @@ fn write_tls(dir: &Path) -> Result<()> {
     std::fs::write(dir.join("server.key"), key.serialize_pem())?;
     Ok(())
 }
+
+/// One machine's BMC (the emulator over plain HTTP) behind an interposer that puts a fault
+/// between a program and it, and the `--redfish-config` that maps `node` to it.
+#[derive(Debug)]
+pub struct InterposedBmc {
+    pub sushy: Sushy,
+    pub interposer: crate::interposer::Interposer,
+    /// The `--redfish-config` file.
+    pub config: PathBuf,
+}
+
+impl InterposedBmc {
+    pub async fn start(node: &str, mode: crate::interposer::Mode) -> Result<Self> {
+        let system = System::new(0, true);
+        let sushy = Sushy::start_plain(std::slice::from_ref(&system)).await?;
+        let interposer = crate::interposer::Interposer::start(&sushy.url).await?;
+        interposer.set(mode);
+        let config = sushy.dir.path().join("machines.yaml");
+        let machines = serde_json::json!({"machines": [{"node": node,
+            "endpoint": interposer.url(), "system": system.path(),
+            "credentials": sushy.credentials()}]});
+        std::fs::write(&config, machines.to_string())?;
+        Ok(Self {
+            sushy,
+            interposer,
+            config,
+        })
+    }
+
+    /// The `ComputerSystem.Reset` requests that reached the interposer.
+    pub fn resets(&self) -> usize {
+        self.interposer
+            .seen()
+            .iter()
+            .filter(|seen| seen.method == "POST" && seen.path.contains("ComputerSystem.Reset"))
+            .count()
+    }
+}

@@ -18,7 +18,7 @@ use kube_sim::KubeSim;
 use nodegrace_core::testing::storms::{NodeWrites, event_series};
 use provider_testbed::interposer::{Interposer, Mode};
 use provider_testbed::moto::Moto;
-use provider_testbed::sushy::{Sushy, System};
+use provider_testbed::sushy::InterposedBmc;
 use serde_json::json;
 use termination_controller::termination::PROVIDER_FAILURES;
 use tokio::process::{Child, Command};
@@ -152,14 +152,7 @@ async fn an_ec2_terminate_that_hangs_is_retried_on_the_backoffs_schedule() -> Re
 }
 
 async fn redfish_storm(mode: Mode) -> Result<()> {
-    let system = System::new(0, true);
-    let sushy = Sushy::start_plain(std::slice::from_ref(&system)).await?;
-    let bmc = Interposer::start(&sushy.url).await?;
-    bmc.set(mode);
-    let file = sushy.dir.path().join("machines.yaml");
-    let machines = json!({"machines": [{"node": "worker", "endpoint": bmc.url(),
-        "system": system.path(), "credentials": sushy.credentials()}]});
-    std::fs::write(&file, machines.to_string())?;
+    let bmc = InterposedBmc::start("worker", mode).await?;
     let sim = sim(0).await?;
     let client = sim.client();
     machine_node(&client, "worker", "redfish:///worker", None).await?;
@@ -167,16 +160,10 @@ async fn redfish_storm(mode: Mode) -> Result<()> {
         &sim,
         &[
             "--instance-provider=redfish".to_owned(),
-            format!("--redfish-config={}", file.display()),
+            format!("--redfish-config={}", bmc.config.display()),
         ],
     )?;
-    let resets = || {
-        bmc.seen()
-            .iter()
-            .filter(|seen| seen.method == "POST" && seen.path.contains("ComputerSystem.Reset"))
-            .count()
-    };
-    storm_free(&client, &resets, "ComputerSystem.Reset").await?;
+    storm_free(&client, &|| bmc.resets(), "ComputerSystem.Reset").await?;
     Ok(())
 }
 
@@ -369,5 +356,38 @@ async fn a_machine_delete_forbidden_by_rbac_holds_the_node() -> Result<()> {
         left.metadata.deletion_timestamp.is_none(),
         "the Machine was deleted"
     );
+    Ok(())
+}
+
+/// EC2 refusing `DescribeInstances`: the machine's state cannot be read, so no terminate is
+/// sent (it is decided on a state), and the reads are tried on the backoff's schedule.
+#[tokio::test]
+async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    let moto = Moto::start().await?;
+    let cloud = Interposer::start(&moto.url).await?;
+    cloud.set(Mode::Refuse("DescribeInstances".to_owned()));
+    let sim = sim(0).await?;
+    let client = sim.client();
+    let id = moto.run_instances(ZONE, 1).await?.remove(0);
+    machine_node(&client, "worker", &format!("aws:///{ZONE}/{id}"), None).await?;
+    let _controller = start(
+        &sim,
+        &[
+            "--instance-provider=aws".to_owned(),
+            format!("--aws-endpoint-url={}", cloud.url()),
+            format!("--aws-region={REGION}"),
+        ],
+    )?;
+    storm_free(
+        &client,
+        &|| cloud.calls("DescribeInstances"),
+        "DescribeInstances",
+    )
+    .await?;
+    ensure!(
+        cloud.calls("TerminateInstances") == 0,
+        "terminated without a state"
+    );
+    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("running"));
     Ok(())
 }
