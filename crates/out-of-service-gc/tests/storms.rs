@@ -53,10 +53,15 @@ fn start(sim: &KubeSim, provider: &[String]) -> Result<Child> {
         .context("start out-of-service-gc")
 }
 
-/// The story every refusal must tell: the node goes NotReady, the first power-off is refused;
-/// from then on, over [`OBSERVED`], the provider gets at most one call per backoff step, the
-/// Node few writes, and the failures one Event whose count grows; the node is never tainted.
-async fn storm_free(client: &Client, calls: impl Fn() -> usize, what: &str) -> Result<()> {
+/// The story every refusal must tell: the node goes NotReady, the first call fails; from then
+/// on, over [`OBSERVED`], the provider gets at most one call per backoff step, the Node few
+/// writes, and the failures one Event (`reason`) whose count grows.
+async fn on_the_schedule(
+    client: &Client,
+    calls: &dyn Fn() -> usize,
+    what: &str,
+    reason: &str,
+) -> Result<()> {
     let writes = NodeWrites::watch(client, "hung");
     stop_kubelet(client, "hung").await?;
     nodegrace_core::testing::wait_for(
@@ -65,63 +70,100 @@ async fn storm_free(client: &Client, calls: impl Fn() -> usize, what: &str) -> R
         || async { Ok(calls() >= 1) },
     )
     .await?;
+    let first = calls();
     let written_before = writes.count();
     // An observation window, not a wait for state: the count over it is the result.
     tokio::time::sleep(OBSERVED).await;
-    let made = calls();
+    let total = calls();
+    let made = total - first + 1;
     let allowed = PROVIDER_BACKOFF.tries_within(OBSERVED);
     ensure!(
         (2..=allowed).contains(&made),
         "{made} {what} calls in {OBSERVED:?} (the backoff allows {allowed}, and a retry is due \
          within it)"
     );
-    // Per try: the fence step stamped and cleared, the condition written twice.
+    // Per try at most: a step written and put back, the condition, one more for the Event's
+    // count landing on a write of its own.
     let written = writes.count() - written_before;
     ensure!(
         written <= 4 * made + 2,
         "the Node was written {written} times for {made} tries"
     );
-    let failed = event_series(client, "hung", "FenceFailed").await?;
-    ensure!(failed.len() == 1, "FenceFailed Events: {failed:?}");
+    let said = event_series(client, "hung", reason).await?;
+    ensure!(said.len() == 1, "{reason} Events: {said:?}");
     ensure!(
-        (made as i32 - 1..=made as i32).contains(&failed[0]),
-        "the FenceFailed Event counts {} of {made} failures",
-        failed[0]
+        (total as i32 - 1..=total as i32).contains(&said[0]),
+        "the {reason} Event counts {} of {total} failures",
+        said[0]
     );
+    Ok(())
+}
+
+/// A power-off that never went through: the node is not tainted.
+async fn not_tainted(client: &Client) -> Result<()> {
     let node = Api::<Node>::all(client.clone()).get("hung").await?;
     ensure!(!has_taint(&node), "tainted without a power-off");
     Ok(())
 }
 
-async fn ec2_node(client: &Client, id: &str) -> Result<()> {
-    let node = serde_json::from_value(json!({
-        "metadata": {"name": "hung", "labels": {"kubernetes.io/hostname": "hung"}},
-        "spec": {"providerID": format!("aws:///{ZONE}/{id}")},
-    }))?;
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await?;
-    all_ready(client, 1).await
+/// One EC2 machine under the node `hung`, reached through an interposer in `mode`, and the
+/// controller fencing with `flags` more.
+struct Ec2 {
+    moto: Moto,
+    cloud: Interposer,
+    id: String,
+    client: Client,
+    _sim: KubeSim,
+    _program: Child,
 }
 
-async fn ec2_storm(mode: Mode) -> Result<()> {
-    let moto = Moto::start().await?;
-    let cloud = Interposer::start(&moto.url).await?;
-    cloud.set(mode);
-    let sim = sim(0, world()).await?;
-    let client = sim.client();
-    let id = moto.run_instances(ZONE, 1).await?.remove(0);
-    ec2_node(&client, &id).await?;
-    let _program = start(
-        &sim,
-        &[
+impl Ec2 {
+    async fn start(mode: Mode, flags: &[&str]) -> Result<Self> {
+        let moto = Moto::start().await?;
+        let cloud = Interposer::start(&moto.url).await?;
+        cloud.set(mode);
+        let sim = sim(0, world()).await?;
+        let client = sim.client();
+        let id = moto.run_instances(ZONE, 1).await?.remove(0);
+        let node = serde_json::from_value(json!({
+            "metadata": {"name": "hung", "labels": {"kubernetes.io/hostname": "hung"}},
+            "spec": {"providerID": format!("aws:///{ZONE}/{id}")},
+        }))?;
+        Api::<Node>::all(client.clone())
+            .create(&PostParams::default(), &node)
+            .await?;
+        all_ready(&client, 1).await?;
+        let provider = [
             "--instance-provider=aws".to_owned(),
             format!("--aws-endpoint-url={}", cloud.url()),
             format!("--aws-region={REGION}"),
-        ],
-    )?;
-    storm_free(&client, || cloud.calls("StopInstances"), "StopInstances").await?;
-    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("running"));
+        ];
+        let args: Vec<String> = provider
+            .into_iter()
+            .chain(flags.iter().map(|flag| (*flag).to_owned()))
+            .collect();
+        let program = start(&sim, &args)?;
+        Ok(Self {
+            moto,
+            cloud,
+            id,
+            client,
+            _sim: sim,
+            _program: program,
+        })
+    }
+
+    async fn state(&self) -> Result<Option<String>> {
+        self.moto.state(REGION, &self.id).await
+    }
+}
+
+async fn ec2_power_off(mode: Mode) -> Result<()> {
+    let ec2 = Ec2::start(mode, &[]).await?;
+    let stops = || ec2.cloud.calls("StopInstances");
+    on_the_schedule(&ec2.client, &stops, "StopInstances", "FenceFailed").await?;
+    not_tainted(&ec2.client).await?;
+    ensure!(ec2.state().await?.as_deref() == Some("running"));
     Ok(())
 }
 
@@ -129,16 +171,47 @@ async fn ec2_storm(mode: Mode) -> Result<()> {
 /// before).
 #[tokio::test]
 async fn a_refused_ec2_power_off_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    ec2_storm(Mode::Refuse("StopInstances".to_owned())).await
+    ec2_power_off(Mode::Refuse("StopInstances".to_owned())).await
 }
 
 /// EC2 that does not answer a StopInstances within `--instance-provider-timeout`.
 #[tokio::test]
 async fn an_ec2_power_off_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    ec2_storm(Mode::Hang("StopInstances".to_owned())).await
+    ec2_power_off(Mode::Hang("StopInstances".to_owned())).await
 }
 
-async fn redfish_storm(mode: Mode) -> Result<()> {
+/// EC2 refusing `DescribeInstances` (an IAM policy without it): the fence cannot ask whether
+/// the machine is known and is held (`FenceHeldProvider`), asked again on the backoff.
+#[tokio::test]
+async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    let ec2 = Ec2::start(Mode::Refuse("DescribeInstances".to_owned()), &[]).await?;
+    let reads = || ec2.cloud.calls("DescribeInstances");
+    on_the_schedule(
+        &ec2.client,
+        &reads,
+        "DescribeInstances",
+        "FenceHeldProvider",
+    )
+    .await?;
+    ensure!(ec2.cloud.calls("StopInstances") == 0, "powered off unasked");
+    ensure!(ec2.state().await?.as_deref() == Some("running"));
+    Ok(())
+}
+
+/// The machine fenced and the node clean, EC2 refuses `StartInstances`: the recovery's
+/// power-on is tried again on the backoff, not on each of its own writes (the step put back
+/// to `fenced` wakes the cleanup).
+#[tokio::test]
+async fn a_refused_ec2_power_on_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    let flags = ["--auto-untaint=true", "--recover-after-cleanup=true"];
+    let ec2 = Ec2::start(Mode::Refuse("StartInstances".to_owned()), &flags).await?;
+    let starts = || ec2.cloud.calls("StartInstances");
+    on_the_schedule(&ec2.client, &starts, "StartInstances", "PowerOnFailed").await?;
+    ensure!(ec2.state().await?.as_deref() == Some("stopped"));
+    Ok(())
+}
+
+async fn redfish_power_off(mode: Mode) -> Result<()> {
     let bmc = InterposedBmc::start("hung", mode).await?;
     let sim = sim(0, world()).await?;
     let client = sim.client();
@@ -157,107 +230,19 @@ async fn redfish_storm(mode: Mode) -> Result<()> {
             format!("--redfish-config={}", bmc.config.display()),
         ],
     )?;
-    storm_free(&client, || bmc.resets(), "ComputerSystem.Reset").await
+    let resets = || bmc.resets();
+    on_the_schedule(&client, &resets, "ComputerSystem.Reset", "FenceFailed").await?;
+    not_tainted(&client).await
 }
 
 /// A BMC account whose role may read but not reset.
 #[tokio::test]
 async fn a_refused_redfish_reset_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    redfish_storm(Mode::Refuse("ComputerSystem.Reset".to_owned())).await
+    redfish_power_off(Mode::Refuse("ComputerSystem.Reset".to_owned())).await
 }
 
 /// A BMC that does not answer the reset within `--instance-provider-timeout`.
 #[tokio::test]
 async fn a_redfish_reset_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    redfish_storm(Mode::Hang("ComputerSystem.Reset".to_owned())).await
-}
-
-/// EC2 refusing `DescribeInstances` (an IAM policy without it): the fence cannot ask whether
-/// the machine is known and is held (`FenceHeldProvider`), asked again on the backoff.
-#[tokio::test]
-async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    let moto = Moto::start().await?;
-    let cloud = Interposer::start(&moto.url).await?;
-    cloud.set(Mode::Refuse("DescribeInstances".to_owned()));
-    let sim = sim(0, world()).await?;
-    let client = sim.client();
-    let id = moto.run_instances(ZONE, 1).await?.remove(0);
-    ec2_node(&client, &id).await?;
-    let _program = start(
-        &sim,
-        &[
-            "--instance-provider=aws".to_owned(),
-            format!("--aws-endpoint-url={}", cloud.url()),
-            format!("--aws-region={REGION}"),
-        ],
-    )?;
-    let reads = || cloud.calls("DescribeInstances");
-    held_on_the_schedule(&client, &reads, "DescribeInstances", "FenceHeldProvider").await?;
-    ensure!(cloud.calls("StopInstances") == 0, "powered off unasked");
-    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("running"));
-    Ok(())
-}
-
-/// The machine fenced and the node clean, EC2 refuses `StartInstances`: the recovery's
-/// power-on is tried again on the backoff, not on each of its own writes (the step put back
-/// to `fenced` wakes the cleanup).
-#[tokio::test]
-async fn a_refused_ec2_power_on_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    let moto = Moto::start().await?;
-    let cloud = Interposer::start(&moto.url).await?;
-    cloud.set(Mode::Refuse("StartInstances".to_owned()));
-    let sim = sim(0, world()).await?;
-    let client = sim.client();
-    let id = moto.run_instances(ZONE, 1).await?.remove(0);
-    ec2_node(&client, &id).await?;
-    let _program = start(
-        &sim,
-        &[
-            "--instance-provider=aws".to_owned(),
-            format!("--aws-endpoint-url={}", cloud.url()),
-            format!("--aws-region={REGION}"),
-            "--auto-untaint=true".to_owned(),
-            "--recover-after-cleanup=true".to_owned(),
-        ],
-    )?;
-    let starts = || cloud.calls("StartInstances");
-    held_on_the_schedule(&client, &starts, "StartInstances", "PowerOnFailed").await?;
-    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("stopped"));
-    Ok(())
-}
-
-/// Like [`storm_free`] for a failure that is said by `reason`: at most one call per backoff
-/// step over [`OBSERVED`] and one Event with a count.
-async fn held_on_the_schedule(
-    client: &Client,
-    calls: &dyn Fn() -> usize,
-    what: &str,
-    reason: &str,
-) -> Result<()> {
-    let writes = NodeWrites::watch(client, "hung");
-    stop_kubelet(client, "hung").await?;
-    nodegrace_core::testing::wait_for(
-        &format!("the first {what}"),
-        Duration::from_secs(60),
-        || async { Ok(calls() >= 1) },
-    )
-    .await?;
-    let first = calls();
-    let written_before = writes.count();
-    // An observation window, not a wait for state: the count over it is the result.
-    tokio::time::sleep(OBSERVED).await;
-    let made = calls() - first + 1;
-    let allowed = PROVIDER_BACKOFF.tries_within(OBSERVED);
-    ensure!(
-        (2..=allowed).contains(&made),
-        "{made} {what} calls in {OBSERVED:?} (the backoff allows {allowed})"
-    );
-    let written = writes.count() - written_before;
-    ensure!(
-        written <= 4 * made + 2,
-        "the Node was written {written} times for {made} tries"
-    );
-    let said = event_series(client, "hung", reason).await?;
-    ensure!(said.len() == 1, "{reason} Events: {said:?}");
-    Ok(())
+    redfish_power_off(Mode::Hang("ComputerSystem.Reset".to_owned())).await
 }

@@ -96,36 +96,65 @@ async fn storm_free(client: &Client, calls: &dyn Fn() -> usize, what: &str) -> R
     Ok(made)
 }
 
+/// One EC2 machine under the node `worker`, reached through an interposer in `mode`.
+struct Ec2 {
+    moto: Moto,
+    cloud: Interposer,
+    id: String,
+    client: Client,
+    _sim: KubeSim,
+    _controller: Child,
+}
+
+impl Ec2 {
+    async fn start(mode: Mode) -> Result<Self> {
+        let moto = Moto::start().await?;
+        let cloud = Interposer::start(&moto.url).await?;
+        cloud.set(mode);
+        let sim = sim(0).await?;
+        let client = sim.client();
+        let id = moto.run_instances(ZONE, 1).await?.remove(0);
+        machine_node(&client, "worker", &format!("aws:///{ZONE}/{id}"), None).await?;
+        let controller = start(
+            &sim,
+            &[
+                "--instance-provider=aws".to_owned(),
+                format!("--aws-endpoint-url={}", cloud.url()),
+                format!("--aws-region={REGION}"),
+            ],
+        )?;
+        Ok(Self {
+            moto,
+            cloud,
+            id,
+            client,
+            _sim: sim,
+            _controller: controller,
+        })
+    }
+
+    async fn state(&self) -> Result<Option<String>> {
+        self.moto.state(REGION, &self.id).await
+    }
+}
+
 async fn ec2_storm(mode: Mode) -> Result<()> {
-    let moto = Moto::start().await?;
-    let cloud = Interposer::start(&moto.url).await?;
-    cloud.set(mode);
-    let sim = sim(0).await?;
-    let client = sim.client();
-    let id = moto.run_instances(ZONE, 1).await?.remove(0);
-    machine_node(&client, "worker", &format!("aws:///{ZONE}/{id}"), None).await?;
-    let _controller = start(
-        &sim,
-        &[
-            "--instance-provider=aws".to_owned(),
-            format!("--aws-endpoint-url={}", cloud.url()),
-            format!("--aws-region={REGION}"),
-        ],
-    )?;
+    let ec2 = Ec2::start(mode).await?;
+    let (client, cloud) = (&ec2.client, &ec2.cloud);
     let made = storm_free(
-        &client,
+        client,
         &|| cloud.calls("TerminateInstances"),
         "TerminateInstances",
     )
     .await?;
-    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("running"));
+    ensure!(ec2.state().await?.as_deref() == Some("running"));
 
     // The refusal lifted: the next try is accepted, and the machine's end is read at the
     // polls' first step, not a grown backoff later (15 s before).
     let describes_before = cloud.calls("DescribeInstances");
     cloud.set(Mode::Forward);
-    wait_for("the node released", || node_gone(&client, "worker")).await?;
-    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("terminated"));
+    wait_for("the node released", || node_gone(client, "worker")).await?;
+    ensure!(ec2.state().await?.as_deref() == Some("terminated"));
     ensure!(
         cloud.calls("TerminateInstances") == made + 1,
         "one accepted TerminateInstances after {made} failed"
@@ -363,31 +392,13 @@ async fn a_machine_delete_forbidden_by_rbac_holds_the_node() -> Result<()> {
 /// sent (it is decided on a state), and the reads are tried on the backoff's schedule.
 #[tokio::test]
 async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    let moto = Moto::start().await?;
-    let cloud = Interposer::start(&moto.url).await?;
-    cloud.set(Mode::Refuse("DescribeInstances".to_owned()));
-    let sim = sim(0).await?;
-    let client = sim.client();
-    let id = moto.run_instances(ZONE, 1).await?.remove(0);
-    machine_node(&client, "worker", &format!("aws:///{ZONE}/{id}"), None).await?;
-    let _controller = start(
-        &sim,
-        &[
-            "--instance-provider=aws".to_owned(),
-            format!("--aws-endpoint-url={}", cloud.url()),
-            format!("--aws-region={REGION}"),
-        ],
-    )?;
-    storm_free(
-        &client,
-        &|| cloud.calls("DescribeInstances"),
-        "DescribeInstances",
-    )
-    .await?;
+    let ec2 = Ec2::start(Mode::Refuse("DescribeInstances".to_owned())).await?;
+    let reads = || ec2.cloud.calls("DescribeInstances");
+    storm_free(&ec2.client, &reads, "DescribeInstances").await?;
     ensure!(
-        cloud.calls("TerminateInstances") == 0,
+        ec2.cloud.calls("TerminateInstances") == 0,
         "terminated without a state"
     );
-    ensure!(moto.state(REGION, &id).await?.as_deref() == Some("running"));
+    ensure!(ec2.state().await?.as_deref() == Some("running"));
     Ok(())
 }
