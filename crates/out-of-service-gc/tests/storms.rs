@@ -17,8 +17,8 @@ use kube::{Api, Client};
 use kube_sim::KubeSim;
 use nodegrace_core::testing::storms::{NodeWrites, event_series};
 use out_of_service_gc::fencing::PROVIDER_BACKOFF;
-use provider_testbed::interposer::{Interposer, Mode};
-use provider_testbed::moto::Moto;
+use provider_testbed::interposer::Mode;
+use provider_testbed::moto::InterposedEc2;
 use provider_testbed::sushy::InterposedBmc;
 use serde_json::json;
 use tokio::process::{Child, Command};
@@ -26,8 +26,6 @@ use tokio::process::{Child, Command};
 use crate::common::*;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_out-of-service-gc");
-const ZONE: &str = "us-east-1a";
-const REGION: &str = "us-east-1";
 /// Long enough for the first retry (10 s, plus a tenth) and short of the second (at 30 s).
 const OBSERVED: Duration = Duration::from_secs(24);
 
@@ -106,12 +104,10 @@ async fn not_tainted(client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// One EC2 machine under the node `hung`, reached through an interposer in `mode`, and the
-/// controller fencing with `flags` more.
+/// One EC2 machine under the node `hung`, reached through an interposer, and the controller
+/// fencing with `flags` more.
 struct Ec2 {
-    moto: Moto,
-    cloud: Interposer,
-    id: String,
+    machine: InterposedEc2,
     client: Client,
     _sim: KubeSim,
     _program: Child,
@@ -119,48 +115,43 @@ struct Ec2 {
 
 impl Ec2 {
     async fn start(mode: Mode, flags: &[&str]) -> Result<Self> {
-        let moto = Moto::start().await?;
-        let cloud = Interposer::start(&moto.url).await?;
-        cloud.set(mode);
+        let machine = InterposedEc2::start(mode).await?;
         let sim = sim(0, world()).await?;
         let client = sim.client();
-        let id = moto.run_instances(ZONE, 1).await?.remove(0);
         let node = serde_json::from_value(json!({
             "metadata": {"name": "hung", "labels": {"kubernetes.io/hostname": "hung"}},
-            "spec": {"providerID": format!("aws:///{ZONE}/{id}")},
+            "spec": {"providerID": machine.provider_id()},
         }))?;
         Api::<Node>::all(client.clone())
             .create(&PostParams::default(), &node)
             .await?;
         all_ready(&client, 1).await?;
-        let provider = [
-            "--instance-provider=aws".to_owned(),
-            format!("--aws-endpoint-url={}", cloud.url()),
-            format!("--aws-region={REGION}"),
-        ];
-        let args: Vec<String> = provider
+        let args: Vec<String> = machine
+            .flags()
             .into_iter()
             .chain(flags.iter().map(|flag| (*flag).to_owned()))
             .collect();
         let program = start(&sim, &args)?;
         Ok(Self {
-            moto,
-            cloud,
-            id,
+            machine,
             client,
             _sim: sim,
             _program: program,
         })
     }
 
+    fn calls(&self, action: &str) -> usize {
+        self.machine.interposer.calls(action)
+    }
+
     async fn state(&self) -> Result<Option<String>> {
-        self.moto.state(REGION, &self.id).await
+        self.machine.state().await
     }
 }
 
 async fn ec2_power_off(mode: Mode) -> Result<()> {
     let ec2 = Ec2::start(mode, &[]).await?;
-    let stops = || ec2.cloud.calls("StopInstances");
+    let stops = || ec2.calls("StopInstances");
     on_the_schedule(&ec2.client, &stops, "StopInstances", "FenceFailed").await?;
     not_tainted(&ec2.client).await?;
     ensure!(ec2.state().await?.as_deref() == Some("running"));
@@ -185,7 +176,7 @@ async fn an_ec2_power_off_that_hangs_is_retried_on_the_backoffs_schedule() -> Re
 #[tokio::test]
 async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
     let ec2 = Ec2::start(Mode::Refuse("DescribeInstances".to_owned()), &[]).await?;
-    let reads = || ec2.cloud.calls("DescribeInstances");
+    let reads = || ec2.calls("DescribeInstances");
     on_the_schedule(
         &ec2.client,
         &reads,
@@ -193,7 +184,7 @@ async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Resul
         "FenceHeldProvider",
     )
     .await?;
-    ensure!(ec2.cloud.calls("StopInstances") == 0, "powered off unasked");
+    ensure!(ec2.calls("StopInstances") == 0, "powered off unasked");
     ensure!(ec2.state().await?.as_deref() == Some("running"));
     Ok(())
 }
@@ -205,7 +196,7 @@ async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Resul
 async fn a_refused_ec2_power_on_is_retried_on_the_backoffs_schedule() -> Result<()> {
     let flags = ["--auto-untaint=true", "--recover-after-cleanup=true"];
     let ec2 = Ec2::start(Mode::Refuse("StartInstances".to_owned()), &flags).await?;
-    let starts = || ec2.cloud.calls("StartInstances");
+    let starts = || ec2.calls("StartInstances");
     on_the_schedule(&ec2.client, &starts, "StartInstances", "PowerOnFailed").await?;
     ensure!(ec2.state().await?.as_deref() == Some("stopped"));
     Ok(())

@@ -235,3 +235,48 @@ impl Moto {
             .collect())
     }
 }
+
+/// One EC2 instance on moto in `us-east-1a`, reached by a program through an interposer that
+/// puts a fault between them.
+#[derive(Debug)]
+pub struct InterposedEc2 {
+    pub moto: Moto,
+    pub interposer: crate::interposer::Interposer,
+    pub id: String,
+}
+
+impl InterposedEc2 {
+    pub const ZONE: &str = "us-east-1a";
+    pub const REGION: &str = "us-east-1";
+
+    pub async fn start(mode: crate::interposer::Mode) -> Result<Self> {
+        let moto = Moto::start().await?;
+        let interposer = crate::interposer::Interposer::start(&moto.url).await?;
+        interposer.set(mode);
+        let id = moto.run_instances(Self::ZONE, 1).await?.remove(0);
+        Ok(Self {
+            moto,
+            interposer,
+            id,
+        })
+    }
+
+    /// The node's `spec.providerID`.
+    pub fn provider_id(&self) -> String {
+        format!("aws:///{}/{}", Self::ZONE, self.id)
+    }
+
+    /// The program's flags to reach EC2 through the interposer.
+    pub fn flags(&self) -> Vec<String> {
+        vec![
+            "--instance-provider=aws".to_owned(),
+            format!("--aws-endpoint-url={}", self.interposer.url()),
+            format!("--aws-region={}", Self::REGION),
+        ]
+    }
+
+    /// The instance's state as moto has it.
+    pub async fn state(&self) -> Result<Option<String>> {
+        self.moto.state(Self::REGION, &self.id).await
+    }
+}

@@ -16,8 +16,8 @@ use anyhow::{Context, Result, ensure};
 use kube::{Api, Client};
 use kube_sim::KubeSim;
 use nodegrace_core::testing::storms::{NodeWrites, event_series};
-use provider_testbed::interposer::{Interposer, Mode};
-use provider_testbed::moto::Moto;
+use provider_testbed::interposer::Mode;
+use provider_testbed::moto::InterposedEc2;
 use provider_testbed::sushy::InterposedBmc;
 use serde_json::json;
 use termination_controller::termination::PROVIDER_FAILURES;
@@ -26,8 +26,6 @@ use tokio::process::{Child, Command};
 use crate::common::{delete_node, has_finalizer, machine_node, node_gone, sim, wait_for};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
-const ZONE: &str = "us-east-1a";
-const REGION: &str = "us-east-1";
 const FAILED: &str = "InstanceTerminationFailed";
 /// Five tries of the failures' backoff (at 0, 1, 3, 7 and 15 s) and short of the sixth (at
 /// 31 s).
@@ -96,11 +94,9 @@ async fn storm_free(client: &Client, calls: &dyn Fn() -> usize, what: &str) -> R
     Ok(made)
 }
 
-/// One EC2 machine under the node `worker`, reached through an interposer in `mode`.
+/// One EC2 machine under the node `worker`, reached through an interposer.
 struct Ec2 {
-    moto: Moto,
-    cloud: Interposer,
-    id: String,
+    machine: InterposedEc2,
     client: Client,
     _sim: KubeSim,
     _controller: Child,
@@ -108,25 +104,13 @@ struct Ec2 {
 
 impl Ec2 {
     async fn start(mode: Mode) -> Result<Self> {
-        let moto = Moto::start().await?;
-        let cloud = Interposer::start(&moto.url).await?;
-        cloud.set(mode);
+        let machine = InterposedEc2::start(mode).await?;
         let sim = sim(0).await?;
         let client = sim.client();
-        let id = moto.run_instances(ZONE, 1).await?.remove(0);
-        machine_node(&client, "worker", &format!("aws:///{ZONE}/{id}"), None).await?;
-        let controller = start(
-            &sim,
-            &[
-                "--instance-provider=aws".to_owned(),
-                format!("--aws-endpoint-url={}", cloud.url()),
-                format!("--aws-region={REGION}"),
-            ],
-        )?;
+        machine_node(&client, "worker", &machine.provider_id(), None).await?;
+        let controller = start(&sim, &machine.flags())?;
         Ok(Self {
-            moto,
-            cloud,
-            id,
+            machine,
             client,
             _sim: sim,
             _controller: controller,
@@ -134,13 +118,13 @@ impl Ec2 {
     }
 
     async fn state(&self) -> Result<Option<String>> {
-        self.moto.state(REGION, &self.id).await
+        self.machine.state().await
     }
 }
 
 async fn ec2_storm(mode: Mode) -> Result<()> {
     let ec2 = Ec2::start(mode).await?;
-    let (client, cloud) = (&ec2.client, &ec2.cloud);
+    let (client, cloud) = (&ec2.client, &ec2.machine.interposer);
     let made = storm_free(
         client,
         &|| cloud.calls("TerminateInstances"),
@@ -393,10 +377,10 @@ async fn a_machine_delete_forbidden_by_rbac_holds_the_node() -> Result<()> {
 #[tokio::test]
 async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
     let ec2 = Ec2::start(Mode::Refuse("DescribeInstances".to_owned())).await?;
-    let reads = || ec2.cloud.calls("DescribeInstances");
+    let reads = || ec2.machine.interposer.calls("DescribeInstances");
     storm_free(&ec2.client, &reads, "DescribeInstances").await?;
     ensure!(
-        ec2.cloud.calls("TerminateInstances") == 0,
+        ec2.machine.interposer.calls("TerminateInstances") == 0,
         "terminated without a state"
     );
     ensure!(ec2.state().await?.as_deref() == Some("running"));
