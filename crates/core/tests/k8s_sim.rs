@@ -8,9 +8,11 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
 use nodegrace_core::k8s::conditions::{
-    ConditionChange, ConditionSpec, upsert_node_condition, upsert_node_conditions,
+    ConditionChange, ConditionSpec, upsert_conditions_of, upsert_node_condition,
+    upsert_node_conditions,
 };
 use nodegrace_core::k8s::events::{EventPublisher, EventReport};
+use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::reporter::{ApiSink, ConditionGuard, Reporter};
 use nodegrace_core::k8s::taints::{add_taint, remove_taint};
@@ -113,6 +115,62 @@ async fn a_nodes_conditions_are_written_together_each_under_its_own_guard() -> R
             node.status
         );
     }
+    Ok(())
+}
+
+/// A controller's condition is for one Node object: once a namesake holds the name, neither
+/// the read (the UID differs) nor the patch (it names the UID, which the server will not
+/// change) can put it there.
+#[tokio::test]
+async fn a_condition_of_one_node_object_never_lands_on_its_namesake() -> Result<()> {
+    let (_sim, nodes) = sim_with_node().await?;
+    let spec = ConditionSpec::new("Terminating", "True", "Because", "m");
+    let first = NodeIdentity::of(&nodes.get("n1").await?).expect("a stored node has a UID");
+    let (reporter, flushed) =
+        Reporter::start(ApiSink::new(nodes.clone().into_client(), "test", "t"));
+    reporter.condition_of(&first, spec.clone(), ConditionGuard::Always);
+    wait_for("the condition on n1", Duration::from_secs(10), || async {
+        Ok(transition_time(&nodes.get("n1").await?, "Terminating").is_some())
+    })
+    .await?;
+
+    nodes.delete("n1", &Default::default()).await?;
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(kube_sim::populate::node("n1"))?,
+        )
+        .await?;
+    let changes = upsert_conditions_of(
+        &nodes,
+        "n1",
+        Some(first.uid()),
+        &[(spec, ConditionGuard::Always)],
+    )
+    .await?;
+    ensure!(changes == [ConditionChange::Unchanged], "{changes:?}");
+    // The window between the read and the patch: the server refuses the UID it was not given.
+    let patch = serde_json::json!({"metadata": {"uid": first.uid()},
+        "status": {"conditions": [{"type": "Terminating", "status": "True"}]}});
+    let refused = nodes
+        .patch_status(
+            "n1",
+            &Default::default(),
+            &kube::api::Patch::Strategic(patch),
+        )
+        .await;
+    ensure!(
+        matches!(&refused, Err(kube::Error::Api(status)) if status.code == 422),
+        "{refused:?}"
+    );
+    drop(reporter);
+    flushed.wait().await;
+    let namesake = nodes.get("n1").await?;
+    ensure!(
+        transition_time(&namesake, "Terminating").is_none(),
+        "{:?}",
+        namesake.status
+    );
     Ok(())
 }
 

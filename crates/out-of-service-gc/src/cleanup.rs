@@ -170,7 +170,7 @@ impl NodeCleanup {
             ConditionGuard::Always
         };
         self.reporter()
-            .condition(self.node.name(), phase.condition(), guard);
+            .condition_of(&self.node, phase.condition(), guard);
     }
 
     fn node_event(&self, warning: bool, reason: Reason, note: String) {

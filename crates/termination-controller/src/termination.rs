@@ -120,8 +120,8 @@ impl NodeTermination {
     }
 
     fn write_condition(&self, type_: &str, status: &str, reason: Reason, message: String) {
-        self.shared.reporter.condition(
-            self.node.name(),
+        self.shared.reporter.condition_of(
+            &self.node,
             ConditionSpec::new(type_, status, reason.as_str(), message),
             ConditionGuard::Always,
         );
@@ -130,8 +130,8 @@ impl NodeTermination {
     /// A condition whose reason always says the same ([`Reason::message`]).
     fn fixed_condition(&self, type_: &str, status: &str, reason: Reason, guard: ConditionGuard) {
         let message = reason.message().unwrap_or_default();
-        self.shared.reporter.condition(
-            self.node.name(),
+        self.shared.reporter.condition_of(
+            &self.node,
             ConditionSpec::new(type_, status, reason.as_str(), message),
             guard,
         );

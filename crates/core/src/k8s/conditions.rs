@@ -123,7 +123,22 @@ pub async fn upsert_node_conditions(
     node: &str,
     wanted: &[(ConditionSpec, ConditionGuard)],
 ) -> Result<Vec<ConditionChange>, kube::Error> {
+    upsert_conditions_of(nodes, node, None, wanted).await
+}
+
+/// [`upsert_node_conditions`] on the Node object of `uid` only, when one is given: another
+/// object of the name is left as it is (every change `Unchanged`), and the patch names the
+/// UID, so a namesake registered between the read and the write refuses it (422).
+pub async fn upsert_conditions_of(
+    nodes: &Api<Node>,
+    node: &str,
+    uid: Option<&str>,
+    wanted: &[(ConditionSpec, ConditionGuard)],
+) -> Result<Vec<ConditionChange>, kube::Error> {
     let current = nodes.get_status(node).await?;
+    if uid.is_some_and(|uid| current.metadata.uid.as_deref() != Some(uid)) {
+        return Ok(vec![ConditionChange::Unchanged; wanted.len()]);
+    }
     let now = Timestamp::now();
     let heartbeat = now.to_string();
     let mut changes = Vec::with_capacity(wanted.len());
@@ -149,10 +164,20 @@ pub async fn upsert_node_conditions(
         entries.push(entry);
     }
     if !entries.is_empty() {
-        let patch = json!({"status": {"conditions": entries}});
-        nodes
+        let mut patch = json!({"status": {"conditions": entries}});
+        if let Some(uid) = uid {
+            patch["metadata"] = json!({"uid": uid});
+        }
+        let written = nodes
             .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
-            .await?;
+            .await;
+        match written {
+            // The UID named is not the object's: a namesake took the name since the read.
+            Err(kube::Error::Api(status)) if uid.is_some() && status.code == 422 => {
+                return Ok(vec![ConditionChange::Unchanged; wanted.len()]);
+            }
+            written => drop(written?),
+        }
     }
     Ok(changes)
 }

@@ -24,8 +24,9 @@ use tokio::time::Instant;
 
 use super::api_errors::{ApiErrorClass, classify_write};
 pub use super::conditions::ConditionGuard;
-use super::conditions::{ConditionSpec, upsert_node_conditions};
+use super::conditions::{ConditionSpec, upsert_conditions_of};
 use super::events::{EventPublisher, EventReport};
+use super::node_identity::NodeIdentity;
 use super::taints::{add_taint, remove_taint};
 use crate::error_chain::Chain;
 
@@ -37,10 +38,11 @@ pub const FLUSH_WINDOW: Duration = Duration::from_secs(5);
 /// Where the writes go: the API server, or a recorder in tests.
 pub trait ReportSink: Send + Sync + 'static {
     fn event<'a>(&'a self, event: &'a EventReport) -> BoxFuture<'a, Result<(), kube::Error>>;
-    /// Every pending condition of one node, in one write where the sink can.
+    /// Every pending condition of one node, in one write where the sink can; with a `uid`,
+    /// only on that Node object.
     fn conditions<'a>(
         &'a self,
-        node: &'a str,
+        node: &'a ConditionTarget,
         conditions: &'a [(ConditionSpec, ConditionGuard)],
     ) -> BoxFuture<'a, Result<(), kube::Error>>;
     fn taint<'a>(
@@ -75,10 +77,10 @@ impl ReportSink for ApiSink {
 
     fn conditions<'a>(
         &'a self,
-        node: &'a str,
+        node: &'a ConditionTarget,
         conditions: &'a [(ConditionSpec, ConditionGuard)],
     ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        upsert_node_conditions(&self.nodes, node, conditions)
+        upsert_conditions_of(&self.nodes, &node.name, node.uid.as_deref(), conditions)
             .map(|written| written.map(drop))
             .boxed()
     }
@@ -111,9 +113,17 @@ impl Landed {
     }
 }
 
+/// The Node a condition is meant for: by name (a node agent, which is that node whatever
+/// its object), or one Node object (a controller, whose write must never land on a namesake).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ConditionTarget {
+    pub name: String,
+    pub uid: Option<String>,
+}
+
 #[derive(Debug)]
 struct ConditionWrite {
-    node: String,
+    node: ConditionTarget,
     condition: ConditionSpec,
     guard: ConditionGuard,
 }
@@ -168,9 +178,34 @@ impl Reporter {
         self.send(Write::Event(event));
     }
 
+    /// Sets a condition on whatever Node has the name: for the node agents, which are that
+    /// node.
     pub fn condition(&self, node: &str, condition: ConditionSpec, guard: ConditionGuard) {
+        let node = ConditionTarget {
+            name: node.to_owned(),
+            uid: None,
+        };
         self.send(Write::Condition(ConditionWrite {
-            node: node.to_owned(),
+            node,
+            condition,
+            guard,
+        }));
+    }
+
+    /// Sets a condition on this Node object only: the read and the patch both carry its UID,
+    /// so a namesake registered meanwhile, even between the two, is never written.
+    pub fn condition_of(
+        &self,
+        node: &NodeIdentity,
+        condition: ConditionSpec,
+        guard: ConditionGuard,
+    ) {
+        let node = ConditionTarget {
+            name: node.name().to_owned(),
+            uid: Some(node.uid().to_owned()),
+        };
+        self.send(Write::Condition(ConditionWrite {
+            node,
             condition,
             guard,
         }));
@@ -211,12 +246,12 @@ impl Reporter {
 struct Pending {
     taints: VecDeque<TaintWrite>,
     /// Per node, the latest wish per condition type, written together.
-    conditions: BTreeMap<String, Vec<(ConditionSpec, ConditionGuard)>>,
+    conditions: BTreeMap<ConditionTarget, Vec<(ConditionSpec, ConditionGuard)>>,
     events: VecDeque<EventReport>,
     /// Writes of the current attempt that must be tried again after the pause; newer wishes
     /// and forgotten nodes take them out as they do the pending ones.
     retry_taints: Vec<TaintWrite>,
-    retry_conditions: Vec<(String, Vec<(ConditionSpec, ConditionGuard)>)>,
+    retry_conditions: Vec<(ConditionTarget, Vec<(ConditionSpec, ConditionGuard)>)>,
 }
 
 impl Pending {
@@ -241,9 +276,9 @@ impl Pending {
                 self.taints.push_back(new);
             }
             Write::Forget(node, taken) => {
-                self.conditions.remove(&node);
+                self.conditions.retain(|old, _| old.name != node);
                 self.taints.retain(|old| old.node != node);
-                self.retry_conditions.retain(|(old, _)| *old != node);
+                self.retry_conditions.retain(|(old, _)| old.name != node);
                 self.retry_taints.retain(|old| old.node != node);
                 let _ = taken.send(());
             }
@@ -268,7 +303,7 @@ impl Pending {
                 }
             } else if let Some((node, wishes)) = self.conditions.pop_first() {
                 let result = sink.conditions(&node, &wishes).await;
-                if keep_after(result, "conditions", &node) {
+                if keep_after(result, "conditions", &node.name) {
                     self.retry_conditions.push((node, wishes));
                 }
             } else if let Some(event) = self.events.front().filter(|_| !events_blocked) {
@@ -437,14 +472,23 @@ mod tests {
         }
         fn conditions<'a>(
             &'a self,
-            node: &'a str,
+            node: &'a ConditionTarget,
             conditions: &'a [(ConditionSpec, ConditionGuard)],
         ) -> BoxFuture<'a, Result<(), kube::Error>> {
             let written: Vec<String> = conditions
                 .iter()
                 .map(|(condition, _)| format!("{} {}", condition.type_, condition.status))
                 .collect();
-            self.answer(format!("conditions {node} {}", written.join(" ")))
+            let uid = node
+                .uid
+                .as_deref()
+                .map(|uid| format!("@{uid}"))
+                .unwrap_or_default();
+            self.answer(format!(
+                "conditions {}{uid} {}",
+                node.name,
+                written.join(" ")
+            ))
         }
         fn taint<'a>(
             &'a self,
@@ -532,10 +576,15 @@ mod tests {
                 ConditionGuard::Always,
             );
         }
+        reporter.condition_of(
+            &NodeIdentity::new("n2", "u1"),
+            ConditionSpec::new("B", "True", "R", "m"),
+            ConditionGuard::Always,
+        );
         reporter.forget_node("n2");
         // After the forgetting, a wish for the name is a new one (a namesake's).
-        reporter.condition(
-            "n2",
+        reporter.condition_of(
+            &NodeIdentity::new("n2", "u2"),
             ConditionSpec::new("C", "True", "R", "m"),
             ConditionGuard::Always,
         );
@@ -543,7 +592,7 @@ mod tests {
         worker.wait().await;
         assert_eq!(
             sink.written(),
-            ["conditions n1 A True B True", "conditions n2 C True"]
+            ["conditions n1 A True B True", "conditions n2@u2 C True"]
         );
     }
 

@@ -221,8 +221,8 @@ impl Fencer {
         } = report;
         let said_reason = reason;
         let reason = said_reason.as_str();
-        shared.reporter.condition(
-            name,
+        shared.reporter.condition_of(
+            &NodeIdentity::new(name, uid),
             ConditionSpec::new(
                 FENCE_CONDITION,
                 if holding { "True" } else { "False" },
