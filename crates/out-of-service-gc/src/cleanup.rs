@@ -715,8 +715,14 @@ impl NodeCleanup {
         }
         let since = ready_since(node);
         // Seen down by this cleanup, or Ready since after the taint (times have whole seconds:
-        // a node back within the second it was tainted needs the first).
+        // a node back within the second it was tainted needs the first), or powered on by a
+        // recovery, which only a node seen down and cleaned gets. The last is written on the
+        // Node, so it outlives this worker: a kubelet whose final Ready landed just after the
+        // fence keeps that transition time through the power-on, and a new leader never saw
+        // the node down.
+        let recovering = mark(node).is_some_and(|found| found.step == Step::Recovering);
         let came_back = self.said().saw_out_of_service
+            || recovering
             || matches!((&taint.time_added, since), (Some(added), Some(since)) if since > added.0);
         if !came_back {
             self.report(&Phase::Pending(

@@ -488,3 +488,44 @@ async fn a_fence_under_way_at_a_restart_is_finished_by_the_next_controller() -> 
     ensure!(!has_taint(&nodes.get("node-2").await?));
     gc.stop().await
 }
+
+/// Seed 131's history: the kubelet's last Ready landed just after the fence read the node
+/// NotReady, so the node's Ready condition is older than the taint, and it stays True through
+/// the power-off and the power-on (no transition). A controller that did not itself see the
+/// node down (a new leader here) still ends the recovery: the `recovering` step on the Node
+/// says the node was seen down and cleaned.
+#[tokio::test]
+async fn a_node_ready_in_the_middle_of_a_recovery_loses_the_taint_after_a_restart() -> Result<()> {
+    let sim = sim(5, world()).await?;
+    let client = sim.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let off_at = jiff::Timestamp::now().to_string();
+    nodes
+        .patch(
+            "node-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {
+                    "labels": {FENCE_LABEL: "recovering"},
+                    "annotations": {"nodegrace.io/fence-since": off_at, "nodegrace.io/fenced": off_at},
+                },
+                "spec": {"taints": [{"key": TAINT, "value": "nodeshutdown", "effect": "NoExecute", "timeAdded": off_at}]},
+            })),
+        )
+        .await?;
+    let node = nodes.get("node-1").await?;
+    ensure!(ready(&node), "node-1 is not Ready: {:?}", node.status);
+    let flags = [FENCING, &["--recover-after-cleanup=true"]].concat();
+    let gc = controller(&sim, &flags).await?;
+    wait_for("the taint and the fence step to go", || async {
+        let node = nodes.get("node-1").await?;
+        Ok(!has_taint(&node) && label(&node).is_none())
+    })
+    .await?;
+    wait_for("the Recovered report", || async {
+        has_event(&client, "node-1", "Recovered").await
+    })
+    .await?;
+    ensure!(machine_state(&sim, "node-1") == "running");
+    gc.stop().await
+}

@@ -60,6 +60,9 @@ const POD_GC: orphans::PodGc = orphans::PodGc {
     period: jiff::SignedDuration::from_secs(1),
     quarantine: jiff::SignedDuration::from_secs(3),
 };
+/// How long a node Ready again after a recovery's power-on gets for its cleanup's last pass:
+/// a Node change wakes it, and it writes one update.
+const RECOVERY_BOUND: Duration = Duration::from_secs(10);
 /// How often the settling cluster is read (kube-sim has no watch for the cloud's state).
 const SETTLE_POLL: Duration = Duration::from_millis(500);
 
@@ -586,10 +589,24 @@ async fn judge(
         ));
         violations.extend(fences::power_offs(recording, &instances, LIVENESS_WINDOW));
         violations.extend(fences::at_most_fenced(recording, MAX_FENCED));
-        let nodes = list::<Node>(Api::all(client.clone())).await?;
-        violations.extend(fences::recovered(recording, &nodes));
+        violations.extend(recoveries_ended(client, recording).await?);
     }
     Ok(violations)
+}
+
+/// 11, on a node that is Ready now. A fenced node whose cleanup ended late is powered on
+/// after the cluster settled, and comes back Ready while the judges run: it gets
+/// [`RECOVERY_BOUND`] from the first read for its cleanup to take the taint and the step off.
+async fn recoveries_ended(client: &Client, recording: &[record::Seen]) -> Result<Vec<Violation>> {
+    let deadline = Instant::now() + RECOVERY_BOUND;
+    loop {
+        let nodes = list::<Node>(Api::all(client.clone())).await?;
+        let violations = fences::recovered(recording, &nodes);
+        if violations.is_empty() || Instant::now() >= deadline {
+            return Ok(violations);
+        }
+        tokio::time::sleep(SETTLE_POLL).await;
+    }
 }
 
 /// 8. No machine leaks, judged from the cloud of record (moto for aws) at the end.
