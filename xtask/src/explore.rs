@@ -17,7 +17,7 @@ const SEEDS_FILE: &str = "e2e/explore/seeds.txt";
 #[derive(Debug, Args)]
 pub struct ExploreArgs {
     /// Passed to nodegrace-explore: --seed N, --runs K, --seeds A,B, --duration 20s,
-    /// --program all|termination|oos, --provider sim|aws, --jobs J, --time-budget 600s (see
+    /// --program all|termination|oos, --provider sim|aws|redfish|cluster-api, --jobs J, --time-budget 600s (see
     /// its --help).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<String>,
@@ -37,7 +37,7 @@ fn build() -> Result<PathBuf> {
 
 pub fn run(args: &ExploreArgs) -> Result<()> {
     let explorer = build()?;
-    if on_aws(&args.args) {
+    if on_python_servers(&args.args) {
         crate::setup::ensure_python_packages()?;
     }
     run_command(
@@ -47,13 +47,16 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
     )
 }
 
-/// Whether the explorer's arguments put the nodes on EC2 (moto's server, from PyPI).
-fn on_aws(args: &[String]) -> bool {
+/// Whether the explorer's arguments put the nodes on EC2 or bare metal (moto's server and
+/// sushy-tools' emulator, from PyPI).
+fn on_python_servers(args: &[String]) -> bool {
     args.iter()
         .zip(args.iter().skip(1).map(Some).chain([None]))
         .any(|(arg, next)| {
-            arg == "--provider=aws"
-                || (arg == "--provider" && next.is_some_and(|next| next == "aws"))
+            let provider = arg
+                .strip_prefix("--provider=")
+                .or_else(|| (arg == "--provider").then_some(next.map_or("", String::as_str)));
+            matches!(provider, Some("aws" | "redfish"))
         })
 }
 
@@ -61,11 +64,17 @@ fn on_aws(args: &[String]) -> bool {
 /// history mostly waits on its programs' timers and kube-sim's).
 const TEST_JOBS: usize = 4;
 
-/// Seeds the test command plays with the nodes on EC2 (moto behind the fault interposer).
-const AWS_SEEDS: &str = "1,2,3,4";
+/// Seeds the test command plays on each provider with a server of its own: EC2 (moto),
+/// bare metal (sushy-tools' Redfish emulator) and Cluster API, each behind its interposer of
+/// faults.
+const PROVIDER_SEEDS: [(&str, &str); 3] = [
+    ("aws", "1,2,3,4"),
+    ("redfish", "1,2,3,4"),
+    ("cluster-api", "1,2,3,4"),
+];
 
-/// The test command's share: the seeds of `e2e/explore/seeds.txt` and [`AWS_SEEDS`] with
-/// `--provider aws`, [`TEST_JOBS`] at once, with the binaries the test command's test build
+/// The test command's share: the seeds of `e2e/explore/seeds.txt` and [`PROVIDER_SEEDS`],
+/// [`TEST_JOBS`] at once, with the binaries the test command's test build
 /// left (see [`crate::demo::Binaries`]).
 pub fn fixed_seeds_after_tests() -> Result<()> {
     let explorer = crate::demo::binary("nodegrace-explore");
@@ -87,13 +96,16 @@ pub fn fixed_seeds_after_tests() -> Result<()> {
             .arg(format!("--seeds={}", seeds.join(",")))
             .arg(format!("--jobs={TEST_JOBS}")),
     )?;
-    run_command(
-        Command::new(explorer)
-            .current_dir(project_root())
-            .arg("--provider=aws")
-            .arg(format!("--seeds={AWS_SEEDS}"))
-            .arg(format!("--jobs={TEST_JOBS}")),
-    )
+    for (provider, seeds) in PROVIDER_SEEDS {
+        run_command(
+            Command::new(&explorer)
+                .current_dir(project_root())
+                .arg(format!("--provider={provider}"))
+                .arg(format!("--seeds={seeds}"))
+                .arg(format!("--jobs={TEST_JOBS}")),
+        )?;
+    }
+    Ok(())
 }
 
 /// `cargo xtask bench explore`: as many runs as fit in `seconds`, from a seed of the clock.

@@ -10,7 +10,7 @@ use nodegrace_core::instances::cluster_api::{machine_resource, machine_resource_
 use nodegrace_core::instances::{
     ClusterApiInstances, InstanceError, InstanceProvider, InstanceState, ProviderId,
 };
-use nodegrace_core::testing::cluster_api::{
+use provider_testbed::cluster_api::{
     create_machine, machine, machine_crd, machine_crd_serving, node_annotations,
 };
 use serde_json::json;

@@ -50,6 +50,12 @@ pub enum Mode {
     /// Answers every request 200 with a document that is not EC2's (S3's bucket listing): a
     /// `--aws-endpoint-url` that points at another service.
     ForeignDocument,
+    /// Answers every request 401 without forwarding: a BMC whose account was changed under
+    /// the Secret (a rotated password, a locked-out user).
+    Unauthorized,
+    /// Answers requests whose path contains this 204, as accepted, without forwarding them: a
+    /// BMC that takes a `ComputerSystem.Reset` and never carries it out.
+    Swallow(String),
 }
 
 /// How long a lost answer holds its connection: longer than any client timeout under test.
@@ -76,6 +82,11 @@ impl Seen {
             .map(|(_, value)| value.into_owned())
     }
 
+    /// A Redfish `ComputerSystem.Reset`'s system id and `ResetType`.
+    pub fn redfish_reset(&self) -> Option<(String, String)> {
+        redfish_reset(&self.method, &self.path, &self.body)
+    }
+
     /// The values of `InstanceId.N` of a Query API request.
     pub fn instance_ids(&self) -> Vec<String> {
         form_urlencoded::parse(self.body.as_bytes())
@@ -85,14 +96,41 @@ impl Seen {
     }
 }
 
-/// A Query API request about to be forwarded to the server, for the hook.
+/// A request about to be forwarded to the server, for the hook.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Forwarding {
+    /// A Query API request's `Action`; empty for a REST request (Redfish).
     pub action: String,
     /// The values of `InstanceId.N`.
     pub instance_ids: Vec<String>,
+    pub method: String,
+    pub path: String,
+    pub body: String,
     /// The client will not get the answer (mode [`Mode::LoseAnswers`]).
     pub answer_lost: bool,
+}
+
+impl Forwarding {
+    /// A Redfish `ComputerSystem.Reset`: the system's id (its path's part after `Systems/`)
+    /// and the `ResetType` asked for.
+    pub fn redfish_reset(&self) -> Option<(String, String)> {
+        redfish_reset(&self.method, &self.path, &self.body)
+    }
+}
+
+/// A Redfish `ComputerSystem.Reset` request's system id and `ResetType`.
+pub fn redfish_reset(method: &str, path: &str, body: &str) -> Option<(String, String)> {
+    if method != "POST" || !path.contains("/Actions/ComputerSystem.Reset") {
+        return None;
+    }
+    let system = path
+        .split("/Systems/")
+        .nth(1)?
+        .split('/')
+        .next()?
+        .to_owned();
+    let body: serde_json::Value = serde_json::from_str(body).ok()?;
+    Some((system, body["ResetType"].as_str()?.to_owned()))
 }
 
 /// Called before each forwarded request reaches the server, and awaited.
@@ -270,8 +308,24 @@ impl Relay {
     }
 
     /// The faults that answer every request without the server.
-    fn answered_without_upstream(&self, mode: &Mode) -> Option<http::Response<Full<Bytes>>> {
+    fn answered_without_upstream(
+        &self,
+        mode: &Mode,
+        path: &str,
+    ) -> Option<http::Response<Full<Bytes>>> {
         Some(match mode {
+            Mode::InternalError if path.starts_with("/redfish") => {
+                self.lock().failed += 1;
+                let body = serde_json::json!({"error": {
+                    "code": "Base.1.0.InternalError",
+                    "message": "The request failed due to an internal service error. (interposed)",
+                }});
+                http::Response::builder()
+                    .status(http::StatusCode::INTERNAL_SERVER_ERROR)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .expect("a valid response")
+            }
             Mode::Fail => self.unavailable(),
             Mode::Throttle => self.failure(
                 http::StatusCode::SERVICE_UNAVAILABLE,
@@ -288,11 +342,25 @@ impl Relay {
                   xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>nodes</Name>\
                   <KeyCount>0</KeyCount></ListBucketResult>",
             ))),
+            Mode::Unauthorized => {
+                self.lock().failed += 1;
+                let body = serde_json::json!({"error": {
+                    "code": "Base.1.0.GeneralError",
+                    "message": "The request could not be authorized. (interposed)",
+                }});
+                http::Response::builder()
+                    .status(http::StatusCode::UNAUTHORIZED)
+                    .header(http::header::WWW_AUTHENTICATE, "Basic realm=\"Redfish\"")
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .expect("a valid response")
+            }
             Mode::Forward
             | Mode::FailAfter(_)
             | Mode::LoseAnswers
             | Mode::Refuse(_)
-            | Mode::Hang(_) => return None,
+            | Mode::Hang(_)
+            | Mode::Swallow(_) => return None,
         })
     }
 
@@ -328,6 +396,12 @@ impl Relay {
                 tokio::time::sleep(LOST_ANSWER_HOLD).await;
                 Some(Err(AnswerLost))
             }
+            Mode::Swallow(swallowed) if path.contains(swallowed.as_str()) => {
+                Some(Ok(http::Response::builder()
+                    .status(http::StatusCode::NO_CONTENT)
+                    .body(Full::new(Bytes::new()))
+                    .expect("a valid response")))
+            }
             _ => None,
         }
     }
@@ -361,7 +435,7 @@ impl Relay {
             });
             (shared.mode.clone(), shared.hook.clone())
         };
-        if let Some(answer) = self.answered_without_upstream(&mode) {
+        if let Some(answer) = self.answered_without_upstream(&mode, &path) {
             return Ok(answer);
         }
         let form: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
@@ -373,15 +447,18 @@ impl Relay {
             return answer;
         }
         let answer_lost = mode == Mode::LoseAnswers;
-        if let (Some(hook), Some(action)) = (hook, &action) {
+        if let Some(hook) = hook {
             let instance_ids = form
                 .iter()
                 .filter(|(key, _)| key.starts_with("InstanceId."))
                 .map(|(_, value)| value.clone())
                 .collect();
             hook(Forwarding {
-                action: action.clone(),
+                action: action.clone().unwrap_or_default(),
                 instance_ids,
+                method: parts.method.to_string(),
+                path: path.clone(),
+                body: String::from_utf8_lossy(&body).into_owned(),
                 answer_lost,
             })
             .await;

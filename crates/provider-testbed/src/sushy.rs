@@ -5,7 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use tokio::process::{Child, Command};
 
@@ -36,10 +42,11 @@ impl System {
 
 #[derive(Debug)]
 pub struct Sushy {
-    /// `https://127.0.0.1:<port>`.
+    /// `https://127.0.0.1:<port>` (`http://` for [`Sushy::start_plain`]).
     pub url: String,
     pub dir: tempfile::TempDir,
     _server: Child,
+    http: Client<HttpConnector, Full<Bytes>>,
 }
 
 impl Sushy {
@@ -134,7 +141,62 @@ impl Sushy {
             url,
             dir,
             _server: server,
+            http: Client::builder(TokioExecutor::new()).build_http(),
         })
+    }
+
+    /// A call of the test's own, with the emulator's credentials (plain HTTP only).
+    async fn call(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value> {
+        let basic =
+            base64::engine::general_purpose::STANDARD.encode(format!("{USERNAME}:{PASSWORD}"));
+        let request = http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url))
+            .header(http::header::AUTHORIZATION, format!("Basic {basic}"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(
+                body.map(|body| body.to_string()).unwrap_or_default(),
+            )))?;
+        let answer = self.http.request(request).await?;
+        let status = answer.status();
+        let body = answer.into_body().collect().await?.to_bytes();
+        ensure!(
+            status.is_success(),
+            "redfish {path}: {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        Ok(serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// The system's `PowerState` (`On`, `Off`), as the emulator says it now.
+    pub async fn power_state(&self, system: &str) -> Result<String> {
+        let answer = self
+            .call(
+                http::Method::GET,
+                &format!("/redfish/v1/Systems/{system}"),
+                None,
+            )
+            .await?;
+        answer["PowerState"]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("system {system} has no PowerState: {answer}"))
+    }
+
+    /// Asks for a `ComputerSystem.Reset` of `reset_type` (`ForceOff`, `On`), as the test's own.
+    pub async fn reset(&self, system: &str, reset_type: &str) -> Result<()> {
+        self.call(
+            http::Method::POST,
+            &format!("/redfish/v1/Systems/{system}/Actions/ComputerSystem.Reset"),
+            Some(serde_json::json!({"ResetType": reset_type})),
+        )
+        .await
+        .map(drop)
     }
 
     /// The CA the emulator's certificate chains to.

@@ -203,6 +203,7 @@ pub async fn start_with_clock(
         stuck_terminating_after,
         not_ready_max_fraction,
         instance_not_found_confirm,
+        terminate_resend_after,
         webhook,
     } = args;
     let webhook = webhook_settings(webhook)?;
@@ -236,6 +237,7 @@ pub async fn start_with_clock(
         stuck_terminating_after,
         not_ready_max_fraction,
         instance_not_found_confirm,
+        terminate_resend_after,
     };
     let mut frame = Frame::new(PROGRAM, controller);
     let metrics = Metrics::register(frame.registry());

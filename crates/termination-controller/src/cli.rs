@@ -78,6 +78,10 @@ pub struct Args {
     /// found" for a machine just launched.
     #[arg(long, env = "NODEGRACE_INSTANCE_NOT_FOUND_CONFIRM", default_value = "30s", value_parser = duration_flag)]
     pub instance_not_found_confirm: Duration,
+    /// A terminate request the instance provider accepted is sent again once the machine is
+    /// still not terminated this long after it: a BMC can take a reset and never carry it out.
+    #[arg(long, env = "NODEGRACE_TERMINATE_RESEND_AFTER", default_value = "5m", value_parser = duration_flag)]
+    pub terminate_resend_after: Duration,
     #[command(flatten)]
     pub webhook: WebhookArgs,
 }

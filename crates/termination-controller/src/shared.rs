@@ -32,6 +32,8 @@ pub struct Settings {
     pub stuck_terminating_after: Duration,
     pub not_ready_max_fraction: f64,
     pub instance_not_found_confirm: Duration,
+    /// `--terminate-resend-after`.
+    pub terminate_resend_after: Duration,
 }
 
 impl Settings {

@@ -37,8 +37,6 @@ use crate::waits::{Refusal, Verdict};
 /// When the terminate request was accepted: a restarted controller waits for that request to
 /// finish instead of sending a second one.
 pub const TERMINATE_REQUESTED: &str = "nodegrace.io/terminate-requested-at";
-/// A request the provider accepted but never carried out is sent again after this long.
-const TERMINATE_RESEND: Duration = Duration::from_secs(300);
 /// How often the provider is asked while a machine shuts down (clouds have no watch).
 const PROVIDER_POLL: Backoff = Backoff {
     first: Duration::from_millis(200),
@@ -587,7 +585,7 @@ impl NodeTermination {
                 }
             }
             let (node, read_this_round) = match last_read.take() {
-                Some(node) if !resend_due(requested_at(&node)) => (node, false),
+                Some(node) if !self.resend_due(&node) => (node, false),
                 _ => (
                     self.node
                         .read(&self.shared.client)
@@ -676,7 +674,7 @@ impl NodeTermination {
         if state == InstanceState::NotFound {
             return Ok(self.not_found(id, through));
         }
-        if !(read_this_round && resend_due(requested_at(node))) {
+        if !(read_this_round && self.resend_due(node)) {
             // A request in progress, and this answer a good one: failures start over.
             self.machine_retry.succeeded();
             self.condition(
@@ -701,6 +699,14 @@ impl NodeTermination {
                 Ok(Look::Failed)
             }
         }
+    }
+
+    /// Whether a terminate request is due: none was made, or the last is older than
+    /// `--terminate-resend-after`.
+    fn resend_due(&self, node: &Node) -> bool {
+        let resend = self.shared.settings.terminate_resend_after;
+        requested_at(node)
+            .is_none_or(|at| Timestamp::now().duration_since(at).unsigned_abs() >= resend)
     }
 
     /// The provider does not know the machine: gone once that has held for
@@ -830,13 +836,6 @@ fn cordoned(node: &Node) -> bool {
         .as_ref()
         .is_some_and(|labels| labels.contains_key(EXCLUDE_FROM_LOAD_BALANCERS));
     unschedulable && tainted && excluded
-}
-
-/// Whether a terminate request is due: none was made, or the last is older than
-/// [`TERMINATE_RESEND`].
-fn resend_due(requested: Option<Timestamp>) -> bool {
-    requested
-        .is_none_or(|at| Timestamp::now().duration_since(at).unsigned_abs() >= TERMINATE_RESEND)
 }
 
 fn requested_at(node: &Node) -> Option<Timestamp> {

@@ -13,7 +13,7 @@ use kube_sim::cluster::Cluster;
 use nodegrace_core::instances::cluster_api::{
     EXCLUDE_DRAINING, EXCLUDE_VOLUME_WAIT, machine_resource, machine_resource_in,
 };
-use nodegrace_core::testing::cluster_api::{
+use provider_testbed::cluster_api::{
     MachineController, Step, create_machine, machine, machine_crd, machine_crd_serving,
     node_annotations,
 };

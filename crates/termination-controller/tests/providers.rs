@@ -21,10 +21,10 @@ use kube_sim::cluster::Cluster;
 use nodegrace_core::instances::cluster_api::machine_resource;
 use nodegrace_core::instances::redfish::{MachineConfig, RedfishConfig};
 use nodegrace_core::instances::{InstanceProvider, InstanceState, ProviderId, RedfishInstances};
-use nodegrace_core::testing::cluster_api::{
+use nodegrace_core::testing::proxy::Proxy;
+use provider_testbed::cluster_api::{
     MachineController, create_machine, machine, machine_crd, node_annotations,
 };
-use nodegrace_core::testing::proxy::Proxy;
 use provider_testbed::interposer::Interposer;
 use provider_testbed::moto::Moto;
 use provider_testbed::sushy::{Sushy, System};

@@ -244,9 +244,7 @@ async fn an_exec_terminate_that_hangs_is_retried_on_the_backoffs_schedule() -> R
 async fn a_failing_machine_delete_is_retried_on_the_backoffs_schedule() -> Result<()> {
     use kube_sim::cluster::Cluster;
     use kube_sim::faults::{ErrorRule, FailureKind};
-    use nodegrace_core::testing::cluster_api::{
-        create_machine, machine, machine_crd, node_annotations,
-    };
+    use provider_testbed::cluster_api::{create_machine, machine, machine_crd, node_annotations};
 
     let management = Cluster::new(0).crd(machine_crd()).start().await?;
     let id = "docker:///workload/worker";
@@ -292,9 +290,7 @@ async fn a_machine_delete_forbidden_by_rbac_holds_the_node() -> Result<()> {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use kube::api::PostParams;
     use kube_sim::cluster::Cluster;
-    use nodegrace_core::testing::cluster_api::{
-        create_machine, machine, machine_crd, node_annotations,
-    };
+    use provider_testbed::cluster_api::{create_machine, machine, machine_crd, node_annotations};
 
     let management = Cluster::new(0).crd(machine_crd()).start().await?;
     let manage = management.client();

@@ -143,7 +143,8 @@ impl World {
                 } else {
                     self.machines.launch(index).await?
                 };
-                if !register_node(&self.client, index, &provider_id).await? {
+                let annotations = self.machines.node_annotations(&provider_id);
+                if !register_node(&self.client, index, &provider_id, &annotations).await? {
                     return Ok(Outcome::Skipped(format!("{node} exists")));
                 }
                 self.provider_ids.insert(node.clone(), provider_id.clone());
@@ -153,8 +154,8 @@ impl World {
             Event::PowerOn { node } => self.machine_act(node, Act::PowerOn).await?,
             // The cloud's own act, not a client's terminate call (which invariant 1 judges).
             Event::TerminateInstance { node } => self.machine_act(node, Act::Reclaim).await?,
-            Event::ProviderFault { fault } => self.machines.fault(*fault),
-            Event::ProviderHeal => self.machines.heal(),
+            Event::ProviderFault { fault } => self.machines.fault(*fault).await?,
+            Event::ProviderHeal => self.machines.heal().await?,
             Event::HideMachine { node, seconds } => {
                 let provider_id = self.provider_id(node).await?;
                 self.machines.hide(&provider_id, *seconds)
@@ -365,7 +366,7 @@ impl World {
                     .await?
             }
             Event::ClearFaults => {
-                self.machines.heal();
+                self.machines.heal().await?;
                 self.sim("DELETE", "/sim/v1/faults", Value::Null).await?
             }
             Event::KillReplica { .. }
@@ -457,14 +458,20 @@ impl World {
 
 /// Registers Node `node-<index>` on `provider_id` with its pool and zone labels, as its
 /// kubelet would; false if a Node of that name exists.
-pub async fn register_node(client: &Client, index: usize, provider_id: &str) -> Result<bool> {
+pub async fn register_node(
+    client: &Client,
+    index: usize,
+    provider_id: &str,
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Result<bool> {
     let nodes: Api<Node> = Api::all(client.clone());
     let name = super::schedule::node(index);
     let created = nodes
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({
-                "metadata": {"name": name, "labels": {"pool": "workers", "zone": zone(index), "kubernetes.io/hostname": name}},
+                "metadata": {"name": name, "annotations": annotations,
+                    "labels": {"pool": "workers", "zone": zone(index), "kubernetes.io/hostname": name}},
                 "spec": {"providerID": provider_id},
             }))?,
         )

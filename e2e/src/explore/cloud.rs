@@ -1,30 +1,28 @@
-//! The machines under a run's nodes: kube-sim's own cloud (`--provider sim`), or EC2
-//! (`--provider aws`): moto's server, reached by the programs through an interposer that adds
-//! the cloud's faults. kube-sim's cloud stays the switch of each machine's kubelet, so what
-//! reaches moto is mirrored there before moto acts (a terminated or stopped machine's kubelet
-//! stops), and the explorer's own cloud-side acts (a power-off, a spot reclaim) go to both.
+//! The machines under a run's nodes, by `--provider`: kube-sim's own cloud (`sim`), EC2 on
+//! moto's server (`aws`), bare metal behind sushy-tools' Redfish emulator (`redfish`), or
+//! Cluster API Machines (`cluster-api`). The programs reach a provider's server through an
+//! interposer that adds its faults. kube-sim's cloud stays the switch of each machine's
+//! kubelet, so what a program's call does to a machine is mirrored there before the server
+//! acts (a terminated or stopped machine's kubelet stops), and the explorer's own cloud-side
+//! acts (a power-off, a spot reclaim) go to both.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+mod bare_metal;
+mod ec2;
+mod machine_api;
 
-use anyhow::{Result, bail, ensure};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::Result;
 use kube::Client;
 use kube_sim::world::machine_id;
-use provider_testbed::interposer::{Forwarding, Interposer, Mode};
-use provider_testbed::moto::Moto;
-use tokio::time::Instant;
+use provider_testbed::interposer::Seen;
 
 use super::invariants::Instance;
-use super::schedule::{Provider, ProviderFault};
-use super::setup::zone;
+use super::schedule::{Program, Provider, ProviderFault};
 use super::sim::{Outcome, sim_call, sim_get};
 
-/// The region every aws machine of a run is in; zone `a` and `b` nodes in its `a` and `b`.
-const REGION: &str = "us-east-1";
-/// How long DescribeInstances does not know a machine just launched: EC2's eventual
-/// consistency, which AWS documents as "may take a few seconds".
-const LAUNCH_LAG: Duration = Duration::from_secs(5);
 /// The programs' timeout per provider call: a lost answer costs this long.
 const PROVIDER_TIMEOUT: &str = "2s";
 
@@ -57,65 +55,68 @@ impl Act {
 
 pub struct Machines {
     client: Client,
-    aws: Option<Aws>,
+    provider: Backend,
     /// New machines launched so far (a sim machine's id is numbered by it).
     launched: u32,
 }
 
-struct Aws {
-    moto: Moto,
-    interposer: Interposer,
-    /// Every machine of the run, by instance id, with its zone.
-    zones: BTreeMap<String, String>,
-    /// Machines hidden from DescribeInstances once already: at most once each, so no machine
-    /// is ever unknown for longer than one hide (below `--instance-not-found-confirm`).
-    hidden: HashSet<String>,
+enum Backend {
+    Sim,
+    Ec2(ec2::Ec2),
+    BareMetal(bare_metal::BareMetal),
+    MachineApi(machine_api::MachineApi),
 }
 
 impl std::fmt::Debug for Machines {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Machines")
-            .field("aws", &self.aws.as_ref().map(|aws| aws.moto.url.clone()))
+            .field("launched", &self.launched)
             .finish_non_exhaustive()
     }
 }
 
 impl Machines {
-    /// The cloud of `provider`; for aws, moto and its interposer running, the interposer's
-    /// forwarded calls mirrored into kube-sim's cloud.
-    pub async fn start(provider: Provider, client: &Client) -> Result<Self> {
-        let aws = match provider {
-            Provider::Sim => None,
-            Provider::Aws => {
-                let moto = Moto::start().await?;
-                let interposer = Interposer::start(&moto.url).await?;
-                interposer.set_hook(mirror(client.clone()));
-                Some(Aws {
-                    moto,
-                    interposer,
-                    zones: BTreeMap::new(),
-                    hidden: HashSet::new(),
-                })
+    /// The cloud of `provider`, its server and interposers running; `api` is kube-sim's
+    /// address and `dir` the run's.
+    pub async fn start(
+        provider: Provider,
+        client: &Client,
+        api: SocketAddr,
+        dir: &Path,
+    ) -> Result<Self> {
+        let provider = match provider {
+            Provider::Sim => Backend::Sim,
+            Provider::Aws => Backend::Ec2(ec2::Ec2::start(client).await?),
+            Provider::Redfish => Backend::BareMetal(bare_metal::BareMetal::start(client).await?),
+            Provider::ClusterApi => {
+                Backend::MachineApi(machine_api::MachineApi::start(client, api, dir).await?)
             }
         };
         Ok(Self {
             client: client.clone(),
-            aws,
+            provider,
             launched: 0,
         })
     }
 
     /// kube-sim's own nodes need no machine of ours: `serve --nodes` registers them on
     /// `sim:///node-i`.
-    pub fn registers_nodes(&self) -> bool {
-        self.aws.is_some()
+    pub fn registers_nodes(provider: Provider) -> bool {
+        provider != Provider::Sim
     }
 
     /// A machine for node `index` at the start of a run.
     pub async fn first(&mut self, index: usize) -> Result<String> {
-        match &mut self.aws {
-            None => Ok(format!("sim:///{}", super::schedule::node(index))),
-            Some(aws) => aws.launch(index).await,
+        let node = super::schedule::node(index);
+        match &mut self.provider {
+            Backend::Sim => Ok(format!("sim:///{node}")),
+            Backend::Ec2(ec2) => ec2.launch(index).await,
+            Backend::BareMetal(metal) => metal.assign(),
+            Backend::MachineApi(machines) => {
+                let provider_id = format!("sim:///{node}");
+                machines.create(&node, &provider_id).await?;
+                Ok(provider_id)
+            }
         }
     }
 
@@ -123,17 +124,32 @@ impl Machines {
     /// its first seconds.
     pub async fn launch(&mut self, index: usize) -> Result<String> {
         self.launched += 1;
-        match &mut self.aws {
-            None => Ok(format!(
-                "sim:///{}-m{}",
-                super::schedule::node(index),
-                self.launched
-            )),
-            Some(aws) => {
-                let provider_id = aws.launch(index).await?;
-                aws.hide(machine_id(&provider_id).unwrap_or_default(), LAUNCH_LAG);
+        let node = super::schedule::node(index);
+        let sim_machine = format!("sim:///{node}-m{}", self.launched);
+        match &mut self.provider {
+            Backend::Sim => Ok(sim_machine),
+            Backend::Ec2(ec2) => {
+                let provider_id = ec2.launch(index).await?;
+                ec2.hide_for(
+                    machine_id(&provider_id).unwrap_or_default(),
+                    ec2::LAUNCH_LAG,
+                );
                 Ok(provider_id)
             }
+            Backend::BareMetal(metal) => metal.assign(),
+            Backend::MachineApi(machines) => {
+                machines.create(&node, &sim_machine).await?;
+                Ok(sim_machine)
+            }
+        }
+    }
+
+    /// The annotations the provider puts on the Node of `provider_id` (Cluster API's, naming
+    /// its Machine).
+    pub fn node_annotations(&self, provider_id: &str) -> BTreeMap<String, String> {
+        match &self.provider {
+            Backend::MachineApi(machines) => machines.node_annotations(provider_id),
+            _ => BTreeMap::new(),
         }
     }
 
@@ -142,180 +158,96 @@ impl Machines {
         let Some(id) = machine_id(provider_id) else {
             return Ok(Outcome::Skipped("no machine".to_owned()));
         };
-        if let Some(aws) = &self.aws {
-            ensure!(
-                aws.zones.contains_key(id),
-                "{id} is not a machine of this run"
-            );
-            let state = aws.moto.state(REGION, id).await?;
-            if state.as_deref() == Some("terminated") {
-                return Ok(Outcome::Skipped("its machine is terminated".to_owned()));
+        match &self.provider {
+            Backend::Ec2(ec2) => ec2.act(&self.client, id, act).await,
+            Backend::BareMetal(metal) => metal.act(&self.client, id, act).await,
+            Backend::Sim | Backend::MachineApi(_) => {
+                sim_call(&self.client, "POST", &world_path(id, act), None).await
             }
-            // Mirrored first: a kubelet runs only on a machine that moto also runs.
-            let outcome = sim_call(&self.client, "POST", &world_path(id, act), None).await?;
-            aws.moto
-                .ec2(REGION, act.ec2_action(), &[("InstanceId.1", id)])
-                .await?;
-            return Ok(outcome);
-        }
-        sim_call(&self.client, "POST", &world_path(id, act), None).await
-    }
-
-    /// Puts a fault between the programs and EC2 (aws only).
-    pub fn fault(&self, fault: ProviderFault) -> Outcome {
-        let Some(aws) = &self.aws else {
-            return Outcome::Skipped("no provider to fault".to_owned());
-        };
-        aws.interposer.set(match fault {
-            ProviderFault::Throttle => Mode::Throttle,
-            ProviderFault::InternalError => Mode::InternalError,
-            ProviderFault::LoseAnswers => Mode::LoseAnswers,
-            ProviderFault::Refuse(action) => Mode::Refuse(action.as_str().to_owned()),
-        });
-        Outcome::Done(format!("EC2 {fault:?}"))
-    }
-
-    pub fn heal(&self) -> Outcome {
-        match &self.aws {
-            Some(aws) => {
-                aws.interposer.set(Mode::Forward);
-                Outcome::Done("EC2 answers".to_owned())
-            }
-            None => Outcome::Skipped("no provider to heal".to_owned()),
         }
     }
 
-    /// DescribeInstances leaves the machine out for `seconds`, once per machine.
-    pub fn hide(&mut self, provider_id: &str, seconds: u64) -> Outcome {
-        let Some(aws) = &mut self.aws else {
-            return Outcome::Skipped("no provider".to_owned());
-        };
-        let Some(id) = machine_id(provider_id).filter(|id| aws.zones.contains_key(*id)) else {
-            return Outcome::Skipped("no machine".to_owned());
-        };
-        if aws.hidden.contains(id) {
-            return Outcome::Skipped("hidden once already".to_owned());
-        }
-        aws.hide(id, Duration::from_secs(seconds));
-        Outcome::Done(format!("EC2 does not know {id} for {seconds} s"))
-    }
-
-    /// Every request that reached the interposer (aws only), for invariant 13.
-    pub fn provider_requests(&self) -> Vec<provider_testbed::interposer::Seen> {
-        self.aws
-            .as_ref()
-            .map(|aws| aws.interposer.seen())
-            .unwrap_or_default()
-    }
-
-    /// What reached EC2 in this run (aws only): requests, failed ones, answers that left a
-    /// machine out.
-    pub fn traffic(&self) -> Option<String> {
-        let aws = self.aws.as_ref()?;
-        Some(format!(
-            "ec2: {} requests, {} failed, {} hid a machine",
-            aws.interposer.seen().len(),
-            aws.interposer.failed(),
-            aws.interposer.hiding_answers()
-        ))
-    }
-
-    /// The programs' provider flags, and their environment.
-    pub fn program_args(&self) -> (Vec<String>, Vec<(String, String)>) {
-        let Some(aws) = &self.aws else {
-            return (vec!["--instance-provider=sim".to_owned()], Vec::new());
-        };
-        (
-            vec![
-                "--instance-provider=aws".to_owned(),
-                format!("--aws-endpoint-url={}", aws.interposer.url()),
-                format!("--aws-region={REGION}"),
-                format!("--instance-provider-timeout={PROVIDER_TIMEOUT}"),
-            ],
-            vec![
-                ("AWS_ACCESS_KEY_ID".to_owned(), "AKIAEXPLORE".to_owned()),
-                ("AWS_SECRET_ACCESS_KEY".to_owned(), "explore".to_owned()),
-            ],
-        )
-    }
-
-    /// Every machine's state in the cloud of record (moto for aws), by providerID.
-    pub async fn states(&self) -> Result<BTreeMap<String, String>> {
-        let Some(aws) = &self.aws else {
-            let instances: Vec<Instance> =
-                serde_json::from_str(&sim_get(&self.client, "/sim/v1/instances").await?)?;
-            return Ok(instances
-                .into_iter()
-                .map(|instance| (instance.provider_id, instance.state))
-                .collect());
-        };
-        let mut states = BTreeMap::new();
-        for (id, zone) in &aws.zones {
-            let state = aws.moto.state(REGION, id).await?;
-            states.insert(
-                format!("aws:///{zone}/{id}"),
-                state.unwrap_or_else(|| "not-found".to_owned()),
-            );
-        }
-        Ok(states)
-    }
-}
-
-impl Aws {
-    async fn launch(&mut self, index: usize) -> Result<String> {
-        let zone = format!("{REGION}{}", zone(index));
-        let ids = self.moto.run_instances(&zone, 1).await?;
-        let Some(id) = ids.into_iter().next() else {
-            bail!("RunInstances launched nothing in {zone}");
-        };
-        let provider_id = format!("aws:///{zone}/{id}");
-        self.zones.insert(id, zone);
-        Ok(provider_id)
-    }
-
-    fn hide(&mut self, id: &str, lag: Duration) {
-        self.hidden.insert(id.to_owned());
-        self.interposer.hide(id, Instant::now() + lag);
-    }
-}
-
-/// The hook that mirrors the programs' calls reaching moto into kube-sim's cloud. A
-/// TerminateInstances counts as a client's terminate call there (invariant 1 judges those),
-/// except the retry of a call whose answer was lost: the client could not know it had acted.
-fn mirror(client: Client) -> provider_testbed::interposer::Hook {
-    let lost_answers: Arc<Mutex<HashSet<String>>> = Arc::default();
-    Arc::new(move |forwarding: Forwarding| {
-        let client = client.clone();
-        let lost_answers = Arc::clone(&lost_answers);
-        Box::pin(async move {
-            for id in &forwarding.instance_ids {
-                let (method, path) = match forwarding.action.as_str() {
-                    "TerminateInstances" => {
-                        let mut lost = lost_answers.lock().unwrap_or_else(PoisonError::into_inner);
-                        let retry = lost.contains(id);
-                        if forwarding.answer_lost {
-                            lost.insert(id.clone());
-                        }
-                        if retry {
-                            ("POST", sim_path(id, Act::Reclaim))
-                        } else {
-                            ("DELETE", format!("/sim/v1/instances/{id}"))
-                        }
-                    }
-                    "StopInstances" => ("POST", sim_path(id, Act::PowerOff)),
-                    "StartInstances" => ("POST", sim_path(id, Act::PowerOn)),
-                    _ => continue,
-                };
-                // kube-sim's /sim/v1 routes take no injected faults: one call does.
-                if let Err(error) = sim_call(&client, method, &path, None).await {
-                    eprintln!(
-                        "explore: mirroring {} of {id}: {error:#}",
-                        forwarding.action
-                    );
-                }
-            }
+    /// Puts a fault between the programs and the provider.
+    pub async fn fault(&self, fault: ProviderFault) -> Result<Outcome> {
+        Ok(match &self.provider {
+            Backend::Sim => Outcome::Skipped("no provider to fault".to_owned()),
+            Backend::Ec2(ec2) => ec2.fault(fault),
+            Backend::BareMetal(metal) => metal.fault(fault),
+            Backend::MachineApi(machines) => machines.fault(fault).await?,
         })
-    })
+    }
+
+    pub async fn heal(&self) -> Result<Outcome> {
+        Ok(match &self.provider {
+            Backend::Sim => Outcome::Skipped("no provider to heal".to_owned()),
+            Backend::Ec2(ec2) => ec2.heal(),
+            Backend::BareMetal(metal) => metal.heal(),
+            Backend::MachineApi(machines) => machines.heal().await?,
+        })
+    }
+
+    /// DescribeInstances leaves the machine out for `seconds`, once per machine (aws only).
+    pub fn hide(&mut self, provider_id: &str, seconds: u64) -> Outcome {
+        match &mut self.provider {
+            Backend::Ec2(ec2) => ec2.hide(provider_id, seconds),
+            _ => Outcome::Skipped("no provider that hides machines".to_owned()),
+        }
+    }
+
+    /// Every request that reached the provider's interposers, for invariant 13.
+    pub fn provider_requests(&self) -> Vec<Seen> {
+        match &self.provider {
+            Backend::Sim => Vec::new(),
+            Backend::Ec2(ec2) => ec2.seen(),
+            Backend::BareMetal(metal) => metal.seen(),
+            Backend::MachineApi(machines) => machines.seen(),
+        }
+    }
+
+    /// What reached the provider's server in this run.
+    pub fn traffic(&self) -> Option<String> {
+        match &self.provider {
+            Backend::Sim => None,
+            Backend::Ec2(ec2) => Some(ec2.traffic()),
+            Backend::BareMetal(metal) => Some(metal.traffic()),
+            Backend::MachineApi(machines) => Some(machines.traffic()),
+        }
+    }
+
+    /// `program`'s provider flags, and its environment.
+    pub fn program_args(&self, program: Program) -> (Vec<String>, Vec<(String, String)>) {
+        match &self.provider {
+            Backend::Sim => (vec!["--instance-provider=sim".to_owned()], Vec::new()),
+            Backend::Ec2(ec2) => ec2.args(),
+            Backend::BareMetal(metal) => (metal.args(program), Vec::new()),
+            Backend::MachineApi(machines) => (machines.args(program), Vec::new()),
+        }
+    }
+
+    /// Every machine's state in the cloud of record (moto for aws, the BMCs for redfish,
+    /// kube-sim's cloud otherwise), by providerID.
+    pub async fn states(&self) -> Result<BTreeMap<String, String>> {
+        match &self.provider {
+            Backend::Ec2(ec2) => ec2.states().await,
+            Backend::BareMetal(metal) => metal.states().await,
+            Backend::Sim | Backend::MachineApi(_) => {
+                let instances: Vec<Instance> =
+                    serde_json::from_str(&sim_get(&self.client, "/sim/v1/instances").await?)?;
+                Ok(instances
+                    .into_iter()
+                    .map(|instance| (instance.provider_id, instance.state))
+                    .collect())
+            }
+        }
+    }
+}
+
+/// Mirrors one program call into kube-sim's cloud. kube-sim's `/sim/v1` routes take no
+/// injected faults: one call does.
+async fn mirror_call(client: &Client, method: &str, path: &str, what: &str, id: &str) {
+    if let Err(error) = sim_call(client, method, path, None).await {
+        eprintln!("explore: mirroring {what} of {id}: {error:#}");
+    }
 }
 
 fn sim_path(id: &str, act: Act) -> String {

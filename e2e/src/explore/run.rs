@@ -120,7 +120,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     std::fs::create_dir_all(dir.join("logs"))?;
     let programs = options.programs.list();
     let steps = schedule::generate(seed, options.duration, &programs, options.provider);
-    let aws = options.provider == Provider::Aws;
+    let registers_nodes = Machines::registers_nodes(options.provider);
     let kube_sim = options.bin_dir.join("kube-sim");
     // A simulator built before its pod GC had `gcOrphaned` has no such flags: invariant 12 is
     // then not judged.
@@ -130,7 +130,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     sim_args.extend(pod_gc_flags);
     let cluster = Cluster::start(
         &kube_sim,
-        if aws { 0 } else { NODES },
+        if registers_nodes { 0 } else { NODES },
         RENEW_INTERVAL,
         NODE_MONITOR_GRACE,
         &dir,
@@ -139,16 +139,16 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     .await?;
     let client = cluster.client().clone();
     let api = api_address(cluster.kubeconfig())?;
-    let mut machines = Machines::start(options.provider, &client).await?;
+    let mut machines = Machines::start(options.provider, &client, api, &dir).await?;
     let mut provider_ids = HashMap::new();
     for index in 0..NODES {
         let provider_id = machines.first(index).await?;
-        if machines.registers_nodes() {
-            register_node(&client, index, &provider_id).await?;
+        if registers_nodes {
+            let annotations = machines.node_annotations(&provider_id);
+            register_node(&client, index, &provider_id, &annotations).await?;
         }
         provider_ids.insert(schedule::node(index), provider_id);
     }
-    let (provider_args, provider_env) = machines.program_args();
     let names: Vec<&str> = programs.iter().map(|p| p.name()).collect();
     let tokens = setup::identities(&client, &names).await?;
     setup::crd(&client, &options.charts_dir).await?;
@@ -170,14 +170,15 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
         for (index, webhook_port) in webhook_ports.iter().copied().enumerate() {
             let proxy = Proxy::start(vec![api]).await?;
             let kubeconfig = dir.join(format!("kubeconfig-{}-{index}", program.name()));
-            write_kubeconfig(&kubeconfig, &format!("http://{}", proxy.address()), token)?;
+            setup::write_kubeconfig(&kubeconfig, &format!("http://{}", proxy.address()), token)?;
             let mut args = arguments(*program, index, &kubeconfig, webhook_port);
-            args.extend(provider_args.iter().cloned());
+            let (provider_args, provider_env) = machines.program_args(*program);
+            args.extend(provider_args);
             let mut replica = Replica {
                 program: *program,
                 index,
                 args: known_to(&binary(options, *program), args)?,
-                env: provider_env.clone(),
+                env: provider_env,
                 log: dir.join(format!("logs/{}-{index}.log", program.name())),
                 proxy,
                 process: None,
@@ -650,19 +651,6 @@ fn api_address(kubeconfig: &Path) -> Result<SocketAddr> {
         .with_context(|| format!("kube-sim's address {server} (the explorer serves plain HTTP)"))
 }
 
-fn write_kubeconfig(path: &Path, server: &str, token: &str) -> Result<()> {
-    let config = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "sim", "cluster": {"server": server}}],
-        "users": [{"name": "program", "user": {"token": token}}],
-        "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "program"}}],
-        "current-context": "sim",
-    });
-    std::fs::write(path, serde_json::to_vec_pretty(&config)?)?;
-    Ok(())
-}
-
 /// The flags among `args` that `binary --help` names: a binary built from an older commit (to
 /// show what the explorer finds there) runs with the options it has.
 fn known_to(binary: &Path, args: Vec<String>) -> Result<Vec<String>> {
@@ -749,6 +737,8 @@ fn arguments(program: Program, index: usize, kubeconfig: &Path, webhook_port: u1
             "--volume-detach-timeout=10s".to_owned(),
             "--drain-timeout=45s".to_owned(),
             "--not-ready-timeout=15s".to_owned(),
+            // Above the 1–11 s the Redfish emulator takes to carry out a reset.
+            "--terminate-resend-after=15s".to_owned(),
         ]),
         Program::OutOfServiceGc => args.extend([
             "--auto-untaint=true".to_owned(),

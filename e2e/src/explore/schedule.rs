@@ -55,6 +55,13 @@ pub enum Provider {
     Sim,
     /// moto's EC2 behind an interposer of faults (`--instance-provider=aws`).
     Aws,
+    /// sushy-tools' Redfish emulator behind an interposer of faults, one per program
+    /// (`--instance-provider=redfish`): bare metal, where a termination is a power-off.
+    Redfish,
+    /// Cluster API Machines in the cluster itself, deleted by the explorer's machine
+    /// controller (`--instance-provider=cluster-api` for termination-controller;
+    /// out-of-service-gc, which Cluster API cannot serve, fences on kube-sim's cloud).
+    ClusterApi,
 }
 
 /// A fault between the programs and EC2.
@@ -70,6 +77,17 @@ pub enum ProviderFault {
     /// One action answered 403 `UnauthorizedOperation`, not forwarded: an IAM policy without
     /// it. The others are forwarded.
     Refuse(RefusedAction),
+    /// Redfish: every request answered 401 (the BMC's account changed under the Secret).
+    Unauthorized,
+    /// Redfish: a `ComputerSystem.Reset` answered 204 and never carried out.
+    ResetIgnored,
+    /// Redfish: the BMC answers nothing; requests time out.
+    NotAnswering,
+    /// Cluster API: the controller's access to Machines revoked (its RoleBinding deleted), so
+    /// the API server answers 403.
+    MachinesForbidden,
+    /// Cluster API: the machine controller stalls, so a deleted Machine stays deleting.
+    MachinesStuck,
 }
 
 /// The EC2 actions an IAM policy may lack.
@@ -338,11 +356,71 @@ pub fn generate(
     provider: Provider,
 ) -> Vec<Step> {
     let mut steps = cluster_history(seed, duration, programs);
-    if provider == Provider::Aws {
-        let faults = provider_faults(seed, duration, &steps);
-        steps.extend(faults);
-        steps.extend(iam_refusals(seed, duration));
-        steps.sort_by_key(|step| step.at);
+    let faults = match provider {
+        Provider::Sim => return steps,
+        Provider::Aws => {
+            let mut faults = provider_faults(seed, duration, &steps);
+            faults.extend(iam_refusals(seed, duration));
+            faults
+        }
+        Provider::Redfish => windows_of(
+            seed ^ 0x626d_635f_6661_756c,
+            duration,
+            BMC_PACE,
+            &[
+                ProviderFault::Unauthorized,
+                ProviderFault::InternalError,
+                ProviderFault::ResetIgnored,
+                ProviderFault::NotAnswering,
+            ],
+        ),
+        Provider::ClusterApi => windows_of(
+            seed ^ 0x6361_7069_5f66_6175,
+            duration,
+            MACHINE_API_PACE,
+            &[
+                ProviderFault::MachinesForbidden,
+                ProviderFault::MachinesStuck,
+            ],
+        ),
+    };
+    steps.extend(faults);
+    steps.sort_by_key(|step| step.at);
+    steps
+}
+
+/// About one BMC fault every `BMC_PACE`, and one Cluster API fault every `MACHINE_API_PACE`,
+/// each lasting 2–8 s.
+const BMC_PACE: Duration = Duration::from_secs(5);
+const MACHINE_API_PACE: Duration = Duration::from_secs(6);
+
+/// Faults drawn from `kinds` in windows of 2–8 s about one `pace` apart, from a stream of
+/// their own (`stream`), each ended by a heal.
+fn windows_of(
+    stream: u64,
+    duration: Duration,
+    pace: Duration,
+    kinds: &[ProviderFault],
+) -> Vec<Step> {
+    let mut rng = StdRng::seed_from_u64(stream);
+    let mut steps = Vec::new();
+    let mut at = Duration::ZERO;
+    loop {
+        at += pace.mul_f64(rng.random_range(0.3..1.7));
+        if at >= duration {
+            break;
+        }
+        let Some(&fault) = kinds.choose(&mut rng) else {
+            break;
+        };
+        steps.push(Step {
+            at,
+            event: Event::ProviderFault { fault },
+        });
+        steps.push(Step {
+            at: at + Duration::from_secs_f64(rng.random_range(2.0..8.0)),
+            event: Event::ProviderHeal,
+        });
     }
     steps
 }
@@ -727,23 +805,28 @@ mod tests {
         let programs = Programs::All.list();
         let duration = Duration::from_secs(20);
         let sim = generate(3, duration, &programs, Provider::Sim);
-        let aws = generate(3, duration, &programs, Provider::Aws);
-        let cluster_part: Vec<&Step> = aws
-            .iter()
-            .filter(|step| {
-                !matches!(
-                    step.event,
-                    Event::ProviderFault { .. } | Event::ProviderHeal | Event::HideMachine { .. }
-                )
-            })
-            .collect();
-        assert_eq!(cluster_part, sim.iter().collect::<Vec<_>>());
-        assert!(aws.len() > sim.len());
-        assert!(aws.windows(2).all(|pair| pair[0].at <= pair[1].at));
-        assert!(aws.iter().all(|step| match &step.event {
-            Event::HideMachine { seconds, .. } => (2..=8).contains(seconds),
-            _ => true,
-        }));
+        for provider in [Provider::Aws, Provider::Redfish, Provider::ClusterApi] {
+            let faulty = generate(3, duration, &programs, provider);
+            let cluster_part: Vec<&Step> = faulty
+                .iter()
+                .filter(|step| {
+                    !matches!(
+                        step.event,
+                        Event::ProviderFault { .. }
+                            | Event::ProviderHeal
+                            | Event::HideMachine { .. }
+                    )
+                })
+                .collect();
+            assert_eq!(cluster_part, sim.iter().collect::<Vec<_>>(), "{provider:?}");
+            assert!(faulty.len() > sim.len(), "{provider:?}");
+            assert!(faulty.windows(2).all(|pair| pair[0].at <= pair[1].at));
+            assert!(faulty.iter().all(|step| match &step.event {
+                Event::HideMachine { seconds, .. } =>
+                    provider == Provider::Aws && (2..=8).contains(seconds),
+                _ => true,
+            }));
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use kube_sim::cluster::{Workload, daemonset, deployment, statefulset};
 use serde_json::json;
 
 use super::schedule::{NODES, node};
-use crate::manifests::{create, parse_documents};
+use crate::manifests::{create, ensure_namespace, parse_documents};
 
 pub const NAMESPACE: &str = "nodegrace";
 pub const APPS: &str = "apps";
@@ -29,12 +29,7 @@ pub fn zone(index: usize) -> &'static str {
 
 /// Creates the namespace and each program's ServiceAccount, and returns a token for each.
 pub async fn identities(client: &Client, programs: &[&str]) -> Result<Vec<String>> {
-    create(
-        client,
-        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
-        NAMESPACE,
-    )
-    .await?;
+    ensure_namespace(client, NAMESPACE).await?;
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NAMESPACE);
     let mut tokens = Vec::new();
     for program in programs {
@@ -56,26 +51,29 @@ pub async fn identities(client: &Client, programs: &[&str]) -> Result<Vec<String
             NAMESPACE,
         )
         .await?;
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: Vec::new(),
-                expiration_seconds: Some(24 * 3600),
-                ..TokenRequestSpec::default()
-            },
-            ..TokenRequest::default()
-        };
-        let issued = accounts
-            .create_token_request(program, &PostParams::default(), &request)
-            .await
-            .with_context(|| format!("a token for {program}"))?;
-        tokens.push(
-            issued
-                .status
-                .map(|status| status.token)
-                .context("the TokenRequest came back without a token")?,
-        );
+        tokens.push(token(&accounts, program).await?);
     }
     Ok(tokens)
+}
+
+/// A day's token of the ServiceAccount `account`.
+pub async fn token(accounts: &Api<ServiceAccount>, account: &str) -> Result<String> {
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(24 * 3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let issued = accounts
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("a token for {account}"))?;
+    issued
+        .status
+        .map(|status| status.token)
+        .context("the TokenRequest came back without a token")
 }
 
 /// The NodeDisruptionBudget CRD from the chart, served once created.
@@ -222,4 +220,18 @@ pub fn node_budget_resource() -> ApiResource {
 
 pub fn node_budgets(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &node_budget_resource())
+}
+
+/// A kubeconfig that reaches `server` with `token`.
+pub fn write_kubeconfig(path: &Path, server: &str, token: &str) -> Result<()> {
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "sim", "cluster": {"server": server}}],
+        "users": [{"name": "program", "user": {"token": token}}],
+        "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "program"}}],
+        "current-context": "sim",
+    });
+    std::fs::write(path, serde_json::to_vec_pretty(&config)?)?;
+    Ok(())
 }

@@ -1,5 +1,5 @@
 //! Invariant 13, no storm against the provider: a call that changes a machine (a terminate, a
-//! power-off, a power-on) is sent to one machine at most [`CALLS_PER_WINDOW`] times within
+//! power-off, a power-on; a Redfish reset; a Cluster API Machine's delete or patch) is sent to one machine at most [`CALLS_PER_WINDOW`] times within
 //! any [`WINDOW`], counted at the interposer: a refused or failed call waits out its backoff
 //! whatever wakes its loop (the outside check found 91 StopInstances in 12 s for one machine
 //! an IAM policy refused). Requests the interposer answered as throttled are the client's own
@@ -25,17 +25,8 @@ const CHANGING: [&str; 3] = ["TerminateInstances", "StopInstances", "StartInstan
 pub fn provider_calls(seen: &[Seen]) -> Vec<Violation> {
     let mut calls: BTreeMap<(String, String), Vec<SystemTime>> = BTreeMap::new();
     for request in seen.iter().filter(|request| !request.throttled) {
-        let Some(action) = request
-            .field("Action")
-            .filter(|action| CHANGING.contains(&action.as_str()))
-        else {
-            continue;
-        };
-        for id in request.instance_ids() {
-            calls
-                .entry((action.clone(), id))
-                .or_default()
-                .push(request.at);
+        for key in changing(request) {
+            calls.entry(key).or_default().push(request.at);
         }
     }
     calls
@@ -56,6 +47,32 @@ pub fn provider_calls(seen: &[Seen]) -> Vec<Violation> {
             })
         })
         .collect()
+}
+
+/// The changes one request asks for, as (action, machine): EC2's terminate and power calls
+/// per instance, a Redfish `ComputerSystem.Reset` per system and reset type, a Cluster API
+/// Machine's delete or patch.
+fn changing(request: &Seen) -> Vec<(String, String)> {
+    if let Some(action) = request
+        .field("Action")
+        .filter(|action| CHANGING.contains(&action.as_str()))
+    {
+        return request
+            .instance_ids()
+            .into_iter()
+            .map(|id| (action.clone(), id))
+            .collect();
+    }
+    if let Some((system, reset_type)) = request.redfish_reset() {
+        return vec![(format!("Reset {reset_type}"), system)];
+    }
+    let path = request.path.split('?').next().unwrap_or_default();
+    match path.rsplit_once("/machines/") {
+        Some((_, name)) if matches!(request.method.as_str(), "DELETE" | "PATCH") => {
+            vec![(format!("{} Machine", request.method), name.to_owned())]
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// The start and count of the first window of [`WINDOW`] holding more than
@@ -124,5 +141,45 @@ mod tests {
             })
             .collect();
         assert_eq!(provider_calls(&mixed), []);
+    }
+
+    fn rest(method: &str, path: &str, body: &str, after_ms: u64) -> Seen {
+        Seen {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            body: body.to_owned(),
+            at: SystemTime::UNIX_EPOCH + Duration::from_millis(1_000_000 + after_ms),
+            throttled: false,
+        }
+    }
+
+    #[test]
+    fn redfish_resets_and_machine_deletes_are_counted_per_machine() {
+        let reset = "/redfish/v1/Systems/s-1/Actions/ComputerSystem.Reset";
+        let storm: Vec<Seen> = (0..12)
+            .map(|n| rest("POST", reset, r#"{"ResetType": "ForceOff"}"#, n * 500))
+            .chain((0..12).map(|n| rest("GET", "/redfish/v1/Systems/s-1", "", n * 500)))
+            .collect();
+        let found = provider_calls(&storm);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0]
+                .what
+                .starts_with("12 Reset ForceOff calls to machine s-1"),
+            "{found:?}"
+        );
+        let machine = "/apis/cluster.x-k8s.io/v1beta2/namespaces/machines/machines/node-1-a";
+        let deletes: Vec<Seen> = (0..10)
+            .map(|n| rest("DELETE", machine, "", n * 100))
+            .chain((0..30).map(|n| rest("GET", machine, "", n * 100)))
+            .collect();
+        let found = provider_calls(&deletes);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0]
+                .what
+                .starts_with("10 DELETE Machine calls to machine node-1-a"),
+            "{found:?}"
+        );
     }
 }

@@ -4,7 +4,6 @@
 
 mod alerts;
 mod binary;
-pub mod cluster_api;
 mod dashboard;
 mod fake_logind;
 pub mod proxy;

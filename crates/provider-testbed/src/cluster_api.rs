@@ -4,20 +4,20 @@
 //! excluded, the volume wait unless excluded, pre-terminate hooks, the infrastructure, the
 //! workload cluster's Node, and only then its own finalizer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Result;
-use futures::StreamExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use crate::instances::cluster_api::{
+use nodegrace_core::instances::cluster_api::{
     EXCLUDE_DRAINING, EXCLUDE_VOLUME_WAIT, machine_resource, machine_resource_in,
 };
 
@@ -134,6 +134,31 @@ pub enum Step {
     Removed(String),
 }
 
+/// The infrastructure provider's part of a Machine's deletion, given the Machine's
+/// `spec.providerID`; called once per Machine.
+pub type DeleteInfrastructure = Arc<dyn Fn(String) -> BoxFuture<'static, Result<()>> + Send + Sync>;
+
+/// How the machine controller runs.
+pub struct Settings {
+    /// Where the Machines are.
+    pub management: kube::Client,
+    /// Where the Nodes are, deleted after the infrastructure as upstream does; `None` leaves
+    /// them to whoever deleted the Machine.
+    pub workload: Option<kube::Client>,
+    /// The infrastructure's deletion; `None` takes 200 ms and does nothing.
+    pub infrastructure: Option<DeleteInfrastructure>,
+    /// While set, the controller does nothing: a Machine being deleted stays so.
+    pub held: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Debug)]
 pub struct MachineController {
     pub steps: Arc<Mutex<Vec<Step>>>,
@@ -146,24 +171,44 @@ impl Drop for MachineController {
     }
 }
 
+/// How often the controller lists the Machines: it polls, so a Machine left while it was
+/// held is taken up again without a change to wake it.
+const RESYNC: Duration = Duration::from_millis(250);
+
 impl MachineController {
     /// Runs against the Machines of `management`, deleting Nodes in `workload`.
     pub fn start(management: kube::Client, workload: kube::Client) -> Self {
+        Self::start_with(Settings {
+            management,
+            workload: Some(workload),
+            infrastructure: None,
+            held: Arc::default(),
+        })
+    }
+
+    pub fn start_with(settings: Settings) -> Self {
         let steps: Arc<Mutex<Vec<Step>>> = Arc::default();
         let log = Arc::clone(&steps);
         let task = tokio::spawn(async move {
             let machines: Api<DynamicObject> =
-                Api::all_with(management.clone(), &machine_resource());
-            let mut changes = std::pin::pin!(
-                watcher(machines, watcher::Config::default())
-                    .default_backoff()
-                    .applied_objects()
-            );
-            while let Some(Ok(machine)) = changes.next().await {
-                if machine.metadata.deletion_timestamp.is_none() {
+                Api::all_with(settings.management.clone(), &machine_resource());
+            let mut infrastructure_gone = HashSet::new();
+            loop {
+                tokio::time::sleep(RESYNC).await;
+                if settings.held.load(Ordering::SeqCst) {
                     continue;
                 }
-                let _ = reconcile_delete(&management, &workload, &machine, &log).await;
+                let Ok(listed) = machines.list(&ListParams::default()).await else {
+                    continue;
+                };
+                for machine in listed
+                    .items
+                    .iter()
+                    .filter(|machine| machine.metadata.deletion_timestamp.is_some())
+                {
+                    let _ =
+                        reconcile_delete(&settings, machine, &mut infrastructure_gone, &log).await;
+                }
             }
         });
         Self { steps, task }
@@ -178,13 +223,14 @@ impl MachineController {
 }
 
 async fn reconcile_delete(
-    management: &kube::Client,
-    workload: &kube::Client,
+    settings: &Settings,
     machine: &DynamicObject,
+    infrastructure_gone: &mut HashSet<String>,
     log: &Mutex<Vec<Step>>,
 ) -> Result<()> {
     let name = machine.metadata.name.clone().unwrap_or_default();
     let namespace = machine.metadata.namespace.clone().unwrap_or_default();
+    let uid = machine.metadata.uid.clone().unwrap_or_default();
     let annotations = machine.metadata.annotations.clone().unwrap_or_default();
     let hooked = |prefix: &str| annotations.keys().any(|key| key.starts_with(prefix));
     if hooked(PRE_DRAIN) || hooked(PRE_TERMINATE) {
@@ -203,10 +249,25 @@ async fn reconcile_delete(
     if !annotations.contains_key(EXCLUDE_VOLUME_WAIT) {
         record(Step::WaitedForVolumes(name.clone()));
     }
-    // The infrastructure provider deletes the machine; then, and only then, the Node.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The infrastructure provider deletes the machine, once; then, and only then, the Node.
+    if !infrastructure_gone.contains(&uid) {
+        match &settings.infrastructure {
+            Some(delete) => {
+                let provider_id = machine.data["spec"]["providerID"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                delete(provider_id).await?;
+            }
+            None => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+        infrastructure_gone.insert(uid);
+    }
     record(Step::InfrastructureDeleted(name.clone()));
-    if let Some(node) = machine.data["status"]["nodeRef"]["name"].as_str() {
+    if let (Some(workload), Some(node)) = (
+        &settings.workload,
+        machine.data["status"]["nodeRef"]["name"].as_str(),
+    ) {
         let nodes: Api<Node> = Api::all(workload.clone());
         match nodes.delete(node, &DeleteParams::default()).await {
             Ok(_) | Err(kube::Error::Api(_)) => record(Step::NodeDeleted(node.to_owned())),
@@ -214,7 +275,7 @@ async fn reconcile_delete(
         }
     }
     let machines: Api<DynamicObject> =
-        Api::namespaced_with(management.clone(), &namespace, &machine_resource());
+        Api::namespaced_with(settings.management.clone(), &namespace, &machine_resource());
     let finalizers: Vec<String> = machine
         .metadata
         .finalizers
