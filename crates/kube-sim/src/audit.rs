@@ -5,7 +5,9 @@
 //!   cause one unless the budget's status was stale);
 //! - deletions: every API delete of a pod, a VolumeAttachment or a Node, by whom, with which
 //!   grace period, and whether the kubelet of the object's node was running at that moment —
-//!   which only the simulator knows.
+//!   which only the simulator knows;
+//! - Node writes: every API PUT or PATCH of a Node or its status, by whom and when, so a judge
+//!   can tell a program that writes a Node far more often than its steps need.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -114,10 +116,29 @@ pub struct Deletion {
     pub kubelet: KubeletState,
 }
 
+/// One successful API write (PUT or PATCH) of a Node, its status included.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeWrite {
+    pub name: String,
+    /// The status subresource, not the object.
+    pub status: bool,
+    pub user: String,
+    /// RFC 3339 with milliseconds.
+    pub at: String,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Audit {
     violations: Arc<Mutex<Vec<Violation>>>,
     deletions: Arc<Mutex<Vec<Deletion>>>,
+    node_writes: Arc<Mutex<Vec<NodeWrite>>>,
+}
+
+fn now_in_milliseconds() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.3fZ")
+        .to_string()
 }
 
 /// Counted toward a budget: Ready, not terminating, not finished.
@@ -138,6 +159,26 @@ impl Audit {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    pub fn node_writes(&self) -> Vec<NodeWrite> {
+        self.node_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Called after `user` wrote the Node `name` through the API (its status, when `status`).
+    pub fn node_written(&self, name: &str, status: bool, user: &str) {
+        self.node_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(NodeWrite {
+                name: name.to_owned(),
+                status,
+                user: user.to_owned(),
+                at: now_in_milliseconds(),
+            });
     }
 
     /// Called just before `object` of `resource` (plural) is deleted through the API by `user`;
@@ -178,9 +219,7 @@ impl Audit {
                 .collect(),
             grace_period_seconds,
             user: user.to_owned(),
-            at: jiff::Timestamp::now()
-                .strftime("%Y-%m-%dT%H:%M:%S%.3fZ")
-                .to_string(),
+            at: now_in_milliseconds(),
             revision: store.revision(),
             kubelet: KubeletState::of_node(store, node),
         };

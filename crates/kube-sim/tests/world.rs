@@ -1237,5 +1237,16 @@ async fn a_partitioned_kubelet_stops_reporting_and_the_audit_names_who_deleted_u
         Ok(pods.get_opt("p").await?.is_none())
     })
     .await?;
+    // Each of the three annotations above is one Node write of the client's; the kubelet's
+    // own status reports are the simulator's, not an API client's.
+    let writes = sim.world().audit().node_writes();
+    let ours: Vec<_> = writes
+        .iter()
+        .filter(|write| write.name == "node-0" && write.user == "kube-sim-admin")
+        .collect();
+    ensure!(
+        ours.len() == 3 && ours.iter().all(|write| !write.status),
+        "{writes:?}"
+    );
     Ok(())
 }

@@ -86,11 +86,14 @@ pub async fn many(
                 summary.events += report.events;
                 summary.violations += report.violations.len();
                 println!(
-                    "seed {seed}: {} events, {} violations ({:.1} s; {}){}",
+                    "seed {seed}: {} events, {} violations ({:.1} s; {}; at most {} writes of a \
+                     Node in {} s){}",
                     report.events,
                     report.violations.len(),
                     took.as_secs_f64(),
                     report.dir.display(),
+                    report.busiest_node_writes,
+                    storms::WINDOW.as_secs(),
                     report
                         .provider_traffic
                         .as_ref()

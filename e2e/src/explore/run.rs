@@ -84,6 +84,8 @@ pub struct Report {
     pub events: usize,
     /// What reached the provider's server, where it is one (aws).
     pub provider_traffic: Option<String>,
+    /// The most writes one program sent one Node within invariant 13's window.
+    pub busiest_node_writes: usize,
     pub violations: Vec<Violation>,
     pub dir: PathBuf,
 }
@@ -333,6 +335,8 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     violations.extend(storms::provider_calls(
         &world.machines().provider_requests(),
     ));
+    let (too_many_writes, busiest_node_writes) = node_writes(&dir, &client).await?;
+    violations.extend(too_many_writes);
     violations.extend(panics(&dir.join("logs")));
     write_violations(&dir, &violations, &history.lines)?;
     drop(replicas);
@@ -341,6 +345,7 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
         seed,
         events: steps.len(),
         provider_traffic: world.machines().traffic(),
+        busiest_node_writes,
         violations,
         dir,
     })
@@ -608,6 +613,24 @@ async fn recoveries_ended(client: &Client, recording: &[record::Seen]) -> Result
         }
         tokio::time::sleep(SETTLE_POLL).await;
     }
+}
+
+/// 13's second half, from kube-sim's audit of Node writes (kept beside the history); a
+/// simulator without that audit (an older `--bin-dir`) is not judged on it.
+async fn node_writes(dir: &Path, client: &Client) -> Result<(Vec<Violation>, usize)> {
+    let Ok(text) = get(client, "/sim/v1/audit/node-writes").await else {
+        return Ok((Vec::new(), 0));
+    };
+    std::fs::write(dir.join("audit-node-writes.json"), &text)?;
+    let writes: Vec<kube_sim::audit::NodeWrite> = serde_json::from_str(&text)?;
+    let programs = [
+        invariants::TERMINATION_CONTROLLER_USER,
+        invariants::OUT_OF_SERVICE_GC_USER,
+    ];
+    Ok((
+        storms::node_writes(&writes, &programs),
+        storms::busiest_node_writes(&writes, &programs),
+    ))
 }
 
 /// 8. No machine leaks, judged from the cloud of record (moto for aws) at the end.

@@ -357,7 +357,10 @@ fn dispatch(
                     ));
                 }
             };
-            match *method {
+            let node_written = kind.group.is_empty()
+                && kind.plural == "nodes"
+                && matches!(*method, Method::PUT | Method::PATCH);
+            let answer = match *method {
                 Method::GET => objects::get(app, &kind, namespace, &name, rendering),
                 Method::PUT => objects::update(
                     app,
@@ -379,7 +382,12 @@ fn dispatch(
                 _ => Err(ApiError::method_not_allowed(format!(
                     "{method} is not supported here"
                 ))),
+            };
+            if node_written && answer.is_ok() {
+                app.audit
+                    .node_written(&name, part == crate::store::Part::Status, &user.name);
             }
+            answer
         }
     }
 }

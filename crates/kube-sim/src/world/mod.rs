@@ -311,6 +311,10 @@ impl World {
                 "/sim/v1/audit/deletions",
                 get(|State(audit): State<Audit>| async move { axum::Json(audit.deletions()) }),
             )
+            .route(
+                "/sim/v1/audit/node-writes",
+                get(|State(audit): State<Audit>| async move { axum::Json(audit.node_writes()) }),
+            )
             .with_state(self.audit.clone());
         self.cloud.router().merge(audit)
     }
