@@ -81,6 +81,9 @@ pub enum ProviderFault {
     Unauthorized,
     /// Redfish: a `ComputerSystem.Reset` answered 204 and never carried out.
     ResetIgnored,
+    /// Redfish: a `ComputerSystem.Reset` answered 403 `InsufficientPrivilege` (an account of a
+    /// role that may read but not power: a ReadOnly BMC user); reads are answered.
+    ResetRefused,
     /// Redfish: the BMC answers nothing; requests time out.
     NotAnswering,
     /// Cluster API: the controller's access to Machines revoked (its RoleBinding deleted), so
@@ -371,6 +374,7 @@ pub fn generate(
                 ProviderFault::Unauthorized,
                 ProviderFault::InternalError,
                 ProviderFault::ResetIgnored,
+                ProviderFault::ResetRefused,
                 ProviderFault::NotAnswering,
             ],
         ),

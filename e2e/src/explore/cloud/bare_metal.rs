@@ -1,6 +1,6 @@
 //! Bare metal: sushy-tools' Redfish emulator, one system per machine, reached by each program
-//! through an interposer of its own that adds a BMC's faults (401, 500, a reset taken and never
-//! carried out, no answer). A termination on bare metal is a power-off that stays off: the
+//! through an interposer of its own that adds a BMC's faults (401, 500, a reset refused, a reset
+//! taken and never carried out, no answer). A termination on bare metal is a power-off that stays off: the
 //! interposer it passed tells termination-controller's `ForceOff` (mirrored as a terminate)
 //! from out-of-service-gc's (a fence's power-off).
 
@@ -112,6 +112,7 @@ impl BareMetal {
             ProviderFault::Unauthorized => Mode::Unauthorized,
             ProviderFault::InternalError => Mode::InternalError,
             ProviderFault::ResetIgnored => Mode::Swallow("ComputerSystem.Reset".to_owned()),
+            ProviderFault::ResetRefused => Mode::Refuse("ComputerSystem.Reset".to_owned()),
             ProviderFault::NotAnswering => Mode::Hang("/redfish".to_owned()),
             other => return Outcome::Skipped(format!("{other:?} is not a BMC fault")),
         };
