@@ -134,7 +134,9 @@ async fn a_condition_of_one_node_object_never_lands_on_its_namesake() -> Result<
     })
     .await?;
 
-    nodes.delete("n1", &Default::default()).await?;
+    nodes
+        .delete("n1", &kube::api::DeleteParams::default())
+        .await?;
     nodes
         .create(
             &PostParams::default(),
@@ -155,7 +157,7 @@ async fn a_condition_of_one_node_object_never_lands_on_its_namesake() -> Result<
     let refused = nodes
         .patch_status(
             "n1",
-            &Default::default(),
+            &kube::api::PatchParams::default(),
             &kube::api::Patch::Strategic(patch),
         )
         .await;
