@@ -292,10 +292,34 @@ impl Relay {
         code: &str,
         message: &str,
     ) -> http::Response<Full<Bytes>> {
+        self.failed_with(status, error_document(code, message), "text/xml")
+    }
+
+    /// A failure as a BMC answers it: a Redfish error document.
+    fn redfish_failure(
+        &self,
+        status: http::StatusCode,
+        code: &str,
+        message: &str,
+    ) -> http::Response<Full<Bytes>> {
+        let body = serde_json::json!({"error": {
+            "code": code,
+            "message": format!("{message} (interposed)"),
+        }});
+        self.failed_with(status, Bytes::from(body.to_string()), "application/json")
+    }
+
+    fn failed_with(
+        &self,
+        status: http::StatusCode,
+        body: Bytes,
+        content_type: &'static str,
+    ) -> http::Response<Full<Bytes>> {
         self.lock().failed += 1;
         http::Response::builder()
             .status(status)
-            .body(Full::new(error_document(code, message)))
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(Full::new(body))
             .expect("a valid response")
     }
 
@@ -314,18 +338,11 @@ impl Relay {
         path: &str,
     ) -> Option<http::Response<Full<Bytes>>> {
         Some(match mode {
-            Mode::InternalError if path.starts_with("/redfish") => {
-                self.lock().failed += 1;
-                let body = serde_json::json!({"error": {
-                    "code": "Base.1.0.InternalError",
-                    "message": "The request failed due to an internal service error. (interposed)",
-                }});
-                http::Response::builder()
-                    .status(http::StatusCode::INTERNAL_SERVER_ERROR)
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .body(Full::new(Bytes::from(body.to_string())))
-                    .expect("a valid response")
-            }
+            Mode::InternalError if path.starts_with("/redfish") => self.redfish_failure(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "Base.1.0.InternalError",
+                "The request failed due to an internal service error.",
+            ),
             Mode::Fail => self.unavailable(),
             Mode::Throttle => self.failure(
                 http::StatusCode::SERVICE_UNAVAILABLE,
@@ -343,17 +360,16 @@ impl Relay {
                   <KeyCount>0</KeyCount></ListBucketResult>",
             ))),
             Mode::Unauthorized => {
-                self.lock().failed += 1;
-                let body = serde_json::json!({"error": {
-                    "code": "Base.1.0.GeneralError",
-                    "message": "The request could not be authorized. (interposed)",
-                }});
-                http::Response::builder()
-                    .status(http::StatusCode::UNAUTHORIZED)
-                    .header(http::header::WWW_AUTHENTICATE, "Basic realm=\"Redfish\"")
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .body(Full::new(Bytes::from(body.to_string())))
-                    .expect("a valid response")
+                let mut answer = self.redfish_failure(
+                    http::StatusCode::UNAUTHORIZED,
+                    "Base.1.0.GeneralError",
+                    "The request could not be authorized.",
+                );
+                answer.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Basic realm=\"Redfish\""),
+                );
+                answer
             }
             Mode::Forward
             | Mode::FailAfter(_)
@@ -379,18 +395,11 @@ impl Relay {
                 "UnauthorizedOperation",
                 "You are not authorized to perform this operation.",
             ))),
-            Mode::Refuse(refused) if path.contains(refused.as_str()) => {
-                self.lock().failed += 1;
-                let body = serde_json::json!({"error": {
-                    "code": "Base.1.0.InsufficientPrivilege",
-                    "message": "There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation. (interposed)",
-                }});
-                Some(Ok(http::Response::builder()
-                    .status(http::StatusCode::FORBIDDEN)
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .body(Full::new(Bytes::from(body.to_string())))
-                    .expect("a valid response")))
-            }
+            Mode::Refuse(refused) if path.contains(refused.as_str()) => Some(Ok(self.redfish_failure(
+                http::StatusCode::FORBIDDEN,
+                "Base.1.0.InsufficientPrivilege",
+                "There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation.",
+            ))),
             Mode::Hang(hung) if matches(hung) => {
                 self.lock().failed += 1;
                 tokio::time::sleep(LOST_ANSWER_HOLD).await;

@@ -366,10 +366,10 @@ pub fn generate(
             faults.extend(iam_refusals(seed, duration));
             faults
         }
-        Provider::Redfish => windows_of(
-            seed ^ 0x626d_635f_6661_756c,
+        Provider::Redfish => draw_windows(
+            &mut StdRng::seed_from_u64(seed ^ 0x626d_635f_6661_756c),
             duration,
-            BMC_PACE,
+            &BMC_FAULTS,
             &[
                 ProviderFault::Unauthorized,
                 ProviderFault::InternalError,
@@ -378,10 +378,10 @@ pub fn generate(
                 ProviderFault::NotAnswering,
             ],
         ),
-        Provider::ClusterApi => windows_of(
-            seed ^ 0x6361_7069_5f66_6175,
+        Provider::ClusterApi => draw_windows(
+            &mut StdRng::seed_from_u64(seed ^ 0x6361_7069_5f66_6175),
             duration,
-            MACHINE_API_PACE,
+            &MACHINE_API_FAULTS,
             &[
                 ProviderFault::MachinesForbidden,
                 ProviderFault::MachinesStuck,
@@ -393,28 +393,57 @@ pub fn generate(
     steps
 }
 
-/// About one BMC fault every `BMC_PACE`, and one Cluster API fault every `MACHINE_API_PACE`,
-/// each lasting 2–8 s.
-const BMC_PACE: Duration = Duration::from_secs(5);
-const MACHINE_API_PACE: Duration = Duration::from_secs(6);
-
-/// Faults drawn from `kinds` in windows of 2–8 s about one `pace` apart, from a stream of
-/// their own (`stream`), each ended by a heal.
-fn windows_of(
-    stream: u64,
-    duration: Duration,
+/// How a provider's faults are drawn: gaps of `pace` times a factor from `spread`, each fault
+/// lasting a number of seconds from `lasting`, then healed.
+struct Windows {
     pace: Duration,
+    spread: std::ops::Range<f64>,
+    lasting: std::ops::Range<f64>,
+}
+
+/// EC2's throttling, 500s and lost answers: about one every 3 s, 1–6 s each.
+const EC2_FAULTS: Windows = Windows {
+    pace: Duration::from_secs(3),
+    spread: 0.2..1.8,
+    lasting: 1.0..6.0,
+};
+/// IAM refusals: about one every 8 s, 2–8 s each, from a stream of their own, so the other
+/// faults of a seed stay as they were drawn before them.
+const IAM_REFUSALS: Windows = Windows {
+    pace: Duration::from_secs(8),
+    spread: 0.3..1.7,
+    lasting: 2.0..8.0,
+};
+/// A BMC's faults: about one every 5 s, 2–8 s each.
+const BMC_FAULTS: Windows = Windows {
+    pace: Duration::from_secs(5),
+    spread: 0.3..1.7,
+    lasting: 2.0..8.0,
+};
+/// Cluster API's faults: about one every 6 s, 2–8 s each.
+const MACHINE_API_FAULTS: Windows = Windows {
+    pace: Duration::from_secs(6),
+    spread: 0.3..1.7,
+    lasting: 2.0..8.0,
+};
+
+/// Faults drawn from `kinds` over `duration` as `windows` says, each ended by a heal.
+fn draw_windows(
+    rng: &mut StdRng,
+    duration: Duration,
+    windows: &Windows,
     kinds: &[ProviderFault],
 ) -> Vec<Step> {
-    let mut rng = StdRng::seed_from_u64(stream);
     let mut steps = Vec::new();
     let mut at = Duration::ZERO;
     loop {
-        at += pace.mul_f64(rng.random_range(0.3..1.7));
+        at += windows
+            .pace
+            .mul_f64(rng.random_range(windows.spread.clone()));
         if at >= duration {
             break;
         }
-        let Some(&fault) = kinds.choose(&mut rng) else {
+        let Some(&fault) = kinds.choose(rng) else {
             break;
         };
         steps.push(Step {
@@ -422,75 +451,36 @@ fn windows_of(
             event: Event::ProviderFault { fault },
         });
         steps.push(Step {
-            at: at + Duration::from_secs_f64(rng.random_range(2.0..8.0)),
+            at: at + Duration::from_secs_f64(rng.random_range(windows.lasting.clone())),
             event: Event::ProviderHeal,
         });
     }
     steps
 }
 
-/// About one IAM refusal every `REFUSAL_PACE`, lasting 2–8 s: a stream of its own, so the
-/// other faults of a seed stay as they were drawn before it.
-const REFUSAL_PACE: Duration = Duration::from_secs(8);
-
 fn iam_refusals(seed: u64, duration: Duration) -> Vec<Step> {
-    const REFUSED: [RefusedAction; 3] = [
+    let refused = [
         RefusedAction::TerminateInstances,
         RefusedAction::StopInstances,
         RefusedAction::StartInstances,
-    ];
+    ]
+    .map(ProviderFault::Refuse);
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6961_6d5f_7265_6675);
-    let mut steps = Vec::new();
-    let mut at = Duration::ZERO;
-    loop {
-        at += REFUSAL_PACE.mul_f64(rng.random_range(0.3..1.7));
-        if at >= duration {
-            break;
-        }
-        let action = *REFUSED
-            .choose(&mut rng)
-            .unwrap_or(&RefusedAction::StopInstances);
-        steps.push(Step {
-            at,
-            event: Event::ProviderFault {
-                fault: ProviderFault::Refuse(action),
-            },
-        });
-        steps.push(Step {
-            at: at + Duration::from_secs_f64(rng.random_range(2.0..8.0)),
-            event: Event::ProviderHeal,
-        });
-    }
-    steps
+    draw_windows(&mut rng, duration, &IAM_REFUSALS, &refused)
 }
 
-/// About one provider fault every `PROVIDER_PACE`, lasting 1–6 s.
-const PROVIDER_PACE: Duration = Duration::from_secs(3);
-
 fn provider_faults(seed: u64, duration: Duration, cluster: &[Step]) -> Vec<Step> {
-    const FAULTS: [ProviderFault; 3] = [
-        ProviderFault::Throttle,
-        ProviderFault::InternalError,
-        ProviderFault::LoseAnswers,
-    ];
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6563_325f_6661_756c);
-    let mut steps = Vec::new();
-    let mut at = Duration::ZERO;
-    loop {
-        at += PROVIDER_PACE.mul_f64(rng.random_range(0.2..1.8));
-        if at >= duration {
-            break;
-        }
-        let fault = *FAULTS.choose(&mut rng).unwrap_or(&ProviderFault::Throttle);
-        steps.push(Step {
-            at,
-            event: Event::ProviderFault { fault },
-        });
-        steps.push(Step {
-            at: at + Duration::from_secs_f64(rng.random_range(1.0..6.0)),
-            event: Event::ProviderHeal,
-        });
-    }
+    let mut steps = draw_windows(
+        &mut rng,
+        duration,
+        &EC2_FAULTS,
+        &[
+            ProviderFault::Throttle,
+            ProviderFault::InternalError,
+            ProviderFault::LoseAnswers,
+        ],
+    );
     // A false NotFound matters while termination-controller asks about a machine: after its
     // Node's deletion.
     for step in cluster {
