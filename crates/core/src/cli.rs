@@ -318,7 +318,10 @@ impl InstanceArgs {
                     }
                     None => client.clone(),
                 };
-                Arc::new(ClusterApiInstances::new(management))
+                Arc::new(ClusterApiInstances::new(
+                    management,
+                    self.instance_provider_timeout,
+                ))
             }
             InstanceProviderKind::Redfish => {
                 let path = self

@@ -1,6 +1,8 @@
 //! The `cluster-api` provider on kube-sim with Cluster API's Machine CRD, for the histories the
 //! controller's tests do not reach: a Machine re-created under a deleted one's name.
 
+use std::time::Duration;
+
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
@@ -35,7 +37,7 @@ fn bare_machine(provider_id: &str) -> DynamicObject {
 async fn a_namesake_machine_does_not_inherit_the_end_of_the_one_deleted_before() -> Result<()> {
     let management = Cluster::new(0).crd(machine_crd()).start().await?;
     let client = management.client();
-    let provider = ClusterApiInstances::new(client.clone());
+    let provider = ClusterApiInstances::new(client.clone(), Duration::from_secs(10));
     let machines: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), "default", &machine_resource());
 
@@ -69,7 +71,7 @@ async fn machines_served_only_as_v1beta1_are_found_terminated_and_confirmed_gone
         .start()
         .await?;
     let client = management.client();
-    let provider = ClusterApiInstances::new(client.clone());
+    let provider = ClusterApiInstances::new(client.clone(), Duration::from_secs(10));
     let v1beta1 = machine_resource_in("v1beta1");
     let machines: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &v1beta1);
     let mut old = bare_machine("docker:///workload/old");
@@ -96,7 +98,7 @@ async fn machines_served_only_as_v1beta1_are_found_terminated_and_confirmed_gone
 #[tokio::test]
 async fn a_management_cluster_without_machines_is_an_error_never_a_machine_gone() -> Result<()> {
     let management = Cluster::new(0).start().await?;
-    let provider = ClusterApiInstances::new(management.client());
+    let provider = ClusterApiInstances::new(management.client(), Duration::from_secs(10));
     let id = node("docker:///workload/first")?;
     for answer in [
         provider.state(&id).await.map(|state| state.to_string()),
@@ -120,7 +122,7 @@ async fn a_management_cluster_without_machines_is_an_error_never_a_machine_gone(
         .crd(machine_crd_serving(&["v1alpha4"]))
         .start()
         .await?;
-    let provider = ClusterApiInstances::new(alpha.client());
+    let provider = ClusterApiInstances::new(alpha.client(), Duration::from_secs(10));
     let error = provider.state(&id).await.unwrap_err().to_string();
     ensure!(error.contains("v1alpha4"), "{error}");
     Ok(())
@@ -133,7 +135,7 @@ async fn a_management_cluster_without_machines_is_an_error_never_a_machine_gone(
 async fn machines_gone_as_a_resource_hold_the_node_until_they_are_served_again() -> Result<()> {
     let management = Cluster::new(0).crd(machine_crd()).start().await?;
     let client = management.client();
-    let provider = ClusterApiInstances::new(client.clone());
+    let provider = ClusterApiInstances::new(client.clone(), Duration::from_secs(10));
     let id = node("docker:///workload/first")?;
     create_machine(&client, &bare_machine("docker:///workload/first")).await?;
     ensure!(provider.state(&id).await? == InstanceState::Running);

@@ -175,7 +175,17 @@ async fn an_ec2_power_off_that_hangs_is_retried_on_the_backoffs_schedule() -> Re
 /// the machine is known and is held (`FenceHeldProvider`), asked again on the backoff.
 #[tokio::test]
 async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    let ec2 = Ec2::start(Mode::Refuse("DescribeInstances".to_owned()), &[]).await?;
+    ec2_state_read(Mode::Refuse("DescribeInstances".to_owned())).await
+}
+
+/// EC2 that does not answer `DescribeInstances` within `--instance-provider-timeout`.
+#[tokio::test]
+async fn an_ec2_state_read_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    ec2_state_read(Mode::Hang("DescribeInstances".to_owned())).await
+}
+
+async fn ec2_state_read(mode: Mode) -> Result<()> {
+    let ec2 = Ec2::start(mode, &[]).await?;
     let reads = || ec2.calls("DescribeInstances");
     on_the_schedule(
         &ec2.client,
@@ -194,15 +204,33 @@ async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Resul
 /// to `fenced` wakes the cleanup).
 #[tokio::test]
 async fn a_refused_ec2_power_on_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    ec2_power_on(Mode::Refuse("StartInstances".to_owned())).await
+}
+
+/// EC2 that does not answer `StartInstances` within `--instance-provider-timeout`.
+#[tokio::test]
+async fn an_ec2_power_on_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    ec2_power_on(Mode::Hang("StartInstances".to_owned())).await
+}
+
+async fn ec2_power_on(mode: Mode) -> Result<()> {
     let flags = ["--auto-untaint=true", "--recover-after-cleanup=true"];
-    let ec2 = Ec2::start(Mode::Refuse("StartInstances".to_owned()), &flags).await?;
+    let ec2 = Ec2::start(mode, &flags).await?;
     let starts = || ec2.calls("StartInstances");
     on_the_schedule(&ec2.client, &starts, "StartInstances", "PowerOnFailed").await?;
     ensure!(ec2.state().await?.as_deref() == Some("stopped"));
     Ok(())
 }
 
-async fn redfish_power_off(mode: Mode) -> Result<()> {
+/// What a Redfish storm test counts, and the Event that says each failure.
+#[derive(Clone, Copy)]
+enum Counted {
+    PowerOffs,
+    PowerOns,
+    Reads,
+}
+
+async fn redfish_storm(mode: Mode, counted: Counted) -> Result<()> {
     let bmc = InterposedBmc::start("hung", mode).await?;
     let sim = sim(0, world()).await?;
     let client = sim.client();
@@ -214,26 +242,83 @@ async fn redfish_power_off(mode: Mode) -> Result<()> {
         .create(&PostParams::default(), &node)
         .await?;
     all_ready(&client, 1).await?;
-    let _program = start(
-        &sim,
-        &[
-            "--instance-provider=redfish".to_owned(),
-            format!("--redfish-config={}", bmc.config.display()),
-        ],
-    )?;
-    let resets = || bmc.resets();
-    on_the_schedule(&client, &resets, "ComputerSystem.Reset", "FenceFailed").await?;
-    not_tainted(&client).await
+    let mut flags = vec![
+        "--instance-provider=redfish".to_owned(),
+        format!("--redfish-config={}", bmc.config.display()),
+    ];
+    if matches!(counted, Counted::PowerOns) {
+        flags.extend(["--auto-untaint=true", "--recover-after-cleanup=true"].map(str::to_owned));
+    }
+    let _program = start(&sim, &flags)?;
+    match counted {
+        Counted::PowerOffs => {
+            let resets = || bmc.resets_of("ForceOff");
+            on_the_schedule(&client, &resets, "ForceOff", "FenceFailed").await?;
+            not_tainted(&client).await
+        }
+        Counted::PowerOns => {
+            let resets = || bmc.resets_of("On");
+            on_the_schedule(&client, &resets, "On", "PowerOnFailed").await
+        }
+        Counted::Reads => {
+            let reads = || bmc.reads();
+            on_the_schedule(&client, &reads, "system read", "FenceHeldProvider").await?;
+            ensure!(bmc.resets() == 0, "reset without a state");
+            not_tainted(&client).await
+        }
+    }
 }
 
 /// A BMC account whose role may read but not reset.
 #[tokio::test]
 async fn a_refused_redfish_reset_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    redfish_power_off(Mode::Refuse("ComputerSystem.Reset".to_owned())).await
+    redfish_storm(
+        Mode::Refuse("ComputerSystem.Reset".to_owned()),
+        Counted::PowerOffs,
+    )
+    .await
 }
 
 /// A BMC that does not answer the reset within `--instance-provider-timeout`.
 #[tokio::test]
 async fn a_redfish_reset_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    redfish_power_off(Mode::Hang("ComputerSystem.Reset".to_owned())).await
+    redfish_storm(
+        Mode::Hang("ComputerSystem.Reset".to_owned()),
+        Counted::PowerOffs,
+    )
+    .await
+}
+
+/// The machine fenced and the node clean, the BMC refuses the power-on (`"On"` in the reset's
+/// body): the recovery tries again on the backoff.
+#[tokio::test]
+async fn a_refused_redfish_power_on_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    redfish_storm(Mode::Refuse("\"On\"".to_owned()), Counted::PowerOns).await
+}
+
+/// The power-on held unanswered past `--instance-provider-timeout`.
+#[tokio::test]
+async fn a_redfish_power_on_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    redfish_storm(Mode::Hang("\"On\"".to_owned()), Counted::PowerOns).await
+}
+
+/// A BMC refusing the system's reads: no state, so no power-off, and the reads held on the
+/// backoff.
+#[tokio::test]
+async fn a_refused_redfish_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    redfish_storm(
+        Mode::Refuse("/redfish/v1/Systems/".to_owned()),
+        Counted::Reads,
+    )
+    .await
+}
+
+/// A BMC that does not answer the system's reads.
+#[tokio::test]
+async fn a_redfish_state_read_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    redfish_storm(
+        Mode::Hang("/redfish/v1/Systems/".to_owned()),
+        Counted::Reads,
+    )
+    .await
 }

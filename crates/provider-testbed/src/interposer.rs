@@ -386,16 +386,20 @@ impl Relay {
         mode: &Mode,
         action: Option<&str>,
         path: &str,
+        body: &[u8],
     ) -> Option<Result<http::Response<Full<Bytes>>, AnswerLost>> {
-        let matches =
-            |wanted: &String| action == Some(wanted.as_str()) || path.contains(wanted.as_str());
+        // A REST request is matched by a part of its path or of its body (`"On"`: a
+        // power-on's reset, not a power-off's).
+        let rest =
+            |wanted: &str| path.contains(wanted) || String::from_utf8_lossy(body).contains(wanted);
+        let matches = |wanted: &String| action == Some(wanted.as_str()) || rest(wanted);
         match mode {
             Mode::Refuse(refused) if action == Some(refused.as_str()) => Some(Ok(self.failure(
                 http::StatusCode::FORBIDDEN,
                 "UnauthorizedOperation",
                 "You are not authorized to perform this operation.",
             ))),
-            Mode::Refuse(refused) if path.contains(refused.as_str()) => Some(Ok(self.redfish_failure(
+            Mode::Refuse(refused) if rest(refused) => Some(Ok(self.redfish_failure(
                 http::StatusCode::FORBIDDEN,
                 "Base.1.0.InsufficientPrivilege",
                 "There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation.",
@@ -452,7 +456,10 @@ impl Relay {
             .iter()
             .find(|(key, _)| key == "Action")
             .map(|(_, value)| value.clone());
-        if let Some(answer) = self.refused_or_hung(&mode, action.as_deref(), &path).await {
+        if let Some(answer) = self
+            .refused_or_hung(&mode, action.as_deref(), &path, &body)
+            .await
+        {
             return answer;
         }
         let answer_lost = mode == Mode::LoseAnswers;

@@ -262,7 +262,28 @@ impl InterposedBmc {
         self.interposer
             .seen()
             .iter()
-            .filter(|seen| seen.method == "POST" && seen.path.contains("ComputerSystem.Reset"))
+            .filter(|seen| seen.redfish_reset().is_some())
+            .count()
+    }
+
+    /// The `ComputerSystem.Reset` requests of `reset_type` (`On`, `ForceOff`).
+    pub fn resets_of(&self, reset_type: &str) -> usize {
+        self.interposer
+            .seen()
+            .iter()
+            .filter(|seen| {
+                seen.redfish_reset()
+                    .is_some_and(|(_, asked)| asked == reset_type)
+            })
+            .count()
+    }
+
+    /// The reads of the system (its power state, before each reset too).
+    pub fn reads(&self) -> usize {
+        self.interposer
+            .seen()
+            .iter()
+            .filter(|seen| seen.method == "GET" && seen.path.starts_with("/redfish/v1/Systems/"))
             .count()
     }
 }

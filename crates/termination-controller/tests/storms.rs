@@ -164,7 +164,14 @@ async fn an_ec2_terminate_that_hangs_is_retried_on_the_backoffs_schedule() -> Re
     ec2_storm(Mode::Hang("TerminateInstances".to_owned())).await
 }
 
-async fn redfish_storm(mode: Mode) -> Result<()> {
+/// The BMC's fault, and which of its requests are counted.
+#[derive(Clone, Copy)]
+enum Counted {
+    Resets,
+    Reads,
+}
+
+async fn redfish_storm(mode: Mode, counted: Counted) -> Result<()> {
     let bmc = InterposedBmc::start("worker", mode).await?;
     let sim = sim(0).await?;
     let client = sim.client();
@@ -176,32 +183,68 @@ async fn redfish_storm(mode: Mode) -> Result<()> {
             format!("--redfish-config={}", bmc.config.display()),
         ],
     )?;
-    storm_free(&client, &|| bmc.resets(), "ComputerSystem.Reset").await?;
+    match counted {
+        Counted::Resets => storm_free(&client, &|| bmc.resets(), "ComputerSystem.Reset").await?,
+        Counted::Reads => {
+            let made = storm_free(&client, &|| bmc.reads(), "system read").await?;
+            ensure!(bmc.resets() == 0, "reset after {made} failed reads");
+            made
+        }
+    };
     Ok(())
 }
 
 /// A BMC account whose role may read but not reset.
 #[tokio::test]
 async fn a_refused_redfish_power_off_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    redfish_storm(Mode::Refuse("ComputerSystem.Reset".to_owned())).await
+    redfish_storm(
+        Mode::Refuse("ComputerSystem.Reset".to_owned()),
+        Counted::Resets,
+    )
+    .await
 }
 
 /// A BMC that does not answer the reset within `--instance-provider-timeout`.
 #[tokio::test]
 async fn a_redfish_power_off_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    redfish_storm(Mode::Hang("ComputerSystem.Reset".to_owned())).await
+    redfish_storm(
+        Mode::Hang("ComputerSystem.Reset".to_owned()),
+        Counted::Resets,
+    )
+    .await
 }
 
-/// The operator's command: `state` answers, `terminate` fails (or hangs); each try is a line
-/// of its log.
-async fn exec_storm(terminate: &str) -> Result<()> {
+/// A BMC refusing even the system's reads: no power state, so no reset, and the reads on the
+/// backoff's schedule.
+#[tokio::test]
+async fn a_refused_redfish_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    redfish_storm(
+        Mode::Refuse("/redfish/v1/Systems/".to_owned()),
+        Counted::Reads,
+    )
+    .await
+}
+
+/// A BMC that does not answer the system's reads.
+#[tokio::test]
+async fn a_redfish_state_read_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    redfish_storm(
+        Mode::Hang("/redfish/v1/Systems/".to_owned()),
+        Counted::Reads,
+    )
+    .await
+}
+
+/// The operator's command: `state` runs `state`, `terminate` runs `terminate`; each call is a
+/// line of its log, and the calls of `counted` are counted.
+async fn exec_storm(state: &str, terminate: &str, counted: &str) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let log = dir.path().join("calls.log");
     let script = dir.path().join("provider.sh");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\necho \"$1\" >> {log}\ncase \"$1\" in\n  state) echo running ;;\n  \
+            "#!/bin/sh\necho \"$1\" >> {log}\ncase \"$1\" in\n  state) {state} ;;\n  \
              terminate) {terminate} ;;\nesac\n",
             log = log.display()
         ),
@@ -217,25 +260,42 @@ async fn exec_storm(terminate: &str) -> Result<()> {
             format!("--instance-provider-command={}", script.display()),
         ],
     )?;
-    let terminates = || {
+    let calls = |of: &str| {
         std::fs::read_to_string(&log)
             .unwrap_or_default()
             .lines()
-            .filter(|line| *line == "terminate")
+            .filter(|line| *line == of)
             .count()
     };
-    storm_free(&client, &terminates, "terminate").await?;
+    storm_free(&client, &|| calls(counted), counted).await?;
+    if counted == "state" {
+        ensure!(calls("terminate") == 0, "terminated without a state");
+    }
     Ok(())
 }
 
+const RUNNING: &str = "echo running";
+const REFUSED: &str = "echo 'not allowed' >&2; exit 1";
+const HANGS: &str = "exec sleep 30";
+
 #[tokio::test]
 async fn a_failing_exec_terminate_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    exec_storm("echo 'not allowed' >&2; exit 1").await
+    exec_storm(RUNNING, REFUSED, "terminate").await
 }
 
 #[tokio::test]
 async fn an_exec_terminate_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    exec_storm("exec sleep 30").await
+    exec_storm(RUNNING, HANGS, "terminate").await
+}
+
+#[tokio::test]
+async fn a_failing_exec_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    exec_storm(REFUSED, "true", "state").await
+}
+
+#[tokio::test]
+async fn an_exec_state_read_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    exec_storm(HANGS, "true", "state").await
 }
 
 /// Cluster API's management cluster failing every Machine delete (500s): tries on the
@@ -280,6 +340,70 @@ async fn a_failing_machine_delete_is_retried_on_the_backoffs_schedule() -> Resul
     )?;
     let deletes = || usize::try_from(management.faults().failed()).unwrap_or(usize::MAX);
     storm_free(&client, &deletes, "Machine delete").await?;
+    Ok(())
+}
+
+/// A management cluster that does not answer about Machines within
+/// `--instance-provider-timeout` (reached through an interposer that holds those requests):
+/// the reads of the Machine are tried on the backoff's schedule, and nothing is deleted.
+#[tokio::test]
+async fn a_machine_read_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    use kube_sim::cluster::Cluster;
+    use provider_testbed::cluster_api::{create_machine, machine, machine_crd, node_annotations};
+    use provider_testbed::interposer::Interposer;
+
+    let management = Cluster::new(0).crd(machine_crd()).start().await?;
+    let id = "docker:///workload/worker";
+    create_machine(
+        &management.client(),
+        &machine("default", "workers-0", "worker", id),
+    )
+    .await?;
+    let hanging = Interposer::start(management.url()).await?;
+    hanging.set(Mode::Hang("/machines/".to_owned()));
+    let dir = tempfile::tempdir()?;
+    let through = dir.path().join("management.kubeconfig");
+    let admin = std::fs::read_to_string(management.kubeconfig_path())?;
+    ensure!(admin.contains(management.url()), "{admin}");
+    std::fs::write(&through, admin.replace(management.url(), &hanging.url()))?;
+    let sim = sim(0).await?;
+    let client = sim.client();
+    machine_node(
+        &client,
+        "worker",
+        id,
+        Some(node_annotations("default", "workers-0")),
+    )
+    .await?;
+    let _controller = start(
+        &sim,
+        &[
+            "--instance-provider=cluster-api".to_owned(),
+            format!("--cluster-api-kubeconfig={}", through.display()),
+        ],
+    )?;
+    let machine_calls = || {
+        hanging
+            .seen()
+            .iter()
+            .filter(|seen| seen.path.contains("/machines/"))
+            .count()
+    };
+    storm_free(&client, &machine_calls, "Machine read").await?;
+    let machines: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        management.client(),
+        "default",
+        &nodegrace_core::instances::cluster_api::machine_resource(),
+    );
+    ensure!(
+        machines
+            .get("workers-0")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "the Machine was deleted"
+    );
     Ok(())
 }
 
@@ -372,7 +496,17 @@ async fn a_machine_delete_forbidden_by_rbac_holds_the_node() -> Result<()> {
 /// sent (it is decided on a state), and the reads are tried on the backoff's schedule.
 #[tokio::test]
 async fn a_refused_ec2_state_read_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    let ec2 = Ec2::start(Mode::Refuse("DescribeInstances".to_owned())).await?;
+    ec2_state_storm(Mode::Refuse("DescribeInstances".to_owned())).await
+}
+
+/// EC2 that does not answer `DescribeInstances` within `--instance-provider-timeout`.
+#[tokio::test]
+async fn an_ec2_state_read_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
+    ec2_state_storm(Mode::Hang("DescribeInstances".to_owned())).await
+}
+
+async fn ec2_state_storm(mode: Mode) -> Result<()> {
+    let ec2 = Ec2::start(mode).await?;
     let reads = || ec2.machine.interposer.calls("DescribeInstances");
     storm_free(&ec2.client, &reads, "DescribeInstances").await?;
     ensure!(

@@ -10,6 +10,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -61,6 +62,8 @@ pub struct ClusterApiInstances {
     /// The Machine version the management cluster serves, found by discovery and asked again
     /// once a call finds it gone (Cluster API upgraded or removed).
     served: Mutex<Option<ApiResource>>,
+    /// `--instance-provider-timeout`, for each `state` and `terminate` in all.
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for ClusterApiInstances {
@@ -79,12 +82,31 @@ struct Named<'a> {
 }
 
 impl ClusterApiInstances {
-    pub fn new(management: kube::Client) -> Self {
+    /// Machines of `management`; each `state` or `terminate` may take `timeout` in all.
+    pub fn new(management: kube::Client, timeout: Duration) -> Self {
         Self {
             client: management,
             deleted: Mutex::default(),
             served: Mutex::default(),
+            timeout,
         }
+    }
+
+    /// `call` within the provider's timeout: a management cluster that does not answer is a
+    /// failure like any other, not a wait of the client's own (kube's read timeout is minutes).
+    async fn within<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, InstanceError>>,
+    ) -> Result<T, InstanceError> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(InstanceError::Transient(format!(
+                    "the management cluster did not answer within {} s \
+                     (--instance-provider-timeout)",
+                    self.timeout.as_secs_f64()
+                )))
+            })
     }
 
     /// The Machine resource the management cluster serves: v1beta2 where it is served, else
@@ -248,7 +270,7 @@ impl InstanceProvider for ClusterApiInstances {
         &'a self,
         id: &'a ProviderId,
     ) -> BoxFuture<'a, Result<InstanceState, InstanceError>> {
-        async move {
+        self.within(async move {
             let named = self.named(id).await?;
             match self.read(id, &named).await? {
                 Some(machine) if machine.metadata.deletion_timestamp.is_some() => {
@@ -268,12 +290,12 @@ impl InstanceProvider for ClusterApiInstances {
                     })
                 }
             }
-        }
+        })
         .boxed()
     }
 
     fn terminate<'a>(&'a self, id: &'a ProviderId) -> BoxFuture<'a, Result<(), InstanceError>> {
-        async move {
+        self.within(async move {
             let named = self.named(id).await?;
             let shown = format!("Machine {}/{}", named.namespace, named.name);
             let Some(machine) = self.read(id, &named).await? else {
@@ -319,7 +341,7 @@ impl InstanceProvider for ClusterApiInstances {
             }
             self.remember(&named, id);
             Ok(())
-        }
+        })
         .boxed()
     }
 
