@@ -67,30 +67,15 @@ fn run_steps(steps: &mut Steps) -> Result<()> {
     // Four at once on two cores: two at once kept the cores 39 % busy (the tests wait on
     // kube-sim's timers, real elogind and child processes far more than they compute).
     step("tests", &mut || {
-        run_command(cargo().args([
-            "nextest",
-            "run",
-            "--workspace",
-            "--no-fail-fast",
-            "--test-threads=4",
-            "-E",
+        nextest(
+            4,
             "not (package(termination-controller) and test(/^providers::/)) and not test(/^storms::/)",
-        ]))
+        )
     })?;
     // The storm tests each watch a refusing provider for 24 s of real time and compute almost
     // nothing meanwhile: eight at once (they passed so on two cores, and each bound is an upper
     // bound that a slow machine only makes easier).
-    step("storm tests", &mut || {
-        run_command(cargo().args([
-            "nextest",
-            "run",
-            "--workspace",
-            "--no-fail-fast",
-            "--test-threads=8",
-            "-E",
-            "test(/^storms::/)",
-        ]))
-    })?;
+    step("storm tests", &mut || nextest(8, "test(/^storms::/)"))?;
     step("peer tests", &mut peer_tests::run_after_tests)?;
     // The README's first command is the e2e's story with all four charts; e2e adds each chart
     // alone and the least-privilege proof, against the built binaries.
@@ -108,6 +93,19 @@ fn run_steps(steps: &mut Steps) -> Result<()> {
     })?;
     step("stray processes", &mut check_no_stray_processes)?;
     Ok(())
+}
+
+/// The workspace's tests that `filter` selects, `threads` at once, every failure reported.
+fn nextest(threads: usize, filter: &str) -> Result<()> {
+    run_command(cargo().args([
+        "nextest",
+        "run",
+        "--workspace",
+        "--no-fail-fast",
+        &format!("--test-threads={threads}"),
+        "-E",
+        filter,
+    ]))
 }
 
 fn ensure_nextest() -> Result<()> {

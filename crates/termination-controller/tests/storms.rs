@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use kube::{Api, Client};
 use kube_sim::KubeSim;
+use kube_sim::cluster::Cluster;
 use nodegrace_core::testing::storms::{NodeWrites, event_series};
 use provider_testbed::interposer::Mode;
 use provider_testbed::moto::InterposedEc2;
@@ -27,6 +28,8 @@ use crate::common::{delete_node, has_finalizer, machine_node, node_gone, sim, wa
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
 const FAILED: &str = "InstanceTerminationFailed";
+/// The machine under `worker` in the Cluster API tests.
+const MACHINE_ID: &str = "docker:///workload/worker";
 /// Five tries of the failures' backoff (at 0, 1, 3, 7 and 15 s) and short of the sixth (at
 /// 31 s).
 const OBSERVED: Duration = Duration::from_secs(24);
@@ -298,48 +301,85 @@ async fn an_exec_state_read_that_hangs_is_retried_on_the_backoffs_schedule() -> 
     exec_storm(HANGS, "true", "state").await
 }
 
+/// A management cluster with the Machine `workers-0` of the node `worker`.
+async fn management_cluster() -> Result<KubeSim> {
+    use provider_testbed::cluster_api::{create_machine, machine, machine_crd};
+    let management = Cluster::new(0).crd(machine_crd()).start().await?;
+    create_machine(
+        &management.client(),
+        &machine("default", "workers-0", "worker", MACHINE_ID),
+    )
+    .await?;
+    Ok(management)
+}
+
+/// The workload cluster with `worker` on that Machine, and the controller reaching the
+/// management cluster with `kubeconfig`.
+async fn on_machines(kubeconfig: &std::path::Path) -> Result<(KubeSim, Child)> {
+    use provider_testbed::cluster_api::node_annotations;
+    let sim = sim(0).await?;
+    machine_node(
+        &sim.client(),
+        "worker",
+        MACHINE_ID,
+        Some(node_annotations("default", "workers-0")),
+    )
+    .await?;
+    let controller = start(
+        &sim,
+        &[
+            "--instance-provider=cluster-api".to_owned(),
+            format!("--cluster-api-kubeconfig={}", kubeconfig.display()),
+        ],
+    )?;
+    Ok((sim, controller))
+}
+
+/// The management cluster's kubeconfig changed by `change`, written in `dir`.
+fn kubeconfig_changed(
+    management: &KubeSim,
+    dir: &tempfile::TempDir,
+    change: impl FnOnce(String) -> String,
+) -> Result<std::path::PathBuf> {
+    let path = dir.path().join("management.kubeconfig");
+    std::fs::write(
+        &path,
+        change(std::fs::read_to_string(management.kubeconfig_path())?),
+    )?;
+    Ok(path)
+}
+
+/// The Machine was not deleted.
+async fn machine_left(management: &KubeSim) -> Result<()> {
+    let machines: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        management.client(),
+        "default",
+        &nodegrace_core::instances::cluster_api::machine_resource(),
+    );
+    let left = machines.get("workers-0").await?;
+    ensure!(
+        left.metadata.deletion_timestamp.is_none(),
+        "the Machine was deleted"
+    );
+    Ok(())
+}
+
 /// Cluster API's management cluster failing every Machine delete (500s): tries on the
 /// backoff's schedule, counted by the management cluster's fault injector.
 #[tokio::test]
 async fn a_failing_machine_delete_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    use kube_sim::cluster::Cluster;
     use kube_sim::faults::{ErrorRule, FailureKind};
-    use provider_testbed::cluster_api::{create_machine, machine, machine_crd, node_annotations};
 
-    let management = Cluster::new(0).crd(machine_crd()).start().await?;
-    let id = "docker:///workload/worker";
-    create_machine(
-        &management.client(),
-        &machine("default", "workers-0", "worker", id),
-    )
-    .await?;
+    let management = management_cluster().await?;
     management.faults().add_rule(ErrorRule {
         verb: "delete".to_owned(),
         resource: "machines".to_owned(),
         rate: 1.0,
         failure: FailureKind::InternalError,
     });
-    let sim = sim(0).await?;
-    let client = sim.client();
-    machine_node(
-        &client,
-        "worker",
-        id,
-        Some(node_annotations("default", "workers-0")),
-    )
-    .await?;
-    let _controller = start(
-        &sim,
-        &[
-            "--instance-provider=cluster-api".to_owned(),
-            format!(
-                "--cluster-api-kubeconfig={}",
-                management.kubeconfig_path().display()
-            ),
-        ],
-    )?;
+    let (sim, _controller) = on_machines(management.kubeconfig_path()).await?;
     let deletes = || usize::try_from(management.faults().failed()).unwrap_or(usize::MAX);
-    storm_free(&client, &deletes, "Machine delete").await?;
+    storm_free(&sim.client(), &deletes, "Machine delete").await?;
     Ok(())
 }
 
@@ -348,40 +388,20 @@ async fn a_failing_machine_delete_is_retried_on_the_backoffs_schedule() -> Resul
 /// the reads of the Machine are tried on the backoff's schedule, and nothing is deleted.
 #[tokio::test]
 async fn a_machine_read_that_hangs_is_retried_on_the_backoffs_schedule() -> Result<()> {
-    use kube_sim::cluster::Cluster;
-    use provider_testbed::cluster_api::{create_machine, machine, machine_crd, node_annotations};
     use provider_testbed::interposer::Interposer;
 
-    let management = Cluster::new(0).crd(machine_crd()).start().await?;
-    let id = "docker:///workload/worker";
-    create_machine(
-        &management.client(),
-        &machine("default", "workers-0", "worker", id),
-    )
-    .await?;
+    let management = management_cluster().await?;
     let hanging = Interposer::start(management.url()).await?;
     hanging.set(Mode::Hang("/machines/".to_owned()));
     let dir = tempfile::tempdir()?;
-    let through = dir.path().join("management.kubeconfig");
-    let admin = std::fs::read_to_string(management.kubeconfig_path())?;
-    ensure!(admin.contains(management.url()), "{admin}");
-    std::fs::write(&through, admin.replace(management.url(), &hanging.url()))?;
-    let sim = sim(0).await?;
-    let client = sim.client();
-    machine_node(
-        &client,
-        "worker",
-        id,
-        Some(node_annotations("default", "workers-0")),
-    )
-    .await?;
-    let _controller = start(
-        &sim,
-        &[
-            "--instance-provider=cluster-api".to_owned(),
-            format!("--cluster-api-kubeconfig={}", through.display()),
-        ],
-    )?;
+    let through = kubeconfig_changed(&management, &dir, |admin| {
+        admin.replace(management.url(), &hanging.url())
+    })?;
+    ensure!(
+        std::fs::read_to_string(&through)?.contains(&hanging.url()),
+        "the admin's kubeconfig does not name the management cluster's URL"
+    );
+    let (sim, _controller) = on_machines(&through).await?;
     let machine_calls = || {
         hanging
             .seen()
@@ -389,22 +409,8 @@ async fn a_machine_read_that_hangs_is_retried_on_the_backoffs_schedule() -> Resu
             .filter(|seen| seen.path.contains("/machines/"))
             .count()
     };
-    storm_free(&client, &machine_calls, "Machine read").await?;
-    let machines: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        management.client(),
-        "default",
-        &nodegrace_core::instances::cluster_api::machine_resource(),
-    );
-    ensure!(
-        machines
-            .get("workers-0")
-            .await?
-            .metadata
-            .deletion_timestamp
-            .is_none(),
-        "the Machine was deleted"
-    );
-    Ok(())
+    storm_free(&sim.client(), &machine_calls, "Machine read").await?;
+    machine_left(&management).await
 }
 
 /// A management cluster whose RBAC lets us read and annotate Machines but not delete them:
@@ -413,13 +419,9 @@ async fn a_machine_read_that_hangs_is_retried_on_the_backoffs_schedule() -> Resu
 async fn a_machine_delete_forbidden_by_rbac_holds_the_node() -> Result<()> {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use kube::api::PostParams;
-    use kube_sim::cluster::Cluster;
-    use provider_testbed::cluster_api::{create_machine, machine, machine_crd, node_annotations};
 
-    let management = Cluster::new(0).crd(machine_crd()).start().await?;
+    let management = management_cluster().await?;
     let manage = management.client();
-    let id = "docker:///workload/worker";
-    create_machine(&manage, &machine("default", "workers-0", "worker", id)).await?;
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "machine-reader"},
         "rules": [
@@ -441,32 +443,18 @@ async fn a_machine_delete_forbidden_by_rbac_holds_the_node() -> Result<()> {
         .await?;
     // The admin's kubeconfig, acting as the reader (the admin may impersonate).
     let dir = tempfile::tempdir()?;
-    let reader = dir.path().join("reader.kubeconfig");
-    let admin = std::fs::read_to_string(management.kubeconfig_path())?;
-    ensure!(admin.contains("    token: kube-sim\n"), "{admin}");
-    std::fs::write(
-        &reader,
+    let reader = kubeconfig_changed(&management, &dir, |admin| {
         admin.replace(
             "    token: kube-sim\n",
             "    token: kube-sim\n    as: machine-reader\n",
-        ),
-    )?;
-    let sim = sim(0).await?;
+        )
+    })?;
+    ensure!(
+        std::fs::read_to_string(&reader)?.contains("as: machine-reader"),
+        "the admin's kubeconfig has no token line to act from"
+    );
+    let (sim, _controller) = on_machines(&reader).await?;
     let client = sim.client();
-    machine_node(
-        &client,
-        "worker",
-        id,
-        Some(node_annotations("default", "workers-0")),
-    )
-    .await?;
-    let _controller = start(
-        &sim,
-        &[
-            "--instance-provider=cluster-api".to_owned(),
-            format!("--cluster-api-kubeconfig={}", reader.display()),
-        ],
-    )?;
     wait_for("the finalizer", || has_finalizer(&client, "worker")).await?;
     delete_node(&client, "worker").await?;
     wait_for("three refused deletes", || async {
@@ -479,17 +467,7 @@ async fn a_machine_delete_forbidden_by_rbac_holds_the_node() -> Result<()> {
     let failed = event_series(&client, "worker", FAILED).await?;
     ensure!(failed.len() == 1, "{failed:?}");
     ensure!(!node_gone(&client, "worker").await?, "released on a 403");
-    let machines: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        manage.clone(),
-        "default",
-        &nodegrace_core::instances::cluster_api::machine_resource(),
-    );
-    let left = machines.get("workers-0").await?;
-    ensure!(
-        left.metadata.deletion_timestamp.is_none(),
-        "the Machine was deleted"
-    );
-    Ok(())
+    machine_left(&management).await
 }
 
 /// EC2 refusing `DescribeInstances`: the machine's state cannot be read, so no terminate is
