@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::{Api, Client};
-use nodegrace_core::logind::Inhibitor;
+use nodegrace_logind::Inhibitor;
 
 use crate::node_host::NodeHost;
 

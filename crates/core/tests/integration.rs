@@ -1,9 +1,3 @@
-//! The integration tests of core, one binary: each file of this directory is a module,
-//! so the helpers they share and the crates they link are compiled and linked once (nextest
-//! still runs every test in a process of its own).
+//! The integration tests of core against kube-sim.
 
-mod aws_ec2;
-mod cluster_api;
 mod k8s_sim;
-mod logind;
-mod redfish;

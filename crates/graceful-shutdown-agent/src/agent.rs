@@ -9,7 +9,7 @@ use futures::{Future, StreamExt};
 use jiff::Timestamp;
 use nodegrace_core::admin::ReadinessGate;
 use nodegrace_core::error_chain::Chain;
-use nodegrace_core::logind::{InhibitMode, InhibitorLock, SharedLogind, ShutdownEvent};
+use nodegrace_logind::{InhibitMode, InhibitorLock, SharedLogind, ShutdownEvent};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

@@ -4,13 +4,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use nodegrace_core::admin::{Readiness, ReadinessGate};
-use nodegrace_core::cli::{AgentArgs, CommonArgs, KubeArgs, NodeArgs};
+use nodegrace_core::cli::{CommonArgs, KubeArgs, NodeArgs};
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
-use nodegrace_core::logind::{DelayConfig, LogindError, SharedLogind};
 use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::ProgramRegistry;
+use nodegrace_logind::AgentArgs;
+use nodegrace_logind::{DelayConfig, LogindError, SharedLogind};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

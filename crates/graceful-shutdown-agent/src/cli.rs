@@ -1,9 +1,10 @@
-//! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see `nodegrace_core::cli`).
+//! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see nodegrace-core's `cli`).
 
 use std::path::PathBuf;
 
 use clap::Parser;
-use nodegrace_core::cli::{AgentArgs, duration_flag, ports};
+use nodegrace_core::cli::{duration_flag, ports};
+use nodegrace_logind::AgentArgs;
 
 use crate::config::{PriorityPeriod, ShutdownSettings, parse_priority_flag};
 

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use nodegrace_core::logind::{KubeletShutdownSign, SharedLogind, kubelet_shutdown_signs};
+use nodegrace_logind::{KubeletShutdownSign, SharedLogind, kubelet_shutdown_signs};
 use tokio_util::sync::CancellationToken;
 
 use crate::node_marks::NodeMarks;

@@ -9,7 +9,7 @@ use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::reporter::{ConditionGuard, Landed, Reporter};
-use nodegrace_core::logind::{KubeletShutdownSign, LogindError, describe_conflict};
+use nodegrace_logind::{KubeletShutdownSign, LogindError, describe_conflict};
 
 use crate::plan::PriorityGroup;
 use crate::summary::{GroupEnd, GroupResult, ShutdownSummary};

@@ -7,7 +7,7 @@ use clap::CommandFactory;
 use graceful_shutdown_agent::app::PROGRAM;
 use graceful_shutdown_agent::cli::Args;
 use graceful_shutdown_agent::metrics::Metrics;
-use nodegrace_core::testing::{
+use nodegrace_testing::{
     check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
 };
 
@@ -30,4 +30,4 @@ fn logs_in_a_pipe_are_plain_and_each_cause_is_printed_once() -> anyhow::Result<(
     check_plain_one_line_error(BINARY, &["--node-name=n", "--shutdown-grace-period=10s"])
 }
 
-nodegrace_core::operator_reference_tests!(PROGRAM, Args, Metrics);
+nodegrace_testing::operator_reference_tests!(PROGRAM, Args, Metrics);

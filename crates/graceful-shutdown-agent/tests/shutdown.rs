@@ -10,7 +10,7 @@ use clap::Parser;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use graceful_shutdown_agent::agent::INHIBITOR_WHO;
-use graceful_shutdown_agent::app;
+use graceful_shutdown_agent::app::{self, PROGRAM};
 use graceful_shutdown_agent::cli::Args;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::PostParams;
@@ -18,13 +18,14 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions};
 use logind_harness::{LogindHarness, ScenarioOptions};
-use nodegrace_core::logind::{InhibitMode, Logind, ShutdownEvent};
-use nodegrace_core::program::Started;
-use nodegrace_core::testing::{Admin, WithExtraEvents, wait_for};
+use nodegrace_logind::{InhibitMode, Logind, ShutdownEvent};
+use nodegrace_testing::{
+    Admin, ProgramUnderTest, WithExtraEvents, cluster, command_line, wait_for,
+};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "node-a";
+const METRICS_PREFIX: &str = "nodegrace_graceful_shutdown_agent";
 
 struct Cluster {
     sim: KubeSim,
@@ -127,24 +128,15 @@ fn record_fates(client: &Client) -> Fates {
     fates
 }
 
+/// The agent under test, with the state directory it keeps its shutdown record in.
 struct Agent {
-    stop: CancellationToken,
-    started: Started<anyhow::Error>,
+    program: ProgramUnderTest,
     _state: tempfile::TempDir,
 }
 
 impl Agent {
     fn admin(&self) -> Admin {
-        Admin {
-            address: self.started.admin_address,
-            prefix: "nodegrace_graceful_shutdown_agent",
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.stop.cancel();
+        self.program.admin()
     }
 }
 
@@ -157,17 +149,13 @@ async fn start_agent(
 ) -> Result<Agent> {
     let agent =
         start_agent_with_state(cluster, logind, priorities, drop_in_dir, extra, None, &[]).await?;
-    wait_for(
-        "the agent's delay inhibitor",
-        Duration::from_secs(20),
-        || async {
-            Ok(logind
-                .list_inhibitors()
-                .await?
-                .iter()
-                .any(|row| row.1 == INHIBITOR_WHO && row.3 == "delay"))
-        },
-    )
+    wait_for("the agent's delay inhibitor", || async {
+        Ok(logind
+            .list_inhibitors()
+            .await?
+            .iter()
+            .any(|row| row.1 == INHIBITOR_WHO && row.3 == "delay"))
+    })
     .await?;
     Ok(agent)
 }
@@ -192,28 +180,18 @@ async fn start_agent_with_state(
     let boot_id = state.path().join("boot_id");
     std::fs::write(&boot_id, "boot-1\n")?;
     let drop_in = drop_in_dir.map_or_else(|| logind.drop_in_dir(), std::path::Path::to_path_buf);
-    let args = Args::try_parse_from(
-        [
-            "graceful-shutdown-agent".to_owned(),
-            format!("--node-name={NODE}"),
-            format!("--kubeconfig={}", cluster.sim.kubeconfig_path().display()),
-            format!("--dbus-address={}", logind.bus_address()),
-            format!("--state-dir={}", state.path().display()),
-            format!("--boot-id-file={}", boot_id.display()),
-            format!("--logind-drop-in-dir={}", drop_in.display()),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-            format!("--shutdown-grace-period-by-pod-priority={priorities}"),
-        ]
-        .into_iter()
-        .chain(flags.iter().map(|flag| (*flag).to_owned()))
-        .chain(
-            (!flags
-                .iter()
-                .any(|flag| flag.starts_with("--logind-reload-timeout")))
-            .then(|| "--logind-reload-timeout=1s".to_owned()),
-        ),
-    )?;
-    let mut args = args;
+    let defaults = [
+        format!("--node-name={NODE}"),
+        format!("--kubeconfig={}", cluster.sim.kubeconfig_path().display()),
+        format!("--dbus-address={}", logind.bus_address()),
+        format!("--state-dir={}", state.path().display()),
+        format!("--boot-id-file={}", boot_id.display()),
+        format!("--logind-drop-in-dir={}", drop_in.display()),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+        format!("--shutdown-grace-period-by-pod-priority={priorities}"),
+        "--logind-reload-timeout=1s".to_owned(),
+    ];
+    let mut args = Args::try_parse_from(command_line(PROGRAM, &defaults, flags))?;
     if let Some(extra) = extra {
         // elogind cannot be made to send some events; they are merged into the real ones.
         args.agent.logind.instead_of_bus = Some(WithExtraEvents::wrap(
@@ -221,14 +199,11 @@ async fn start_agent_with_state(
             extra,
         ));
     }
-    let stop = CancellationToken::new();
-    let started = app::start(args, stop.clone()).await?;
-    let agent = Agent {
-        stop,
-        started,
+    Ok(Agent {
+        program: ProgramUnderTest::start_unready(METRICS_PREFIX, |stop| app::start(args, stop))
+            .await?,
         _state: state,
-    };
-    Ok(agent)
+    })
 }
 
 async fn metrics(agent: &Agent) -> Result<String> {
@@ -260,28 +235,20 @@ fn tainted(node: &Node) -> bool {
 }
 
 async fn event_reasons(cluster: &Cluster) -> Result<Vec<String>> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(cluster.client.clone());
-    Ok(events
-        .list(&kube::api::ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect())
+    cluster::event_reasons(&cluster.client, NODE).await
 }
 
-/// The notes of the Events with `reason`, each Event once; an Event folded into a series would
-/// hide the notes of its repeats, so a series fails the test.
+/// The notes of the Events with `reason` about the node, each Event once; an Event folded into
+/// a series would hide the notes of its repeats, so a series fails the test.
 async fn notes(cluster: &Cluster, reason: &str) -> Result<Vec<String>> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(cluster.client.clone());
     let mut notes = Vec::new();
-    for event in events.list(&kube::api::ListParams::default()).await?.items {
+    for event in cluster::events_about(&cluster.client, NODE).await? {
         if event.reason.as_deref() == Some(reason) {
             ensure!(
                 event.series.is_none(),
                 "{reason} folded into a series: {event:?}"
             );
-            notes.push(event.note.unwrap_or_default());
+            notes.push(event.message.unwrap_or_default());
         }
     }
     Ok(notes)
@@ -337,7 +304,7 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
     let fates = record_fates(&cluster.client);
     let agent = start_agent(&cluster, &logind, "0=3,1000=3,100000=3", None, None).await?;
     // The lock comes first, with logind's 1 s; the budget rises once logind applies the drop-in.
-    wait_for("the 9 s budget", Duration::from_secs(20), || async {
+    wait_for("the 9 s budget", || async {
         Ok(metrics(&agent)
             .await?
             .contains("graceful_shutdown_budget_seconds 9.0"))
@@ -356,16 +323,12 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
     );
 
     // The judge's watch may show the last removal a moment after the hook ran.
-    wait_for(
-        "the watch to see every pod go",
-        Duration::from_secs(10),
-        || async {
-            let fates = fates.lock().unwrap();
-            Ok(["low-a", "low-b", "mid-a", "high-a"]
-                .iter()
-                .all(|name| fates.get(*name).is_some_and(|fate| fate.removed.is_some())))
-        },
-    )
+    wait_for("the watch to see every pod go", || async {
+        let fates = fates.lock().unwrap();
+        Ok(["low-a", "low-b", "mid-a", "high-a"]
+            .iter()
+            .all(|name| fates.get(*name).is_some_and(|fate| fate.removed.is_some())))
+    })
     .await?;
     let fates = fates.lock().unwrap().clone();
     let fate = |name: &str| {
@@ -437,7 +400,7 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
     );
     ensure!(tainted(&node));
     // Every group's start and end is an Event of its own, and the completion says all is done.
-    wait_for("the shutdown Events", Duration::from_secs(10), || async {
+    wait_for("the shutdown Events", || async {
         Ok(notes(&cluster, "NodeShutdownCompleted").await?.len() == 1)
     })
     .await?;
@@ -546,22 +509,18 @@ async fn logind_restart_gets_the_inhibitor_back() -> Result<()> {
     // elogind restores the lock from /run/systemd/inhibit while the agent's fd is open; the
     // agent takes a fresh one and closes the old.
     logind.restart().await?;
-    wait_for(
-        "the inhibitor taken again after the restart",
-        Duration::from_secs(10),
-        || async {
-            Ok(metrics(&agent)
+    wait_for("the inhibitor taken again after the restart", || async {
+        Ok(metrics(&agent)
+            .await?
+            .contains("nodegrace_graceful_shutdown_agent_inhibitor_held 1")
+            && logind
+                .list_inhibitors()
                 .await?
-                .contains("nodegrace_graceful_shutdown_agent_inhibitor_held 1")
-                && logind
-                    .list_inhibitors()
-                    .await?
-                    .iter()
-                    .filter(|row| row.1 == INHIBITOR_WHO)
-                    .count()
-                    == 1)
-        },
-    )
+                .iter()
+                .filter(|row| row.1 == INHIBITOR_WHO)
+                .count()
+                == 1)
+    })
     .await?;
     // With no pods the agent lets go at once; a leftover restored lock would hold the shutdown
     // for logind's whole 30 s.
@@ -595,16 +554,12 @@ async fn a_budget_logind_will_not_grant_is_reported_not_fatal() -> Result<()> {
         text.contains("graceful_shutdown_budget_reduced 1"),
         "{text}"
     );
-    wait_for(
-        "the ShutdownBudgetReduced event",
-        Duration::from_secs(10),
-        || async {
-            Ok(event_reasons(&cluster)
-                .await?
-                .iter()
-                .any(|r| r == "ShutdownBudgetReduced"))
-        },
-    )
+    wait_for("the ShutdownBudgetReduced event", || async {
+        Ok(event_reasons(&cluster)
+            .await?
+            .iter()
+            .any(|r| r == "ShutdownBudgetReduced"))
+    })
     .await
 }
 
@@ -620,36 +575,28 @@ async fn a_cancelled_shutdown_unmarks_the_node_and_retakes_the_inhibitor() -> Re
     let (cancel, cancellations) = futures::channel::mpsc::unbounded::<ShutdownEvent>();
     let _agent = start_agent(&cluster, &logind, "0=20", None, Some(cancellations.boxed())).await?;
     logind.power_off().await?;
-    wait_for("the node to be marked", Duration::from_secs(10), || async {
+    wait_for("the node to be marked", || async {
         Ok(tainted(&node(&cluster).await?))
     })
     .await?;
     cancel.unbounded_send(ShutdownEvent::PrepareForShutdown(false))?;
-    wait_for(
-        "the node to be unmarked",
-        Duration::from_secs(10),
-        || async {
-            let node = node(&cluster).await?;
-            Ok(!tainted(&node)
-                && condition(&node, "GracefulShutdown")
-                    == Some(("False".into(), "ShutdownCancelled".into()))
-                && condition(&node, "GracefulNodeShutdownInProgress")
-                    == Some(("False".into(), "ShutdownCancelled".into())))
-        },
-    )
+    wait_for("the node to be unmarked", || async {
+        let node = node(&cluster).await?;
+        Ok(!tainted(&node)
+            && condition(&node, "GracefulShutdown")
+                == Some(("False".into(), "ShutdownCancelled".into()))
+            && condition(&node, "GracefulNodeShutdownInProgress")
+                == Some(("False".into(), "ShutdownCancelled".into())))
+    })
     .await?;
     // The Event is written after the conditions (the reporter keeps their order), so it may
     // land a moment after the node looks unmarked.
-    wait_for(
-        "the ShutdownCancelled Event",
-        Duration::from_secs(10),
-        || async {
-            Ok(event_reasons(&cluster)
-                .await?
-                .iter()
-                .any(|r| r == "ShutdownCancelled"))
-        },
-    )
+    wait_for("the ShutdownCancelled Event", || async {
+        Ok(event_reasons(&cluster)
+            .await?
+            .iter()
+            .any(|r| r == "ShutdownCancelled"))
+    })
     .await?;
     ensure!(
         logind
@@ -692,16 +639,11 @@ async fn after_a_reboot_stale_markings_go_and_the_last_shutdown_is_published() -
     let record = json!({"bootId": "boot-0", "startedAt": "2026-11-20T10:00:00Z", "endedAt": "2026-11-20T10:00:07Z"});
     let agent =
         start_agent_with_state(&cluster, &logind, "0=5", None, None, Some(record), &[]).await?;
-    wait_for(
-        "the stale markings to go",
-        Duration::from_secs(10),
-        || async {
-            let node = node(&cluster).await?;
-            Ok(!tainted(&node)
-                && condition(&node, "GracefulShutdown")
-                    .is_some_and(|(status, _)| status == "False"))
-        },
-    )
+    wait_for("the stale markings to go", || async {
+        let node = node(&cluster).await?;
+        Ok(!tainted(&node)
+            && condition(&node, "GracefulShutdown").is_some_and(|(status, _)| status == "False"))
+    })
     .await?;
     let text = metrics(&agent).await?;
     ensure!(
@@ -731,12 +673,7 @@ async fn stale_markings_go_even_when_the_first_reads_of_the_node_fail() -> Resul
         failure: kube_sim::faults::FailureKind::InternalError,
     });
     let agent = start_agent(&cluster, &logind, "0=5", None, None).await?;
-    wait_for(
-        "a failed write of the markings",
-        Duration::from_secs(10),
-        || readyz(&agent),
-    )
-    .await?;
+    wait_for("a failed write of the markings", || readyz(&agent)).await?;
     // The test reads by listing: its own GETs fail too.
     let listed = Api::<Node>::all(cluster.client.clone())
         .list(&kube::api::ListParams::default())
@@ -746,16 +683,11 @@ async fn stale_markings_go_even_when_the_first_reads_of_the_node_fail() -> Resul
         "nothing can be written yet"
     );
     cluster.sim.faults().clear();
-    wait_for(
-        "the stale markings to go",
-        Duration::from_secs(10),
-        || async {
-            let node = node(&cluster).await?;
-            Ok(!tainted(&node)
-                && condition(&node, "GracefulShutdown")
-                    .is_some_and(|(status, _)| status == "False"))
-        },
-    )
+    wait_for("the stale markings to go", || async {
+        let node = node(&cluster).await?;
+        Ok(!tainted(&node)
+            && condition(&node, "GracefulShutdown").is_some_and(|(status, _)| status == "False"))
+    })
     .await
 }
 
@@ -773,17 +705,13 @@ async fn a_restart_mid_shutdown_resumes_it_and_never_undoes_it() -> Result<()> {
     let fates = record_fates(&cluster.client);
     let _agent =
         start_agent_with_state(&cluster, &logind, "0=5", None, None, Some(record), &[]).await?;
-    wait_for(
-        "the pod to be terminated",
-        Duration::from_secs(10),
-        || async {
-            Ok(fates
-                .lock()
-                .unwrap()
-                .get("web")
-                .is_some_and(|f| f.removed.is_some()))
-        },
-    )
+    wait_for("the pod to be terminated", || async {
+        Ok(fates
+            .lock()
+            .unwrap()
+            .get("web")
+            .is_some_and(|f| f.removed.is_some()))
+    })
     .await?;
     let node = node(&cluster).await?;
     ensure!(tainted(&node), "the resumed shutdown must keep the taint");
@@ -806,14 +734,10 @@ async fn with_nothing_configured_the_agent_is_ready_and_holds_nothing() -> Resul
         format!("--state-dir={}", state.path().display()),
         "--admin-listen=127.0.0.1:0".to_owned(),
     ])?;
-    let stop = CancellationToken::new();
-    let started = app::start(args, stop.clone()).await?;
-    let agent = Agent {
-        stop,
-        started,
+    let _agent = Agent {
+        program: ProgramUnderTest::start(METRICS_PREFIX, |stop| app::start(args, stop)).await?,
         _state: state,
     };
-    wait_for("readiness", Duration::from_secs(10), || readyz(&agent)).await?;
     ensure!(
         !logind
             .list_inhibitors()
@@ -836,20 +760,16 @@ async fn sigterm_mid_shutdown_finishes_the_termination_before_letting_go() -> Re
     let agent = start_agent(&cluster, &logind, "0=10,100000=10", None, None).await?;
     let powered_off = (Instant::now(), SystemTime::now());
     logind.power_off().await?;
-    wait_for(
-        "the first group to start",
-        Duration::from_secs(10),
-        || async {
-            Ok(fates
-                .lock()
-                .unwrap()
-                .get("low")
-                .is_some_and(|f| f.deletion_seen.is_some()))
-        },
-    )
+    wait_for("the first group to start", || async {
+        Ok(fates
+            .lock()
+            .unwrap()
+            .get("low")
+            .is_some_and(|f| f.deletion_seen.is_some()))
+    })
     .await?;
     // The kubelet's SIGTERM, while the first group is still stopping.
-    agent.stop.cancel();
+    agent.program.sigterm();
     let hook = hook_instant(
         logind
             .wait_for_shutdown_hook(Duration::from_secs(30))
@@ -860,17 +780,13 @@ async fn sigterm_mid_shutdown_finishes_the_termination_before_letting_go() -> Re
     // (the test command runs four tests at once beside the images' build): wait for it, and
     // allow it half a second. An inhibitor let go at the SIGTERM would come 1.5 s (the pod's
     // stop) or more before the removal, so the order is still proven.
-    wait_for(
-        "the last group's pod to be removed",
-        Duration::from_secs(10),
-        || async {
-            Ok(fates
-                .lock()
-                .unwrap()
-                .get("high")
-                .is_some_and(|fate| fate.removed.is_some()))
-        },
-    )
+    wait_for("the last group's pod to be removed", || async {
+        Ok(fates
+            .lock()
+            .unwrap()
+            .get("high")
+            .is_some_and(|fate| fate.removed.is_some()))
+    })
     .await
     .context("the last group was never finished")?;
     let removed = fates
@@ -883,9 +799,7 @@ async fn sigterm_mid_shutdown_finishes_the_termination_before_letting_go() -> Re
         hook + Duration::from_millis(500) >= removed,
         "the inhibitor went before the last pod stopped"
     );
-    let mut agent = agent;
-    tokio::time::timeout(Duration::from_secs(10), &mut agent.started.finished).await???;
-    Ok(())
+    agent.program.wait().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -896,24 +810,24 @@ async fn a_restart_while_logind_shuts_down_is_ready_without_retrying_the_lock() 
     let cluster = cluster().await?;
     pod(&cluster, "web", "low", 30, 0.0, false).await?;
     // Another delay lock keeps logind in its shutdown while the agent starts.
-    let other = nodegrace_core::logind::Logind::connect_to(logind.bus_address()).await?;
+    let other = nodegrace_logind::Logind::connect_to(logind.bus_address()).await?;
     let held = other
         .inhibit(
             "shutdown",
             "test",
             "keeps the shutdown pending",
-            nodegrace_core::logind::InhibitMode::Delay,
+            nodegrace_logind::InhibitMode::Delay,
         )
         .await?;
     logind.power_off().await?;
-    wait_for("logind to shut down", Duration::from_secs(10), || async {
+    wait_for("logind to shut down", || async {
         Ok(other.preparing_for_shutdown().await?)
     })
     .await?;
     let fates = record_fates(&cluster.client);
     let agent = start_agent_with_state(&cluster, &logind, "0=5", None, None, None, &[]).await?;
-    wait_for("readiness", Duration::from_secs(10), || readyz(&agent)).await?;
-    wait_for("the pod's termination", Duration::from_secs(10), || async {
+    wait_for("readiness", || readyz(&agent)).await?;
+    wait_for("the pod's termination", || async {
         Ok(fates
             .lock()
             .unwrap()
@@ -927,7 +841,7 @@ async fn a_restart_while_logind_shuts_down_is_ready_without_retrying_the_lock() 
         "{text}"
     );
     ensure!(text.contains("inhibit_failures_total 0"), "{text}");
-    wait_for("the Warning Event", Duration::from_secs(10), || async {
+    wait_for("the Warning Event", || async {
         Ok(!notes(&cluster, "ShutdownResumedWithoutInhibitor")
             .await?
             .is_empty())
@@ -999,7 +913,7 @@ async fn the_lock_is_held_while_logind_applies_the_budget_and_a_cut_is_reported(
         &["--logind-reload-timeout=5m"],
     )
     .await?;
-    wait_for("the inhibitor", Duration::from_secs(20), || async {
+    wait_for("the inhibitor", || async {
         Ok(logind
             .list_inhibitors()
             .await?
@@ -1017,7 +931,7 @@ async fn the_lock_is_held_while_logind_applies_the_budget_and_a_cut_is_reported(
     logind
         .wait_for_shutdown_hook(Duration::from_secs(30))
         .await?;
-    wait_for("the completion Event", Duration::from_secs(10), || async {
+    wait_for("the completion Event", || async {
         Ok(notes(&cluster, "NodeShutdownCompleted").await?.len() == 1)
     })
     .await?;
@@ -1064,18 +978,14 @@ async fn the_kubelets_own_graceful_shutdown_is_reported_as_a_conflict() -> Resul
         "# Kubelet logind override\n[Login]\nInhibitDelayMaxSec=30\n",
     )?;
     let _agent = start_agent(&cluster, &logind, "0=5", Some(drop_ins.path()), None).await?;
-    wait_for(
-        "the conflict condition",
-        Duration::from_secs(20),
-        || async {
-            Ok(
-                condition(&node(&cluster).await?, "GracefulShutdownConflict")
-                    == Some(("True".to_owned(), "KubeletGracefulShutdown".to_owned())),
-            )
-        },
-    )
+    wait_for("the conflict condition", || async {
+        Ok(
+            condition(&node(&cluster).await?, "GracefulShutdownConflict")
+                == Some(("True".to_owned(), "KubeletGracefulShutdown".to_owned())),
+        )
+    })
     .await?;
-    wait_for("the conflict Warning", Duration::from_secs(20), || async {
+    wait_for("the conflict Warning", || async {
         Ok(notes(&cluster, "KubeletGracefulShutdownConflict")
             .await?
             .iter()
@@ -1102,19 +1012,15 @@ async fn a_shutdown_api_limit_too_low_for_a_full_node_is_a_warning_with_its_numb
     let flags = ["--api-qps=5", "--api-burst=10", "--shutdown-api-burst=10"];
     let _agent =
         start_agent_with_state(&cluster, &logind, "0=20", None, None, None, &flags).await?;
-    wait_for(
-        "the ShutdownApiLimitTooLow Warning",
-        Duration::from_secs(20),
-        || async {
-            Ok(notes(&cluster, "ShutdownApiLimitTooLow")
-                .await?
-                .iter()
-                .any(|note| {
-                    note.contains("at 5 writes/s with a burst of 10")
-                        && note.contains("220 writes of a full node (110 pods) take 42s")
-                        && note.contains("20s of the group from priority 0")
-                }))
-        },
-    )
+    wait_for("the ShutdownApiLimitTooLow Warning", || async {
+        Ok(notes(&cluster, "ShutdownApiLimitTooLow")
+            .await?
+            .iter()
+            .any(|note| {
+                note.contains("at 5 writes/s with a burst of 10")
+                    && note.contains("220 writes of a full node (110 pods) take 42s")
+                    && note.contains("20s of the group from priority 0")
+            }))
+    })
     .await
 }

@@ -63,11 +63,11 @@ fn start_controller(sim: &KubeSim, extra: &[&str]) -> Result<(Running, u16)> {
 }
 
 async fn until_ready(port: u16) -> Result<()> {
-    let admin = nodegrace_core::testing::Admin {
+    let admin = nodegrace_testing::Admin {
         address: ([127, 0, 0, 1], port).into(),
         prefix: "nodegrace_out_of_service_gc",
     };
-    nodegrace_core::testing::wait_for(
+    nodegrace_testing::wait_for_within(
         "the controller to be ready",
         Duration::from_secs(300),
         || async { Ok(admin.is_ready().await.unwrap_or(false)) },
@@ -84,27 +84,23 @@ async fn kill(client: &Client, nodes: &[String]) -> Result<()> {
     }
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
     for node in nodes {
-        nodegrace_core::testing::wait_for(
-            "NotReady and silent",
-            Duration::from_secs(60),
-            || async {
-                let down = api
-                    .get(node)
-                    .await?
-                    .status
-                    .and_then(|s| s.conditions)
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status != "True"));
-                let renewed = leases
-                    .get(node)
-                    .await?
-                    .spec
-                    .and_then(|s| s.renew_time)
-                    .map(|t| t.0);
-                let silent = renewed
-                    .is_none_or(|t| jiff::Timestamp::now().duration_since(t).as_secs_f64() > 1.5);
-                Ok(down && silent)
-            },
-        )
+        nodegrace_testing::wait_for("NotReady and silent", || async {
+            let down = api
+                .get(node)
+                .await?
+                .status
+                .and_then(|s| s.conditions)
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status != "True"));
+            let renewed = leases
+                .get(node)
+                .await?
+                .spec
+                .and_then(|s| s.renew_time)
+                .map(|t| t.0);
+            let silent = renewed
+                .is_none_or(|t| jiff::Timestamp::now().duration_since(t).as_secs_f64() > 1.5);
+            Ok(down && silent)
+        })
         .await?;
     }
     Ok(())
@@ -309,7 +305,7 @@ async fn rss_at_scale() -> Result<f64> {
     until_ready(port).await?;
     // Let the first full listings settle before reading.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    Ok(nodegrace_core::testing::rss_mib(controller.0.id()))
+    Ok(nodegrace_testing::rss_mib(controller.0.id()))
 }
 
 fn main() -> Result<()> {

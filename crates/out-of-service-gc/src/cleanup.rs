@@ -31,11 +31,11 @@ use crate::api::{EXPECTED_EFFECT, NODE_LEASE_NAMESPACE, OUT_OF_SERVICE_TAINT};
 use crate::conditions::Reason;
 use crate::fence_mark::{Step, clear_mark, mark};
 use crate::fencing::Fencer;
-use crate::fresh::Fresh;
 use crate::guard::{Evidence, Heartbeat};
 use crate::qualify::{NodeStatus, PodVerdict, node_status, pod_verdict, ready_since};
 use crate::shared::{PassError, Shared};
 use crate::status::{Phase, after_cleanup, plural};
+use nodegrace_core::fresh::Fresh;
 
 const ACTION: &str = "OutOfServiceCleanup";
 /// Force actions in flight at once for one node.

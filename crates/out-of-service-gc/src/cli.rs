@@ -1,10 +1,11 @@
-//! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see `nodegrace_core::cli`).
+//! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see nodegrace-core's `cli`).
 
 use std::time::Duration;
 
 use clap::Parser;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use nodegrace_core::cli::{ControllerArgs, duration_flag, ports};
+use nodegrace_controller::ControllerArgs;
+use nodegrace_core::cli::{duration_flag, ports};
 use nodegrace_core::k8s::selectors::parse_selector;
 
 /// The API rate limit is higher than the other programs': a node of 110 pods needs about 230

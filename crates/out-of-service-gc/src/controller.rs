@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use nodegrace_core::assembly::Lead;
+use nodegrace_controller::assembly::Lead;
 use nodegrace_core::backoff::Backoff;
 use nodegrace_core::dirty::Dirty;
 use nodegrace_core::error_chain::Chain;

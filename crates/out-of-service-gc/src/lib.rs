@@ -43,7 +43,6 @@ pub mod conditions;
 pub mod controller;
 pub mod fence_mark;
 pub mod fencing;
-pub mod fresh;
 pub mod guard;
 pub mod metrics;
 pub mod qualify;

@@ -107,7 +107,7 @@ impl FenceMetrics {
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
     pub fence: FenceMetrics,
-    pub provider: nodegrace_core::instances::ProviderMetrics,
+    pub provider: nodegrace_controller::instances::ProviderMetrics,
     pub pods_force_deleted: Counter,
     pub volumes_force_detached: Counter,
     pub refusals: Counter,

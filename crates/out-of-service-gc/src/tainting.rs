@@ -13,7 +13,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use nodegrace_core::instances::{InstanceProvider, InstanceState};
+use nodegrace_controller::instances::{InstanceProvider, InstanceState, NodeMachine};
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
@@ -213,7 +213,7 @@ mod tests {
     use super::*;
     use futures::FutureExt;
     use futures::future::BoxFuture;
-    use nodegrace_core::instances::{InstanceError, ProviderId};
+    use nodegrace_controller::instances::{InstanceError, ProviderId};
     use serde_json::json;
 
     fn node(ready: &str, annotations: &serde_json::Value, taints: &serde_json::Value) -> Node {

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::Command;
 
 use clap::CommandFactory;
-use nodegrace_core::testing::{
+use nodegrace_testing::{
     check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
 };
 use out_of_service_gc::app::PROGRAM;
@@ -141,4 +141,4 @@ fn fencing_without_a_way_to_fence_is_refused_naming_the_fix() -> anyhow::Result<
     Ok(())
 }
 
-nodegrace_core::operator_reference_tests!(PROGRAM, Args, Metrics);
+nodegrace_testing::operator_reference_tests!(PROGRAM, Args, Metrics);

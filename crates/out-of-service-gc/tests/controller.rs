@@ -92,7 +92,7 @@ async fn a_statefulset_fails_over_with_its_volume_and_the_node_is_untainted_when
             .is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
         "the tolerating pod was touched"
     );
-    let forced = events(&client, "ForceDeleted").await?;
+    let forced = events_with_reason(&client, "ForceDeleted").await?;
     ensure!(
         forced.len() == 1,
         "one ForceDeleted event, for db-0: {forced:?}"
@@ -106,7 +106,7 @@ async fn a_statefulset_fails_over_with_its_volume_and_the_node_is_untainted_when
     .await?;
     ensure!(condition(&client, &node).await? == Some(("False".into(), "TaintRemoved".into())));
     ensure!(
-        !events(&client, "OutOfServiceTaintRemoved")
+        !events_with_reason(&client, "OutOfServiceTaintRemoved")
             .await?
             .is_empty()
     );
@@ -125,12 +125,12 @@ async fn a_node_that_still_heartbeats_is_refused_with_an_event() -> Result<()> {
         Ok(condition(&client, "node-1")
             .await?
             .is_some_and(|(_, reason)| reason == "Refused")
-            && !events(&client, "OutOfServiceCleanupRefused")
+            && !events_with_reason(&client, "OutOfServiceCleanupRefused")
                 .await?
                 .is_empty())
     })
     .await?;
-    let refused = events(&client, "OutOfServiceCleanupRefused").await?;
+    let refused = events_with_reason(&client, "OutOfServiceCleanupRefused").await?;
     let note = refused[0].message.clone().unwrap_or_default();
     ensure!(
         note.contains("renewed at") && note.contains("--liveness-guard=false"),
@@ -233,7 +233,7 @@ async fn auto_taint_needs_a_fence_or_a_powered_off_machine() -> Result<()> {
     // node-1: the kubelet died but the machine runs: never tainted, said once.
     kill(&client, "node-1").await?;
     wait_for("the unconfirmed warning", || async {
-        Ok(events(&client, "OutOfServiceNotConfirmed")
+        Ok(events_with_reason(&client, "OutOfServiceNotConfirmed")
             .await?
             .iter()
             .any(|e| e.involved_object.name.as_deref() == Some("node-1")))
@@ -418,7 +418,7 @@ async fn next_to_the_pod_gc_sweep_there_are_no_errors_and_no_double_work() -> Re
         !metrics.contains("errors_total{"),
         "errors next to the sweep:\n{metrics}"
     );
-    let forced = events(&client, "ForceDeleted").await?;
+    let forced = events_with_reason(&client, "ForceDeleted").await?;
     let mut pods: Vec<String> = forced
         .iter()
         .filter_map(|e| e.involved_object.name.clone())
@@ -454,7 +454,7 @@ async fn a_pod_held_by_another_finalizer_is_force_deleted_once() -> Result<()> {
     wait_for(
         "the held pod to be said held, and the cleanup Done",
         || async {
-            Ok(!events(&client, "ForceDeletedHeldByFinalizers")
+            Ok(!events_with_reason(&client, "ForceDeletedHeldByFinalizers")
                 .await?
                 .is_empty()
                 && condition(&client, "node-1")
@@ -476,7 +476,12 @@ async fn a_pod_held_by_another_finalizer_is_force_deleted_once() -> Result<()> {
         "deleted {} times",
         deletes_of_held()
     );
-    ensure!(events(&client, "ForceDeletedHeldByFinalizers").await?.len() == 1);
+    ensure!(
+        events_with_reason(&client, "ForceDeletedHeldByFinalizers")
+            .await?
+            .len()
+            == 1
+    );
     ensure!(gc.counter("pods_force_deleted").await? == 2);
     let left = pods.get("held").await?;
     ensure!(left.status.and_then(|s| s.phase).as_deref() == Some("Failed"));
@@ -706,12 +711,11 @@ async fn a_cleanup_waiting_for_a_detach_does_not_wake_itself() -> Result<()> {
     let before = written();
     // Passes keep coming (the pods' and attachments' watches, the resync); a self-wake would
     // be hundreds of writes in this time.
-    let storm = nodegrace_core::testing::wait_for(
-        "node-1's status written more than 3 times",
-        Duration::from_secs(3),
-        || async { Ok(written() > before + 3) },
-    )
-    .await;
+    let storm =
+        nodegrace_testing::wait_for("node-1's status written more than 3 times", || async {
+            Ok(written() > before + 3)
+        })
+        .await;
     ensure!(
         storm.is_err(),
         "node-1's status was written {} times in 3 s while its cleanup waited",

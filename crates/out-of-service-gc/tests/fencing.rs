@@ -111,7 +111,7 @@ async fn a_hung_machine_is_fenced_cleaned_and_brought_back_keeping_a_tolerated_v
     )
     .await?;
     wait_for("the node to be Ready again", || async {
-        Ok(ready(&nodes.get("node-1").await?))
+        Ok(is_ready(&nodes.get("node-1").await?))
     })
     .await?;
     let back = Instant::now();
@@ -294,7 +294,7 @@ async fn no_more_than_max_fenced_machines_are_off_at_once() -> Result<()> {
     // The operator repairs the first machine and, once its node is Ready, removes the taint.
     sim.world().cloud().set_power(&first, true);
     wait_for("the first node Ready", || async {
-        Ok(ready(&nodes.get(&first).await?))
+        Ok(is_ready(&nodes.get(&first).await?))
     })
     .await?;
     ensure!(machine_state(&sim, second) == "running");
@@ -376,7 +376,7 @@ async fn a_partition_healing_during_the_fence_leaves_no_taint_and_the_machine_on
     ensure!(label(&node).is_none(), "{:?}", node.metadata.labels);
     ensure!(machine_state(&sim, "node-1") == "running");
     wait_for("the node Ready on its machine again", || async {
-        Ok(ready(&nodes.get("node-1").await?))
+        Ok(is_ready(&nodes.get("node-1").await?))
     })
     .await?;
     ensure!(
@@ -514,7 +514,7 @@ async fn a_node_ready_in_the_middle_of_a_recovery_loses_the_taint_after_a_restar
         )
         .await?;
     let node = nodes.get("node-1").await?;
-    ensure!(ready(&node), "node-1 is not Ready: {:?}", node.status);
+    ensure!(is_ready(&node), "node-1 is not Ready: {:?}", node.status);
     let flags = [FENCING, &["--recover-after-cleanup=true"]].concat();
     let gc = controller(&sim, &flags).await?;
     wait_for("the taint and the fence step to go", || async {

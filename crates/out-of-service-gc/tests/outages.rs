@@ -70,7 +70,7 @@ async fn a_toleration_of_a_taint_without_time_added_runs_out_and_the_taint_goes_
     ensure!(gone >= Duration::from_secs(4), "gone after {gone:?}");
     // Events are written after the delete, so the pod may be gone first.
     wait_for("our ForceDeleted Event for the patient", || async {
-        Ok(events(&client, "ForceDeleted")
+        Ok(events_with_reason(&client, "ForceDeleted")
             .await?
             .iter()
             .any(|e| e.involved_object.name.as_deref() == Some("patient")))
@@ -92,7 +92,7 @@ async fn a_fence_confirms_only_the_outage_it_was_given_in() -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let unconfirmed = || async {
         Ok::<_, anyhow::Error>(
-            events(&client, "OutOfServiceNotConfirmed")
+            events_with_reason(&client, "OutOfServiceNotConfirmed")
                 .await?
                 .into_iter()
                 .filter(|e| e.involved_object.name.as_deref() == Some("node-1"))
@@ -192,12 +192,12 @@ async fn a_kubelet_renewing_on_a_late_clock_is_refused_until_it_stops() -> Resul
     ensure!(gc.counter("pods_force_deleted").await? == 0);
     ensure!(gc.counter("refusals").await? == 1);
     wait_for("the refusal's Event", || async {
-        Ok(!events(&client, "OutOfServiceCleanupRefused")
+        Ok(!events_with_reason(&client, "OutOfServiceCleanupRefused")
             .await?
             .is_empty())
     })
     .await?;
-    let refused = events(&client, "OutOfServiceCleanupRefused").await?;
+    let refused = events_with_reason(&client, "OutOfServiceCleanupRefused").await?;
     let note = refused[0].message.clone().unwrap_or_default();
     ensure!(
         refused.len() == 1 && note.contains("by its own clock"),
@@ -350,7 +350,7 @@ async fn a_namesake_registered_mid_cleanup_gets_a_cleanup_of_its_own() -> Result
     .await?;
     // Written by the reporter a moment after the deletion.
     wait_for("the namesake's cleanup to say what it did", || async {
-        Ok(events(&client, "ForceDeleted")
+        Ok(events_with_reason(&client, "ForceDeleted")
             .await?
             .iter()
             .any(|event| event.involved_object.name.as_deref() == Some("newcomer")))

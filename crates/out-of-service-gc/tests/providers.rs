@@ -14,8 +14,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::PostParams;
 use kube::{Api, Client};
 use kube_sim::KubeSim;
-use nodegrace_core::instances::redfish::{MachineConfig, RedfishConfig};
-use nodegrace_core::instances::{InstanceProvider, InstanceState, ProviderId, RedfishInstances};
+use nodegrace_controller::instances::redfish::{MachineConfig, RedfishConfig};
+use nodegrace_controller::instances::{
+    InstanceProvider, InstanceState, ProviderId, RedfishInstances,
+};
 use provider_testbed::interposer::Interposer;
 use provider_testbed::moto::Moto;
 use provider_testbed::sushy::{Sushy, System};
@@ -74,11 +76,11 @@ where
 {
     // sushy's fake driver lands each power change 1 to 11 s after the request.
     let within = Duration::from_secs(90);
-    nodegrace_core::testing::wait_for("the machine powered off", within, || async {
+    nodegrace_testing::wait_for_within("the machine powered off", within, || async {
         Ok(!is_on().await?)
     })
     .await?;
-    nodegrace_core::testing::wait_for("the machine powered on again", within, &is_on).await?;
+    nodegrace_testing::wait_for_within("the machine powered on again", within, &is_on).await?;
     revive(&client, node).await
 }
 
@@ -108,12 +110,12 @@ async fn fence_and_recover(
     })
     .await?;
     // sushy's fake driver lands each power change 1 to 11 s after the request.
-    nodegrace_core::testing::wait_for(
+    nodegrace_testing::wait_for_within(
         "the hung node back and untainted",
         Duration::from_secs(90),
         || async {
             let node = nodes.get(hung).await?;
-            Ok(ready(&node) && !has_taint(&node))
+            Ok(is_ready(&node) && !has_taint(&node))
         },
     )
     .await?;

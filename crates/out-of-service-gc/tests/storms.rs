@@ -7,21 +7,20 @@
 //!
 //! The window is real time: the controller's due times are wall-clock, as on a cluster.
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use kube_sim::KubeSim;
-use nodegrace_core::testing::storms::{NodeWrites, event_series};
+use nodegrace_testing::storms::{Storm, spawn_program};
 use out_of_service_gc::fencing::PROVIDER_BACKOFF;
 use provider_testbed::interposer::Mode;
 use provider_testbed::moto::InterposedEc2;
 use provider_testbed::sushy::InterposedBmc;
 use serde_json::json;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use crate::common::*;
 
@@ -30,70 +29,35 @@ const BINARY: &str = env!("CARGO_BIN_EXE_out-of-service-gc");
 const OBSERVED: Duration = Duration::from_secs(24);
 
 fn start(sim: &KubeSim, provider: &[String]) -> Result<Child> {
-    Command::new(BINARY)
-        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
-        .args([
-            "--admin-listen=127.0.0.1:0",
-            "--leader-elect=false",
-            "--fence-after=1s",
-            "--liveness-guard-window=1s",
-            "--instance-provider-timeout=2s",
-            "--log-level=warn",
-        ])
-        .args(provider)
-        .env_remove("AWS_REGION")
-        .env("AWS_ACCESS_KEY_ID", "AKIAPROGRAM")
-        .env("AWS_SECRET_ACCESS_KEY", "secret")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("start out-of-service-gc")
+    let flags: Vec<String> = ["--fence-after=1s", "--liveness-guard-window=1s"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(provider.iter().cloned())
+        .collect();
+    spawn_program(BINARY, sim.kubeconfig_path(), &flags)
 }
 
 /// The story every refusal must tell: the node goes NotReady, the first call fails; from then
 /// on, over [`OBSERVED`], the provider gets at most one call per backoff step, the Node few
-/// writes, and the failures one Event (`reason`) whose count grows.
+/// writes (per try at most: a step written and put back, the condition, one more for the
+/// Event's count landing on a write of its own), and the failures one Event (`reason`) whose
+/// count grows.
 async fn on_the_schedule(
     client: &Client,
     calls: &dyn Fn() -> usize,
     what: &str,
     reason: &str,
 ) -> Result<()> {
-    let writes = NodeWrites::watch(client, "hung");
-    stop_kubelet(client, "hung").await?;
-    nodegrace_core::testing::wait_for(
-        &format!("the first {what}"),
-        Duration::from_secs(60),
-        || async { Ok(calls() >= 1) },
-    )
-    .await?;
-    let first = calls();
-    let written_before = writes.count();
-    // An observation window, not a wait for state: the count over it is the result.
-    tokio::time::sleep(OBSERVED).await;
-    let total = calls();
-    let made = total - first + 1;
-    let allowed = PROVIDER_BACKOFF.tries_within(OBSERVED);
-    ensure!(
-        (2..=allowed).contains(&made),
-        "{made} {what} calls in {OBSERVED:?} (the backoff allows {allowed}, and a retry is due \
-         within it)"
-    );
-    // Per try at most: a step written and put back, the condition, one more for the Event's
-    // count landing on a write of its own.
-    let written = writes.count() - written_before;
-    ensure!(
-        written <= 4 * made + 2,
-        "the Node was written {written} times for {made} tries"
-    );
-    let said = event_series(client, "hung", reason).await?;
-    ensure!(said.len() == 1, "{reason} Events: {said:?}");
-    ensure!(
-        (total as i32 - 1..=total as i32).contains(&said[0]),
-        "the {reason} Event counts {} of {total} failures",
-        said[0]
-    );
+    let storm = Storm {
+        client,
+        node: "hung",
+        what,
+        reason,
+        observed: OBSERVED,
+        tries: 2..=PROVIDER_BACKOFF.tries_within(OBSERVED),
+        writes_per_try: 4,
+    };
+    storm.judge(calls, stop_kubelet(client, "hung")).await?;
     Ok(())
 }
 

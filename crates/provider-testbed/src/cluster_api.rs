@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use nodegrace_core::instances::cluster_api::{
+use nodegrace_controller::instances::cluster_api::{
     EXCLUDE_DRAINING, EXCLUDE_VOLUME_WAIT, machine_resource, machine_resource_in,
 };
 

@@ -11,7 +11,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube_sim::{KubeSim, SimOptions};
 use logind_harness::{LogindHarness, ScenarioOptions};
-use nodegrace_core::testing::Admin;
+use nodegrace_testing::Admin;
 use serde_json::json;
 
 const NODE: &str = "node-0";
@@ -96,7 +96,7 @@ fn main() -> Result<()> {
         }
         block.sort_by(f64::total_cmp);
         unblock.sort_by(f64::total_cmp);
-        let rss_idle = nodegrace_core::testing::rss_mib(agent.id());
+        let rss_idle = nodegrace_testing::rss_mib(agent.id());
 
         let before = metric(port, "lease_watch_events_total").await?;
         for index in 0..CHURN {
@@ -109,7 +109,7 @@ fn main() -> Result<()> {
         leases.create(&PostParams::default(), &lease(NODE, "marker")?).await?;
         until(&logind, true).await?;
         let unrelated = metric(port, "lease_watch_events_total").await? - before - 1.0;
-        let rss_busy = nodegrace_core::testing::rss_mib(agent.id());
+        let rss_busy = nodegrace_testing::rss_mib(agent.id());
         let _ = agent.kill();
         let _ = agent.wait();
 

@@ -15,7 +15,7 @@ use nodegrace_core::k8s::events::{EventReport, object_reference};
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::reporter::{ConditionGuard, Reporter};
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
-use nodegrace_core::logind::{InhibitMode, InhibitorLock, SharedLogind, ShutdownEvent};
+use nodegrace_logind::{InhibitMode, InhibitorLock, SharedLogind, ShutdownEvent};
 use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{Alerts, oldest_age};

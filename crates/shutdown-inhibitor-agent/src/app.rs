@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use nodegrace_core::admin::Readiness;
-use nodegrace_core::cli::{AgentArgs, CommonArgs, NodeArgs};
+use nodegrace_core::cli::{CommonArgs, NodeArgs};
 use nodegrace_core::k8s::client::client;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::nodes::node_reference;
@@ -10,6 +10,7 @@ use nodegrace_core::k8s::reporter::{ApiSink, Reporter};
 use nodegrace_core::k8s::selectors::parse_selector;
 use nodegrace_core::program::{self, Started};
 use nodegrace_core::telemetry::ProgramRegistry;
+use nodegrace_logind::AgentArgs;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Agent;
@@ -84,7 +85,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
             stop.cancelled().await;
             return Ok(());
         }
-        let unavailable = |error: &nodegrace_core::logind::LogindError| {
+        let unavailable = |error: &nodegrace_logind::LogindError| {
             reporter.event(EventReport::warning(
                 node_reference(&node),
                 "LogindUnavailable",

@@ -1,10 +1,11 @@
-//! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see `nodegrace_core::cli`).
+//! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see nodegrace-core's `cli`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use nodegrace_core::cli::{AgentArgs, duration_flag, ports};
+use nodegrace_core::cli::{duration_flag, ports};
+use nodegrace_logind::AgentArgs;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use clap::CommandFactory;
-use nodegrace_core::testing::{
+use nodegrace_testing::{
     check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
 };
 use shutdown_inhibitor_agent::app::PROGRAM;
@@ -50,4 +50,4 @@ fn the_config_file_is_read_and_a_bad_field_is_named() {
     );
 }
 
-nodegrace_core::operator_reference_tests!(PROGRAM, Args, Metrics);
+nodegrace_testing::operator_reference_tests!(PROGRAM, Args, Metrics);

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use logind_harness::{LogindHarness, ScenarioOptions};
-use nodegrace_core::logind::{InhibitMode, Logind};
+use nodegrace_logind::{InhibitMode, Logind};
 
 /// How long a shutdown that goes through takes to reach the hook (milliseconds in practice).
 const PROCEEDS_WITHIN: Duration = Duration::from_secs(10);
 
 /// A fresh elogind with a shutdown block lock held; `None` where logind tests cannot run.
-async fn blocked() -> Result<Option<(LogindHarness, nodegrace_core::logind::InhibitorLock)>> {
+async fn blocked() -> Result<Option<(LogindHarness, nodegrace_logind::InhibitorLock)>> {
     let Some(logind) = LogindHarness::start_or_skip(ScenarioOptions::default()).await? else {
         return Ok(None);
     };

@@ -5,34 +5,27 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use clap::Parser;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions};
 use logind_harness::{LogindHarness, ScenarioOptions};
-use nodegrace_core::program::Started;
-use nodegrace_core::testing::{self, Admin};
+use nodegrace_testing::cluster::node_condition;
+use nodegrace_testing::{ProgramUnderTest, command_line, wait_for};
 use serde_json::json;
 use shutdown_inhibitor_agent::agent::INHIBITOR_WHO;
-use shutdown_inhibitor_agent::app;
+use shutdown_inhibitor_agent::app::{self, PROGRAM};
 use shutdown_inhibitor_agent::cli::Args;
 use shutdown_inhibitor_agent::decide::ROOT_PASSES;
-use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "node-0";
+const METRICS_PREFIX: &str = "nodegrace_shutdown_inhibitor_agent";
 
 struct Setup {
     sim: KubeSim,
     client: Client,
     logind: LogindHarness,
-    agent: Started<anyhow::Error>,
-    stop: CancellationToken,
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+    agent: ProgramUnderTest,
 }
 
 async fn setup() -> Result<Option<Setup>> {
@@ -41,6 +34,11 @@ async fn setup() -> Result<Option<Setup>> {
 
 /// `flags` are added to the agent's command line.
 async fn setup_with(flags: &[&str]) -> Result<Option<Setup>> {
+    setup_started(flags, true).await
+}
+
+/// [`setup_with`]; `ready`: whether to wait for the agent's readiness.
+async fn setup_started(flags: &[&str], ready: bool) -> Result<Option<Setup>> {
     let Some(logind) = LogindHarness::start_or_skip(ScenarioOptions::default()).await? else {
         return Ok(None);
     };
@@ -58,58 +56,35 @@ async fn setup_with(flags: &[&str]) -> Result<Option<Setup>> {
             )
             .await?;
     }
-    let args = Args::try_parse_from(
-        [
-            "shutdown-inhibitor-agent".to_owned(),
-            format!("--node-name={NODE}"),
-            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
-            format!("--dbus-address={}", logind.bus_address()),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-        ]
-        .into_iter()
-        .chain(flags.iter().map(|flag| (*flag).to_owned())),
-    )?;
-    let stop = CancellationToken::new();
-    let agent = app::start(args, stop.clone()).await?;
+    let defaults = [
+        format!("--node-name={NODE}"),
+        format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+        format!("--dbus-address={}", logind.bus_address()),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+    ];
+    let args = Args::try_parse_from(command_line(PROGRAM, &defaults, flags))?;
+    let start = |stop| app::start(args, stop);
+    let agent = if ready {
+        ProgramUnderTest::start(METRICS_PREFIX, start).await?
+    } else {
+        ProgramUnderTest::start_unready(METRICS_PREFIX, start).await?
+    };
     let setup = Setup {
         sim,
         client,
         logind,
         agent,
-        stop,
     };
-    wait_for("the agent to be ready", || async {
-        Ok(http(&setup, "/readyz").await?.starts_with("HTTP/1.1 200"))
-    })
-    .await?;
     Ok(Some(setup))
 }
 
-async fn wait_for<F, Fut>(what: &str, check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool>>,
-{
-    testing::wait_for(what, Duration::from_secs(20), check).await
-}
-
-fn admin(setup: &Setup) -> Admin {
-    Admin {
-        address: setup.agent.admin_address,
-        prefix: "nodegrace_shutdown_inhibitor_agent",
-    }
-}
-
 async fn http(setup: &Setup, path: &str) -> Result<String> {
-    admin(setup).get(path).await
+    setup.agent.admin().get(path).await
 }
 
 /// A counter or gauge value (they are whole numbers here); -1 when not exported.
 async fn metric(setup: &Setup, name: &str) -> Result<i64> {
-    Ok(admin(setup)
-        .metric(name)
-        .await?
-        .map_or(-1, |value| value.round() as i64))
+    setup.agent.gauge(name).await
 }
 
 async fn our_blocks(setup: &Setup) -> Result<Vec<String>> {
@@ -124,21 +99,9 @@ async fn our_blocks(setup: &Setup) -> Result<Vec<String>> {
 }
 
 async fn condition(setup: &Setup) -> Result<Option<(String, String, String, String)>> {
-    let node = Api::<Node>::all(setup.client.clone()).get(NODE).await?;
-    Ok(node
-        .status
-        .and_then(|s| s.conditions)
-        .and_then(|c| c.into_iter().find(|c| c.type_ == "ShutdownInhibited"))
-        .map(|c| {
-            (
-                c.status,
-                c.reason.unwrap_or_default(),
-                c.message.unwrap_or_default(),
-                c.last_transition_time
-                    .map(|t| t.0.to_string())
-                    .unwrap_or_default(),
-            )
-        }))
+    Ok(node_condition(&setup.client, NODE, "ShutdownInhibited")
+        .await?
+        .map(|seen| (seen.status, seen.reason, seen.message, seen.since)))
 }
 
 async fn take_lease(setup: &Setup, namespace: &str, name: &str, holder: &str) -> Result<()> {
@@ -355,31 +318,8 @@ async fn once_shutdown_starts_lease_changes_are_ignored() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disabled_it_holds_nothing_reports_not_ready_and_says_why() -> Result<()> {
-    let Some(logind) = LogindHarness::start_or_skip(ScenarioOptions::default()).await? else {
+    let Some(setup) = setup_started(&["--enabled=false"], false).await? else {
         return Ok(());
-    };
-    let sim = KubeSim::start(SimOptions {
-        nodes: 1,
-        ..SimOptions::default()
-    })
-    .await?;
-    let args = Args::try_parse_from([
-        "shutdown-inhibitor-agent".to_owned(),
-        format!("--node-name={NODE}"),
-        format!("--kubeconfig={}", sim.kubeconfig_path().display()),
-        format!("--dbus-address={}", logind.bus_address()),
-        "--admin-listen=127.0.0.1:0".to_owned(),
-        "--enabled=false".to_owned(),
-    ])?;
-    let stop = CancellationToken::new();
-    let agent = app::start(args, stop.clone()).await?;
-    let client = sim.client();
-    let setup = Setup {
-        sim,
-        client,
-        logind,
-        agent,
-        stop,
     };
     take_lease(&setup, "default", NODE, "backup").await?;
     wait_for("the disabled Event", || async {
@@ -502,8 +442,8 @@ async fn an_alert_due_during_an_api_outage_is_published_once_after_it() -> Resul
 /// so it runs without root; the real-elogind tests above prove the locks themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_ready_while_logind_is_gone_or_refuses_a_needed_block() -> Result<()> {
-    use nodegrace_core::logind::ShutdownEvent;
-    use nodegrace_core::testing::FakeLogind;
+    use nodegrace_logind::ShutdownEvent;
+    use nodegrace_testing::FakeLogind;
 
     let sim = KubeSim::start(SimOptions {
         nodes: 1,
@@ -519,17 +459,14 @@ async fn not_ready_while_logind_is_gone_or_refuses_a_needed_block() -> Result<()
     ])?;
     let logind = FakeLogind::new(Duration::from_secs(5));
     args.agent.logind.instead_of_bus = Some(logind.shared());
-    let stop = CancellationToken::new();
-    let _stop = stop.clone().drop_guard();
-    let agent = app::start(args, stop).await?;
-    let admin = Admin {
-        address: agent.admin_address,
-        prefix: "nodegrace_shutdown_inhibitor_agent",
-    };
+    let agent =
+        ProgramUnderTest::start_unready(METRICS_PREFIX, |stop| app::start(args, stop)).await?;
+    let admin = agent.admin();
     let wait = |what: &'static str, ready: bool| {
-        testing::wait_for(what, Duration::from_secs(20), move || async move {
-            Ok(admin.is_ready().await? == ready)
-        })
+        wait_for(
+            what,
+            move || async move { Ok(admin.is_ready().await? == ready) },
+        )
     };
     wait("ready with no Lease and no lock", true).await?;
 
@@ -612,7 +549,7 @@ fn a_bad_lease_selector_names_the_flag() {
     .unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let error = runtime
-        .block_on(app::start(args, CancellationToken::new()))
+        .block_on(app::start(args, tokio_util::sync::CancellationToken::new()))
         .err()
         .map(|error| format!("{error:#}"))
         .unwrap_or_default();

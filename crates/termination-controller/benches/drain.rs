@@ -79,7 +79,7 @@ fn start_controller(sim: &KubeSim, extra: &[&str]) -> Result<(Running, u16)> {
 
 /// Waits until every node `selected` lists carries our finalizer.
 async fn finalizer_on_every(nodes: &Api<Node>, selected: ListParams) -> Result<()> {
-    nodegrace_core::testing::wait_for(
+    nodegrace_testing::wait_for_within(
         "the finalizer on every managed node",
         Duration::from_secs(600),
         || {
@@ -100,11 +100,11 @@ async fn finalizer_on_every(nodes: &Api<Node>, selected: ListParams) -> Result<(
 }
 
 async fn until_ready(port: u16) -> Result<()> {
-    let admin = nodegrace_core::testing::Admin {
+    let admin = nodegrace_testing::Admin {
         address: ([127, 0, 0, 1], port).into(),
         prefix: "nodegrace_termination_controller",
     };
-    nodegrace_core::testing::wait_for(
+    nodegrace_testing::wait_for_within(
         "the controller to be ready",
         Duration::from_secs(300),
         || async { Ok(admin.is_ready().await.unwrap_or(false)) },
@@ -178,7 +178,7 @@ async fn cluster() -> Result<KubeSim> {
 }
 
 async fn until_drained(client: &Client, started: Instant) -> Result<Duration> {
-    nodegrace_core::testing::wait_for("node-0 drained", Duration::from_secs(600), || {
+    nodegrace_testing::wait_for_within("node-0 drained", Duration::from_secs(600), || {
         let client = client.clone();
         async move { Ok(pods_left(&client, "node-0").await? == 0) }
     })
@@ -192,7 +192,7 @@ async fn ours() -> Result<(Duration, usize)> {
     let (_controller, port) = start_controller(&sim, &[])?;
     until_ready(port).await?;
     let nodes: Api<Node> = Api::all(client.clone());
-    nodegrace_core::testing::wait_for("the finalizer on node-0", Duration::from_secs(60), || {
+    nodegrace_testing::wait_for("the finalizer on node-0", || {
         let nodes = nodes.clone();
         async move {
             Ok(nodes
@@ -256,7 +256,7 @@ async fn rss_at_scale() -> Result<f64> {
     until_ready(port).await?;
     // The finalizer goes onto every node; let those writes and their watch events settle.
     finalizer_on_every(&Api::all(sim.client()), ListParams::default()).await?;
-    Ok(nodegrace_core::testing::rss_mib(controller.0.id()))
+    Ok(nodegrace_testing::rss_mib(controller.0.id()))
 }
 
 /// Nodes in the rollout's pool, under the 10 % budget.
@@ -482,8 +482,8 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
     finalizer_on_every(&nodes, ListParams::default().labels("pool=rollout")).await?;
     let (most, mut gone) = watch_pool(&client);
     let pid = controller.0.id();
-    let rss_before_mib = nodegrace_core::testing::rss_mib(pid);
-    let cpu_before = nodegrace_core::testing::cpu_seconds(pid);
+    let rss_before_mib = nodegrace_testing::rss_mib(pid);
+    let cpu_before = nodegrace_testing::cpu_seconds(pid);
     let (rss_done, rss_stop) = tokio::sync::oneshot::channel::<()>();
     let rss_peak = tokio::spawn(peak_rss(pid, rss_stop));
     let started = Instant::now();
@@ -510,15 +510,15 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
     // has written a tenth of them, a 1,000-node one mostly is not: stopping the clock at the
     // last node would bill the larger rollout for work the smaller one leaves uncounted.
     let reporting_tail_seconds = until_quiet(pid).await;
-    let cpu_seconds = nodegrace_core::testing::cpu_seconds(pid) - cpu_before;
+    let cpu_seconds = nodegrace_testing::cpu_seconds(pid) - cpu_before;
     let _ = rss_done.send(());
     let max_rss_mib = rss_peak.await?;
-    let admin = nodegrace_core::testing::Admin {
+    let admin = nodegrace_testing::Admin {
         address: ([127, 0, 0, 1], port).into(),
         prefix: "nodegrace_termination_controller",
     };
     let metrics = admin.get("/metrics").await?;
-    let conflicts = nodegrace_core::testing::sample(
+    let conflicts = nodegrace_testing::sample(
         &metrics,
         "nodegrace_termination_controller_errors_total{kind=\"conflict\"}",
     )
@@ -541,11 +541,11 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
 async fn until_quiet(pid: u32) -> f64 {
     const QUIET_CPU_SECONDS_PER_SECOND: f64 = 0.01;
     let started = Instant::now();
-    let mut last = nodegrace_core::testing::cpu_seconds(pid);
+    let mut last = nodegrace_testing::cpu_seconds(pid);
     let mut quiet_seconds = 0;
     while quiet_seconds < 2 && started.elapsed() < Duration::from_secs(300) {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = nodegrace_core::testing::cpu_seconds(pid);
+        let now = nodegrace_testing::cpu_seconds(pid);
         if now - last < QUIET_CPU_SECONDS_PER_SECOND {
             quiet_seconds += 1;
         } else {
@@ -561,7 +561,7 @@ async fn until_quiet(pid: u32) -> f64 {
 async fn peak_rss(pid: u32, mut stop: tokio::sync::oneshot::Receiver<()>) -> f64 {
     let mut peak: f64 = 0.0;
     loop {
-        peak = peak.max(nodegrace_core::testing::rss_mib(pid));
+        peak = peak.max(nodegrace_testing::rss_mib(pid));
         tokio::select! {
             _ = &mut stop => return peak,
             () = tokio::time::sleep(Duration::from_millis(100)) => {}

@@ -120,7 +120,7 @@ async fn webhook_latency() -> Result<()> {
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .spawn()?;
-    let admin = nodegrace_core::testing::Admin {
+    let admin = nodegrace_testing::Admin {
         address: std::net::SocketAddr::from(([127, 0, 0, 1], admin_port)),
         prefix: "nodegrace_termination_controller",
     };

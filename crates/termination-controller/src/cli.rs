@@ -1,11 +1,12 @@
-//! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see `nodegrace_core::cli`).
+//! Command-line options. Every flag also reads `NODEGRACE_<FLAG>` (see nodegrace-core's `cli`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use nodegrace_core::cli::{ControllerArgs, InstanceProviderKind, KubeArgs, duration_flag, ports};
+use nodegrace_controller::{ControllerArgs, InstanceProviderKind};
+use nodegrace_core::cli::{KubeArgs, duration_flag, ports};
 use nodegrace_core::k8s::selectors::parse_selector;
 
 use crate::webhook::admit::Mode;

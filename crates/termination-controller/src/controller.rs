@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{DeleteParams, Preconditions};
-use nodegrace_core::assembly::Lead;
+use nodegrace_controller::assembly::Lead;
 use nodegrace_core::dirty::Dirty;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::api_errors::status_code;

@@ -1,6 +1,6 @@
-//! Fresh reads of the nodes (quorum LISTs by label selector, in trimmed pages), shared: each
-//! caller gets a read that began after it asked, never an older one, so the nodes checking one
-//! budget at once — a rollout's pass grants a hundred, and each checks its budget before its
+//! Fresh reads of the nodes (quorum LISTs by label selector, in trimmed pages), shared through
+//! core's [`Fresh`]: each caller gets a read that began after it asked, never an older one, so
+//! the nodes checking one budget at once — a rollout's pass grants a hundred, and each checks its budget before its
 //! cordon — cost one or two reads between them, not one each. A read per node cost a rollout of
 //! 5,000 nodes a LIST of 5,000 nodes per node: 5 GB of memory and most of its CPU.
 //!
@@ -10,12 +10,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Time};
 use kube::Api;
 use kube::api::ListParams;
+use nodegrace_core::fresh::Fresh;
 use serde::Deserialize;
 
 /// Nodes per page (client-go's informers list 500 at a time too).
@@ -24,25 +25,11 @@ const PAGE: u32 = 500;
 /// One read's nodes, with the fields the budgets read ([`BudgetFields`]).
 pub type Nodes = Arc<[Arc<Node>]>;
 
-/// The reads of one selector.
-#[derive(Default)]
-struct Slot {
-    /// The last read; its lock is held while a read is under way.
-    last: tokio::sync::Mutex<Option<Read>>,
-    /// Ticks as each read begins, for callers waiting to join the next.
-    begun: tokio::sync::watch::Sender<()>,
-}
-
-struct Read {
-    began: Instant,
-    nodes: Nodes,
-}
-
 pub struct FreshNodes {
     client: kube::Client,
     request: kube::core::Request,
     /// By label selector ("" for every node).
-    reads: Mutex<HashMap<String, Arc<Slot>>>,
+    reads: Mutex<HashMap<String, Arc<Fresh<Nodes>>>>,
 }
 
 impl std::fmt::Debug for FreshNodes {
@@ -63,26 +50,23 @@ impl FreshNodes {
     /// The nodes `selector` selects ("" for every node) as the API server has them, read
     /// after this call began.
     pub async fn read(&self, selector: &str) -> Result<Nodes, kube::Error> {
-        self.read_since(selector, Instant::now()).await
+        self.reads_of(selector).get(|| self.list(selector)).await
     }
 
     /// [`Self::read`], but joining a read some other caller begins within `within` rather than
-    /// starting one at once: a check that can wait that long shares the granting pass's next
-    /// read instead of adding one of its own. Still a read that began after this call did.
+    /// starting one at once ([`Fresh::get_joining`]): a check that can wait that long shares
+    /// the granting pass's next read instead of adding one of its own.
     pub async fn read_joining(
         &self,
         selector: &str,
         within: Duration,
     ) -> Result<Nodes, kube::Error> {
-        let asked = Instant::now();
-        let mut begun = self.slot(selector).begun.subscribe();
-        // Past `within`, or on any read beginning from now on: either way the read below
-        // gives the first that began after `asked`, waiting for it if it is under way.
-        let _ = tokio::time::timeout(within, begun.changed()).await;
-        self.read_since(selector, asked).await
+        self.reads_of(selector)
+            .get_joining(within, || self.list(selector))
+            .await
     }
 
-    fn slot(&self, selector: &str) -> Arc<Slot> {
+    fn reads_of(&self, selector: &str) -> Arc<Fresh<Nodes>> {
         Arc::clone(
             self.reads
                 .lock()
@@ -90,22 +74,6 @@ impl FreshNodes {
                 .entry(selector.to_owned())
                 .or_default(),
         )
-    }
-
-    async fn read_since(&self, selector: &str, asked: Instant) -> Result<Nodes, kube::Error> {
-        let slot = self.slot(selector);
-        let mut last = slot.last.lock().await;
-        if let Some(read) = last.as_ref().filter(|read| read.began > asked) {
-            return Ok(Arc::clone(&read.nodes));
-        }
-        let began = Instant::now();
-        slot.begun.send_replace(());
-        let nodes = self.list(selector).await?;
-        *last = Some(Read {
-            began,
-            nodes: Arc::clone(&nodes),
-        });
-        Ok(nodes)
     }
 
     /// One consistent read, in pages (each of the first one's resourceVersion): a read of

@@ -48,7 +48,7 @@ pub struct ReviewLabels {
 
 #[derive(Debug, Clone)]
 pub struct Metrics {
-    pub provider: nodegrace_core::instances::ProviderMetrics,
+    pub provider: nodegrace_controller::instances::ProviderMetrics,
     pub eviction_requests: Family<CodeLabel, Counter>,
     pub pods_drained: Family<ReasonLabel, Counter>,
     pub nodes_drained: Counter,
@@ -67,7 +67,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self {
-            provider: nodegrace_core::instances::ProviderMetrics::default(),
+            provider: nodegrace_controller::instances::ProviderMetrics::default(),
             eviction_requests: Family::default(),
             pods_drained: Family::default(),
             nodes_drained: Counter::default(),

@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
+use nodegrace_controller::instances::{
+    InstanceError, InstanceProvider, InstanceState, NodeMachine, ProviderId,
+};
 use nodegrace_core::backoff::{Backoff, Retry};
 use nodegrace_core::error_chain::Chain;
-use nodegrace_core::instances::{InstanceError, InstanceProvider, InstanceState, ProviderId};
 use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, UpdateError, Updated};

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::Command;
 
 use clap::CommandFactory;
-use nodegrace_core::testing::{
+use nodegrace_testing::{
     check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
 };
 use termination_controller::app::PROGRAM;
@@ -151,4 +151,4 @@ fn the_charts_crds_are_the_ones_the_types_generate() -> anyhow::Result<()> {
     Ok(())
 }
 
-nodegrace_core::operator_reference_tests!(PROGRAM, Args, Metrics);
+nodegrace_testing::operator_reference_tests!(PROGRAM, Args, Metrics);

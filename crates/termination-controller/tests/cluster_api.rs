@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 use kube_sim::KubeSim;
 use kube_sim::cluster::Cluster;
-use nodegrace_core::instances::cluster_api::{
+use nodegrace_controller::instances::cluster_api::{
     EXCLUDE_DRAINING, EXCLUDE_VOLUME_WAIT, machine_resource, machine_resource_in,
 };
 use provider_testbed::cluster_api::{

@@ -18,10 +18,12 @@ use kube::api::DynamicObject;
 use kube::{Api, Client};
 use kube_sim::KubeSim;
 use kube_sim::cluster::Cluster;
-use nodegrace_core::instances::cluster_api::machine_resource;
-use nodegrace_core::instances::redfish::{MachineConfig, RedfishConfig};
-use nodegrace_core::instances::{InstanceProvider, InstanceState, ProviderId, RedfishInstances};
-use nodegrace_core::testing::proxy::Proxy;
+use nodegrace_controller::instances::cluster_api::machine_resource;
+use nodegrace_controller::instances::redfish::{MachineConfig, RedfishConfig};
+use nodegrace_controller::instances::{
+    InstanceProvider, InstanceState, ProviderId, RedfishInstances,
+};
+use nodegrace_testing::proxy::Proxy;
 use provider_testbed::cluster_api::{
     MachineController, create_machine, machine, machine_crd, node_annotations,
 };
@@ -109,7 +111,7 @@ async fn delete_and_wait(client: &Client) -> Result<Duration> {
     for name in &names()[..DELETED] {
         delete_node(client, name).await?;
     }
-    nodegrace_core::testing::wait_for("the deleted nodes released", RELEASE_DEADLINE, || async {
+    nodegrace_testing::wait_for_within("the deleted nodes released", RELEASE_DEADLINE, || async {
         let nodes = Api::<Node>::all(client.clone());
         for name in &names()[..DELETED] {
             if nodes.get_opt(name).await?.is_some() {

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::{KubeSim, WorldOptions};
-use nodegrace_core::testing::proxy::Proxy;
+use nodegrace_testing::proxy::Proxy;
 use serde_json::json;
 use termination_controller::api::{DISRUPTED_TAINT, FINALIZER, NodeDisruptionBudget};
 
@@ -64,11 +64,6 @@ fn instance(sim: &KubeSim, id: &str) -> Option<kube_sim::world::Instance> {
 
 fn terminate_calls(sim: &KubeSim, id: &str) -> u32 {
     instance(sim, id).map_or(0, |instance| instance.terminate_calls)
-}
-
-async fn gauge(controller: &common::Controller, name: &str) -> Result<i64> {
-    #[allow(clippy::cast_possible_truncation)]
-    Ok(controller.admin.value(name).await?.round() as i64)
 }
 
 fn cordoned(node: &Node) -> bool {
@@ -181,7 +176,7 @@ async fn a_namesake_node_is_never_touched_by_the_deleted_nodes_termination() -> 
         pods.delete(&guard, &DeleteParams::default().grace_period(0))
             .await?;
         wait_for("the first node's termination to end", || async {
-            Ok(gauge(&controller, "nodes_terminating").await? == 0)
+            Ok(controller.gauge("nodes_terminating").await? == 0)
         })
         .await?;
         let namesake = nodes.get(&name).await?;
@@ -417,7 +412,7 @@ async fn many_nodes_not_ready_at_once_are_a_partition_and_are_not_deleted() -> R
         })
         .await?;
     }
-    ensure!(gauge(&controller, "not_ready_deletions_held").await? == 1);
+    ensure!(controller.gauge("not_ready_deletions_held").await? == 1);
     let nodes: Api<Node> = Api::all(client.clone());
     for node in nodes.list(&ListParams::default()).await? {
         ensure!(
@@ -464,7 +459,7 @@ fn kubeconfig_through(
     Ok(path)
 }
 
-fn acts(request: &nodegrace_core::testing::proxy::Request) -> bool {
+fn acts(request: &nodegrace_testing::proxy::Request) -> bool {
     request.path.contains("/eviction")
         || request.path.starts_with("/sim/v1/instances") && request.method == "DELETE"
         || request.method == "DELETE" && request.path.starts_with("/api/v1/")
@@ -599,10 +594,7 @@ async fn a_deleted_budgets_gauge_goes_with_it() -> Result<()> {
     .await?;
     let series = "nodegrace_termination_controller_ndb_disruptions_allowed{ndb=\"short-lived\"}";
     wait_for("the budget's gauge", || async {
-        Ok(
-            nodegrace_core::testing::sample(&controller.admin.get("/metrics").await?, series)
-                .is_some(),
-        )
+        Ok(nodegrace_testing::sample(&controller.admin().get("/metrics").await?, series).is_some())
     })
     .await?;
     let budgets: Api<NodeDisruptionBudget> = Api::all(client.clone());
@@ -610,10 +602,7 @@ async fn a_deleted_budgets_gauge_goes_with_it() -> Result<()> {
         .delete("short-lived", &DeleteParams::default())
         .await?;
     wait_for("the gauge gone with the budget", || async {
-        Ok(
-            nodegrace_core::testing::sample(&controller.admin.get("/metrics").await?, series)
-                .is_none(),
-        )
+        Ok(nodegrace_testing::sample(&controller.admin().get("/metrics").await?, series).is_none())
     })
     .await?;
     controller.stop().await

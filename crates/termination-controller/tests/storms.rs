@@ -9,20 +9,19 @@
 //!
 //! The window is real time: the steps' deadlines are wall-clock, as on a cluster.
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use kube::{Api, Client};
 use kube_sim::KubeSim;
 use kube_sim::cluster::Cluster;
-use nodegrace_core::testing::storms::{NodeWrites, event_series};
+use nodegrace_testing::storms::{Storm, event_series, spawn_program};
 use provider_testbed::interposer::Mode;
 use provider_testbed::moto::InterposedEc2;
 use provider_testbed::sushy::InterposedBmc;
 use serde_json::json;
 use termination_controller::termination::PROVIDER_FAILURES;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use crate::common::{delete_node, has_finalizer, machine_node, node_gone, sim, wait_for};
 
@@ -35,64 +34,27 @@ const MACHINE_ID: &str = "docker:///workload/worker";
 const OBSERVED: Duration = Duration::from_secs(24);
 
 fn start(sim: &KubeSim, provider: &[String]) -> Result<Child> {
-    Command::new(BINARY)
-        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
-        .args([
-            "--admin-listen=127.0.0.1:0",
-            "--leader-elect=false",
-            "--instance-not-found-confirm=2s",
-            "--instance-provider-timeout=2s",
-            "--log-level=warn",
-        ])
-        .args(provider)
-        .env_remove("AWS_REGION")
-        .env("AWS_ACCESS_KEY_ID", "AKIAPROGRAM")
-        .env("AWS_SECRET_ACCESS_KEY", "secret")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("start termination-controller")
+    let flags: Vec<String> = std::iter::once("--instance-not-found-confirm=2s".to_owned())
+        .chain(provider.iter().cloned())
+        .collect();
+    spawn_program(BINARY, sim.kubeconfig_path(), &flags)
 }
 
 /// Deletes `worker` and, from the first terminate on, counts over [`OBSERVED`]: the calls
-/// within the backoff's schedule, the Node's writes, one Event with a count; the node held.
+/// within the backoff's schedule, the Node's writes (per failure, the condition says the count
+/// and the next try: one status write), one Event with a count; the node held.
 async fn storm_free(client: &Client, calls: &dyn Fn() -> usize, what: &str) -> Result<usize> {
     wait_for("the finalizer", || has_finalizer(client, "worker")).await?;
-    let writes = NodeWrites::watch(client, "worker");
-    delete_node(client, "worker").await?;
-    nodegrace_core::testing::wait_for(
-        &format!("the first {what}"),
-        Duration::from_secs(60),
-        || async { Ok(calls() >= 1) },
-    )
-    .await?;
-    let written_before = writes.count();
-    // An observation window, not a wait for state: the count over it is the result.
-    tokio::time::sleep(OBSERVED).await;
-    let made = calls();
-    let allowed = PROVIDER_FAILURES.tries_within(OBSERVED);
-    ensure!(
-        (3..=allowed).contains(&made),
-        "{made} {what} calls in {OBSERVED:?} (the backoff allows {allowed}, and retries are due \
-         within it)"
-    );
-    // Per failure, the condition says the count and the next try: one status write.
-    let written = writes.count() - written_before;
-    ensure!(
-        written <= 2 * made + 2,
-        "the Node was written {written} times for {made} tries"
-    );
-    let failed = event_series(client, "worker", FAILED).await?;
-    ensure!(
-        failed.len() == 1,
-        "InstanceTerminationFailed Events: {failed:?}"
-    );
-    ensure!(
-        (made as i32 - 1..=made as i32).contains(&failed[0]),
-        "the Event counts {} of {made} failures",
-        failed[0]
-    );
+    let storm = Storm {
+        client,
+        node: "worker",
+        what,
+        reason: FAILED,
+        observed: OBSERVED,
+        tries: 3..=PROVIDER_FAILURES.tries_within(OBSERVED),
+        writes_per_try: 2,
+    };
+    let made = storm.judge(calls, delete_node(client, "worker")).await?;
     ensure!(!node_gone(client, "worker").await?, "released on a failure");
     Ok(made)
 }
@@ -354,7 +316,7 @@ async fn machine_left(management: &KubeSim) -> Result<()> {
     let machines: Api<kube::api::DynamicObject> = Api::namespaced_with(
         management.client(),
         "default",
-        &nodegrace_core::instances::cluster_api::machine_resource(),
+        &nodegrace_controller::instances::cluster_api::machine_resource(),
     );
     let left = machines.get("workers-0").await?;
     ensure!(

@@ -17,6 +17,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use kube_sim::KubeSim;
+use nodegrace_testing::ProgramUnderTest;
 use serde_json::json;
 use termination_controller::api::{FINALIZER, NodeDisruptionBudget};
 
@@ -62,7 +63,11 @@ async fn configurations(client: &Client, port: u16) -> Result<()> {
 
 /// A cluster of `nodes` under the NodeDisruptionBudget `workers` (maxUnavailable 1 over every
 /// node), with the controller serving the webhook in `mode`.
-async fn with_webhook(nodes: usize, mode: &str, extra: &[&str]) -> Result<(KubeSim, Controller)> {
+async fn with_webhook(
+    nodes: usize,
+    mode: &str,
+    extra: &[&str],
+) -> Result<(KubeSim, ProgramUnderTest)> {
     let port = free_port()?;
     with_webhook_on(port, nodes, mode, extra).await
 }
@@ -72,7 +77,7 @@ async fn with_webhook_on(
     nodes: usize,
     mode: &str,
     extra: &[&str],
-) -> Result<(KubeSim, Controller)> {
+) -> Result<(KubeSim, ProgramUnderTest)> {
     let sim = sim(nodes).await?;
     let client = sim.client();
     configurations(&client, port).await?;
@@ -276,7 +281,7 @@ async fn deny_mode_refuses_deletions_the_budget_does_not_allow() -> Result<()> {
         "at most one node disrupted and one grant at once: {most_disrupting}, {most_grants}"
     );
     let denied = controller
-        .admin
+        .admin()
         .metric("webhook_reviews_total{operation=\"DELETE\",verdict=\"denied\"}")
         .await?
         .unwrap_or_default();

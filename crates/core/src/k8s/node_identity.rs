@@ -3,15 +3,14 @@
 //! budget grant, a force cleanup, an out-of-service taint) must never pass to its namesake.
 //! Both controllers key their per-node work by [`NodeIdentity`]: every read through it drops a
 //! namesake, every write carries the UID and resourceVersion it read, and a machine is asked
-//! about or terminated only under the providerID of this very object — so the wrong act cannot
-//! be written.
+//! about or terminated only under the providerID of this very object (nodegrace-controller's
+//! `NodeMachine`) — so the wrong act cannot be written.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
-use crate::instances::{InstanceError, ProviderId};
 use crate::k8s::api_errors::status_code;
 use crate::k8s::watched::Watched;
 
@@ -114,22 +113,9 @@ impl NodeIdentity {
         &self.uid
     }
 
-    /// The machine of this Node, for a call to an instance provider: the providerID seen when
-    /// the work began, else the one `fresh` (a read of this very Node) carries — the API server
-    /// lets a providerID be set once, never changed. `fresh` being a namesake is an error, not
-    /// a machine: a namesake's machine is never this work's to ask about or terminate.
-    pub fn machine(&self, fresh: &Node) -> Result<ProviderId, InstanceError> {
-        if !self.is(fresh) {
-            return Err(InstanceError::NotThisNode {
-                node: self.to_string(),
-            });
-        }
-        match &self.provider_id {
-            Some(id) => Ok(ProviderId::new(id.clone())
-                .read_from(&self.name)
-                .with_annotations_of(fresh)),
-            None => ProviderId::of(fresh),
-        }
+    /// The providerID seen when the work began, if the Node had one then.
+    pub fn provider_id(&self) -> Option<&str> {
+        self.provider_id.as_deref()
     }
 
     /// Whether `node` is this very object (not a namesake).
@@ -247,32 +233,5 @@ mod tests {
         assert!(!first.is(&node("n2", Some("a"))));
         assert_eq!(NodeIdentity::of(&node("n1", None)), None);
         assert_eq!(NodeIdentity::of(&node("n1", Some(""))), None);
-    }
-
-    #[test]
-    fn the_machine_is_the_one_this_node_named() {
-        let mut first = node("n1", Some("a"));
-        first.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
-            provider_id: Some("sim:///machine-a".into()),
-            ..Default::default()
-        });
-        let identity = NodeIdentity::of(&first).unwrap();
-        let machine = identity.machine(&first).unwrap();
-        assert_eq!(machine.as_str(), "sim:///machine-a");
-        assert_eq!(machine.node(), Some("n1"));
-
-        let mut namesake = first.clone();
-        namesake.metadata.uid = Some("b".into());
-        namesake.spec.as_mut().unwrap().provider_id = Some("sim:///machine-b".into());
-        let refused = identity.machine(&namesake).unwrap_err();
-        assert!(refused.to_string().contains("n1 (uid a)"), "{refused}");
-
-        // Registered before its cloud set the id: the fresh read of the same object names it.
-        let early = NodeIdentity::of(&node("n1", Some("a"))).unwrap();
-        assert_eq!(early.machine(&first).unwrap().as_str(), "sim:///machine-a");
-        assert_eq!(
-            early, identity,
-            "the same Node, whatever was seen of its machine"
-        );
     }
 }

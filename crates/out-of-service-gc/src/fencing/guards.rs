@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::ListParams;
-use nodegrace_core::instances::{InstanceState, ProviderId};
+use nodegrace_controller::instances::{InstanceState, NodeMachine, ProviderId};
 use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::partition::partitioned;
 

@@ -6,7 +6,7 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use nodegrace_core::instances::{InstanceState, Power, ProviderId};
+use nodegrace_controller::instances::{InstanceState, NodeMachine, Power, ProviderId};
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::{Readiness, node_reference, readiness, taint_with_key};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use nodegrace_core::instances::{Power, ProviderId};
+use nodegrace_controller::instances::{NodeMachine, Power, ProviderId};
 use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::nodes::{Readiness, readiness};
 

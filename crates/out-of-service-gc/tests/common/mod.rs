@@ -1,6 +1,6 @@
 //! What every test of the controller against kube-sim shares: the world's timings, the
 //! controller started in-process, and the node and pod moves an outage is made of.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // the bench uses a part only
 
 use std::time::{Duration, Instant};
 
@@ -8,21 +8,24 @@ use anyhow::Result;
 use clap::Parser;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node, PersistentVolumeClaim, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::cluster::Cluster;
 use kube_sim::{KubeSim, WorldOptions};
 use nodegrace_core::k8s::taints::change_taints;
-use nodegrace_core::program::Started;
-use nodegrace_core::testing::{self, Admin};
-use out_of_service_gc::app;
+use nodegrace_testing::cluster::node_condition;
+pub use nodegrace_testing::cluster::{all_ready, event_reasons, events_with_reason, is_ready};
+pub use nodegrace_testing::wait_for;
+use nodegrace_testing::{ProgramUnderTest, command_line};
+use out_of_service_gc::app::{self, PROGRAM};
 use out_of_service_gc::cli::Args;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 pub const TAINT: &str = "node.kubernetes.io/out-of-service";
+const METRICS_PREFIX: &str = "nodegrace_out_of_service_gc";
 
 pub fn world() -> WorldOptions {
     WorldOptions {
@@ -39,73 +42,15 @@ pub async fn sim(nodes: usize, world: WorldOptions) -> Result<KubeSim> {
     Ok(Cluster::new(nodes).world(world).start().await?)
 }
 
-pub struct Controller {
-    admin: Admin,
-    started: Option<Started<anyhow::Error>>,
-    stop: CancellationToken,
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-impl Controller {
-    pub fn admin(&self) -> Admin {
-        self.admin
-    }
-
-    /// A counter's value; 0 before it was first exported.
-    pub async fn counter(&self, name: &str) -> Result<u64> {
-        let value = self.admin().metric(&format!("{name}_total")).await?;
-        Ok(value.map_or(0, |value| value.round() as u64))
-    }
-
-    pub async fn stop(mut self) -> Result<()> {
-        self.stop.cancel();
-        let started = self.started.take().expect("started once");
-        tokio::time::timeout(Duration::from_secs(20), started.wait()).await?
-    }
-}
-
 /// Starts the controller against `sim` with `flags`; the guard window is 1 s unless given.
-pub async fn controller(sim: &KubeSim, flags: &[&str]) -> Result<Controller> {
-    let window = (!flags
-        .iter()
-        .any(|flag| flag.starts_with("--liveness-guard-window")))
-    .then(|| "--liveness-guard-window=1s".to_owned());
-    let args = Args::try_parse_from(
-        [
-            "out-of-service-gc".to_owned(),
-            format!("--kubeconfig={}", sim.kubeconfig_path().display()),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-        ]
-        .into_iter()
-        .chain(window)
-        .chain(flags.iter().map(|flag| (*flag).to_owned())),
-    )?;
-    let stop = CancellationToken::new();
-    let started = app::start(args, stop.clone()).await?;
-    let controller = Controller {
-        admin: Admin {
-            address: started.admin_address,
-            prefix: "nodegrace_out_of_service_gc",
-        },
-        started: Some(started),
-        stop,
-    };
-    let admin = controller.admin();
-    wait_for("the controller to be ready", || admin.is_ready()).await?;
-    Ok(controller)
-}
-
-pub async fn wait_for<F, Fut>(what: &str, check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool>>,
-{
-    testing::wait_for(what, Duration::from_secs(30), check).await
+pub async fn controller(sim: &KubeSim, flags: &[&str]) -> Result<ProgramUnderTest> {
+    let defaults = [
+        format!("--kubeconfig={}", sim.kubeconfig_path().display()),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+        "--liveness-guard-window=1s".to_owned(),
+    ];
+    let args = Args::try_parse_from(command_line(PROGRAM, &defaults, flags))?;
+    ProgramUnderTest::start(METRICS_PREFIX, |stop| app::start(args, stop)).await
 }
 
 pub fn pod(name: &str, node: &str, extra: &serde_json::Value) -> Result<Pod> {
@@ -169,7 +114,7 @@ pub async fn kill(client: &Client, node: &str) -> Result<()> {
     stop_kubelet(client, node).await?;
     let nodes: Api<Node> = Api::all(client.clone());
     wait_for("the node to be NotReady", || async {
-        Ok(!ready(&nodes.get(node).await?))
+        Ok(!is_ready(&nodes.get(node).await?))
     })
     .await
 }
@@ -184,13 +129,6 @@ pub async fn revive(client: &Client, node: &str) -> Result<()> {
         )
         .await?;
     Ok(())
-}
-
-pub fn ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 pub async fn taint(client: &Client, node: &str) -> Result<()> {
@@ -236,26 +174,6 @@ pub fn has_taint(node: &Node) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == TAINT))
 }
 
-pub async fn condition(client: &Client, node: &str) -> Result<Option<(String, String)>> {
-    let node = Api::<Node>::all(client.clone()).get(node).await?;
-    Ok(node
-        .status
-        .and_then(|s| s.conditions)
-        .and_then(|c| c.into_iter().find(|c| c.type_ == "OutOfServiceCleanup"))
-        .map(|c| (c.status, c.reason.unwrap_or_default())))
-}
-
-pub async fn events(client: &Client, reason: &str) -> Result<Vec<Event>> {
-    let all: Api<Event> = Api::all(client.clone());
-    Ok(all
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|event| event.reason.as_deref() == Some(reason))
-        .collect())
-}
-
 pub async fn pod_names(client: &Client, node: &str) -> Result<Vec<String>> {
     let pods: Api<Pod> = Api::all(client.clone());
     Ok(pods
@@ -295,31 +213,9 @@ pub async fn renew_late(
     }
 }
 
-/// The reasons of the Events about `node`, in the order they happened.
-pub async fn event_reasons(client: &Client, node: &str) -> Result<Vec<String>> {
-    let all: Api<Event> = Api::all(client.clone());
-    let mut about: Vec<Event> = all
-        .list(&ListParams::default())
+/// The node's `OutOfServiceCleanup` condition, as its status and reason.
+pub async fn condition(client: &Client, node: &str) -> Result<Option<(String, String)>> {
+    Ok(node_condition(client, node, "OutOfServiceCleanup")
         .await?
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(node))
-        .collect();
-    about.sort_by_key(|e| {
-        e.event_time
-            .as_ref()
-            .map(|t| t.0)
-            .or(e.first_timestamp.as_ref().map(|t| t.0))
-    });
-    Ok(about.into_iter().filter_map(|e| e.reason).collect())
-}
-
-/// Waits until the cluster has `count` nodes and every one is Ready.
-pub async fn all_ready(client: &Client, count: usize) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    wait_for("every node Ready", || async {
-        let listed = nodes.list(&ListParams::default()).await?.items;
-        Ok(listed.len() == count && listed.iter().all(ready))
-    })
-    .await
+        .map(|seen| (seen.status, seen.reason)))
 }

@@ -1,6 +1,6 @@
 //! What the controller's integration tests share: a kube-sim cluster with the CRD, the
 //! controller in-process, workloads under budgets, and what to wait on.
-#![allow(dead_code)] // each test binary uses its own part
+#![allow(dead_code, unused_imports)] // each test binary uses its own part
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,13 +16,17 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, CustomResourceExt};
 use kube_sim::cluster::{Cluster, Workload, daemonset, deployment};
 use kube_sim::{KubeSim, WorldOptions};
-use nodegrace_core::program::Started;
-use nodegrace_core::testing::{self, Admin};
+use nodegrace_testing::cluster::node_condition;
+pub use nodegrace_testing::cluster::{event_notes, event_reasons, event_seen, has_event, pods_on};
+pub use nodegrace_testing::wait_for;
+use nodegrace_testing::{ProgramUnderTest, command_line};
 use serde_json::json;
 use termination_controller::api::{FINALIZER, NodeDisruptionBudget, NodeDrainRule};
-use termination_controller::app;
+use termination_controller::app::{self, PROGRAM};
 use termination_controller::cli::Args;
 use tokio_util::sync::CancellationToken;
+
+const METRICS_PREFIX: &str = "nodegrace_termination_controller";
 
 pub fn world() -> WorldOptions {
     WorldOptions {
@@ -47,38 +51,16 @@ pub async fn sim(nodes: usize) -> Result<KubeSim> {
     Ok(cluster(nodes).start().await?)
 }
 
-pub struct Controller {
-    pub admin: Admin,
-    pub started: Option<Started<anyhow::Error>>,
-    pub stop: CancellationToken,
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-impl Controller {
-    pub async fn stop(mut self) -> Result<()> {
-        self.stop.cancel();
-        let started = self.started.take().context("started once")?;
-        tokio::time::timeout(Duration::from_secs(20), started.wait()).await?
-    }
-
-    pub async fn counter(&self, name: &str) -> Result<u64> {
-        let value = self.admin.metric(&format!("{name}_total")).await?;
-        Ok(value.map_or(0, |value| value.round() as u64))
-    }
-}
-
-pub async fn controller(sim: &KubeSim, flags: &[&str]) -> Result<Controller> {
+pub async fn controller(sim: &KubeSim, flags: &[&str]) -> Result<ProgramUnderTest> {
     controller_via(sim.kubeconfig_path(), flags).await
 }
 
 /// The controller reaching the API server through `kubeconfig`; without election unless
 /// `flags` set `--leader-elect`.
-pub async fn controller_via(kubeconfig: &std::path::Path, flags: &[&str]) -> Result<Controller> {
+pub async fn controller_via(
+    kubeconfig: &std::path::Path,
+    flags: &[&str],
+) -> Result<ProgramUnderTest> {
     controller_with_clock(
         kubeconfig,
         flags,
@@ -92,40 +74,19 @@ pub async fn controller_with_clock(
     kubeconfig: &std::path::Path,
     flags: &[&str],
     clock: std::sync::Arc<dyn nodegrace_core::clock::Clock>,
-) -> Result<Controller> {
-    let elect = flags.iter().any(|flag| flag.starts_with("--leader-elect="));
-    let args = Args::try_parse_from(
-        [
-            "termination-controller".to_owned(),
-            format!("--kubeconfig={}", kubeconfig.display()),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-            "--instance-provider=sim".to_owned(),
-            "--eviction-backoff-max=1s".to_owned(),
-        ]
-        .into_iter()
-        .chain((!elect).then(|| "--leader-elect=false".to_owned()))
-        .chain(flags.iter().map(|flag| (*flag).to_owned())),
-    )?;
-    let stop = CancellationToken::new();
-    let started = app::start_with_clock(args, clock, stop.clone()).await?;
-    let admin = Admin {
-        address: started.admin_address,
-        prefix: "nodegrace_termination_controller",
-    };
-    wait_for("the controller to be ready", || admin.is_ready()).await?;
-    Ok(Controller {
-        admin,
-        started: Some(started),
-        stop,
+) -> Result<ProgramUnderTest> {
+    let defaults = [
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+        "--instance-provider=sim".to_owned(),
+        "--eviction-backoff-max=1s".to_owned(),
+        "--leader-elect=false".to_owned(),
+    ];
+    let args = Args::try_parse_from(command_line(PROGRAM, &defaults, flags))?;
+    ProgramUnderTest::start(METRICS_PREFIX, |stop| {
+        app::start_with_clock(args, clock, stop)
     })
-}
-
-pub async fn wait_for<F, Fut>(what: &str, check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool>>,
-{
-    testing::wait_for(what, Duration::from_secs(60), check).await
+    .await
 }
 
 pub async fn create(client: &Client, body: serde_json::Value) -> Result<()> {
@@ -211,14 +172,6 @@ pub async fn has_finalizer(client: &Client, node: &str) -> Result<bool> {
 pub async fn node_gone(client: &Client, node: &str) -> Result<bool> {
     let nodes: Api<Node> = Api::all(client.clone());
     Ok(nodes.get_opt(node).await?.is_none())
-}
-
-pub async fn pods_on(client: &Client, node: &str) -> Result<Vec<Pod>> {
-    let pods: Api<Pod> = Api::all(client.clone());
-    Ok(pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await?
-        .items)
 }
 
 pub fn terminate_calls(sim: &KubeSim, node: &str) -> u32 {
@@ -391,7 +344,7 @@ pub async fn delete_node(client: &Client, node: &str) -> Result<()> {
 }
 
 /// The controller, started with `flags`, once its finalizer is on every node.
-pub async fn managing(sim: &KubeSim, flags: &[&str]) -> Result<Controller> {
+pub async fn managing(sim: &KubeSim, flags: &[&str]) -> Result<ProgramUnderTest> {
     let started = controller(sim, flags).await?;
     let client = sim.client();
     let nodes = Api::<Node>::all(client.clone())
@@ -413,24 +366,15 @@ pub async fn finalizer_on_every_node(client: &Client, count: usize) -> Result<()
     Ok(())
 }
 
+/// The node's condition `type_`, as its reason and message.
 pub async fn condition(
     client: &Client,
     node: &str,
     type_: &str,
 ) -> Result<Option<(String, String)>> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    Ok(nodes.get_opt(node).await?.and_then(|node| {
-        node.status?
-            .conditions?
-            .into_iter()
-            .find(|condition| condition.type_ == type_)
-            .map(|condition| {
-                (
-                    condition.reason.unwrap_or_default(),
-                    condition.message.unwrap_or_default(),
-                )
-            })
-    }))
+    Ok(node_condition(client, node, type_)
+        .await?
+        .map(|seen| (seen.reason, seen.message)))
 }
 
 pub async fn ndb(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
@@ -509,43 +453,6 @@ pub async fn workers_budget(client: &Client) -> Result<()> {
     .await
 }
 
-/// The Events about `node`.
-async fn events_about(
-    client: &Client,
-    node: &str,
-) -> Result<Vec<k8s_openapi::api::core::v1::Event>> {
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
-    let list = events
-        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
-        .await?;
-    Ok(list.items)
-}
-
-/// Reasons of the Events about `node`.
-pub async fn event_reasons(client: &Client, node: &str) -> Result<Vec<String>> {
-    Ok(events_about(client, node)
-        .await?
-        .into_iter()
-        .filter_map(|event| event.reason)
-        .collect())
-}
-
-/// Waits for an Event with `reason` about `node`: Events are written after the acts they
-/// report, so one may land after the node itself is gone.
-pub async fn event_seen(client: &Client, node: &str, reason: &str) -> Result<()> {
-    wait_for(&format!("a {reason} Event about {node}"), || {
-        has_event(client, node, reason)
-    })
-    .await
-}
-
-pub async fn has_event(client: &Client, node: &str, reason: &str) -> Result<bool> {
-    Ok(event_reasons(client, node)
-        .await?
-        .iter()
-        .any(|seen| seen == reason))
-}
-
 /// `termination-controller plan --node <node>` run as an operator runs it: the binary and a
 /// kubeconfig; JSON with `json_output`.
 pub fn plan(sim: &KubeSim, node: &str, json_output: bool) -> Result<String> {
@@ -613,14 +520,4 @@ pub async fn machine_node(
         .create(&PostParams::default(), &node)
         .await?;
     Ok(())
-}
-
-/// The messages of the Events with `reason` about `node`.
-pub async fn event_notes(client: &Client, node: &str, reason: &str) -> Result<Vec<String>> {
-    Ok(events_about(client, node)
-        .await?
-        .into_iter()
-        .filter(|event| event.reason.as_deref() == Some(reason))
-        .filter_map(|event| event.message)
-        .collect())
 }

@@ -22,7 +22,7 @@ use serde_json::json;
 use termination_controller::api::{FINALIZER, NodeDisruptionBudget};
 use tokio::process::{Child, Command};
 
-use nodegrace_core::testing::Admin;
+use nodegrace_testing::Admin;
 
 use crate::common::{
     app, delete_node, finalizer_on_every_node, log_daemonset, sim, terminate_calls, wait_for,

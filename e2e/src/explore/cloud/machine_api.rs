@@ -55,7 +55,7 @@ impl MachineApi {
         crds.create(&PostParams::default(), &machine_crd()).await?;
         let machines: Api<DynamicObject> = Api::all_with(
             client.clone(),
-            &nodegrace_core::instances::cluster_api::machine_resource(),
+            &nodegrace_controller::instances::cluster_api::machine_resource(),
         );
         let served = poll_until(std::time::Duration::from_secs(10), || async {
             machines.list(&ListParams::default()).await.is_ok()
