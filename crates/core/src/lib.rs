@@ -19,6 +19,7 @@ pub mod error_chain;
 pub mod fresh;
 pub mod k8s;
 pub mod program;
+pub mod reasons;
 pub mod signals;
 pub mod telemetry;
 pub mod timers;

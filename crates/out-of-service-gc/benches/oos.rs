@@ -7,7 +7,6 @@
 //!     powered on again and its node Ready without the taint (`--recover-after-cleanup`);
 //! (4) the controller's RSS with 5,000 nodes and 150,000 pods in the cluster.
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -18,6 +17,7 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 use kube_sim::cluster::statefulset;
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use nodegrace_testing::bench::BenchedController;
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -34,45 +34,17 @@ fn world() -> WorldOptions {
     }
 }
 
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_controller(sim: &KubeSim, extra: &[&str]) -> Result<(Running, u16)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let child = Command::new(BINARY)
-        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
-        .arg(format!("--admin-listen=127.0.0.1:{port}"))
-        .args([
-            "--leader-elect=false",
-            "--liveness-guard-window=1s",
-            "--log-level=warn",
-        ])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    Ok((Running(child), port))
-}
-
-async fn until_ready(port: u16) -> Result<()> {
-    let admin = nodegrace_testing::Admin {
-        address: ([127, 0, 0, 1], port).into(),
-        prefix: "nodegrace_out_of_service_gc",
-    };
-    nodegrace_testing::wait_for_within(
-        "the controller to be ready",
-        Duration::from_secs(300),
-        || async { Ok(admin.is_ready().await.unwrap_or(false)) },
+/// The controller with the benchmark's flags and `extra`.
+fn start_controller(sim: &KubeSim, extra: &[&str]) -> Result<BenchedController> {
+    let flags: Vec<&str> = std::iter::once("--liveness-guard-window=1s")
+        .chain(extra.iter().copied())
+        .collect();
+    BenchedController::start(
+        BINARY,
+        "nodegrace_out_of_service_gc",
+        sim.kubeconfig_path(),
+        &flags,
     )
-    .await
 }
 
 /// Stops the kubelets of `nodes` and waits until they are NotReady and their heartbeat is
@@ -146,8 +118,8 @@ async fn deletion(nodes: usize, extra: &[&str]) -> Result<Duration> {
         ..SimOptions::default()
     })
     .await?;
-    let (_controller, port) = start_controller(&sim, extra)?;
-    until_ready(port).await?;
+    let _controller = start_controller(&sim, extra)?;
+    _controller.until_ready().await?;
     // node-0 … node-{nodes-1} die; the last node stays.
     let dead: Vec<String> = (0..nodes).map(|index| format!("node-{index}")).collect();
     let client = sim.client();
@@ -165,8 +137,8 @@ async fn failover(with_controller: bool) -> Result<Duration> {
     .await?;
     let client = sim.client();
     let _controller = if with_controller {
-        let (controller, port) = start_controller(&sim, &[])?;
-        until_ready(port).await?;
+        let controller = start_controller(&sim, &[])?;
+        controller.until_ready().await?;
         Some(controller)
     } else {
         None
@@ -211,7 +183,7 @@ async fn fence_failover(fence_after: Duration) -> Result<(Duration, Duration)> {
     .await?;
     let client = sim.client();
     let after = format!("--fence-after={}s", fence_after.as_secs());
-    let (_controller, port) = start_controller(
+    let _controller = start_controller(
         &sim,
         &[
             &after,
@@ -220,7 +192,7 @@ async fn fence_failover(fence_after: Duration) -> Result<(Duration, Duration)> {
             "--recover-after-cleanup=true",
         ],
     )?;
-    until_ready(port).await?;
+    _controller.until_ready().await?;
     statefulset("db", 1)
         .image("postgres")
         .claim("data", "1Gi")
@@ -301,11 +273,11 @@ async fn rss_at_scale() -> Result<f64> {
         ..SimOptions::default()
     })
     .await?;
-    let (controller, port) = start_controller(&sim, &[])?;
-    until_ready(port).await?;
+    let controller = start_controller(&sim, &[])?;
+    controller.until_ready().await?;
     // Let the first full listings settle before reading.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    Ok(nodegrace_testing::rss_mib(controller.0.id()))
+    Ok(nodegrace_testing::rss_mib(controller.pid()))
 }
 
 fn main() -> Result<()> {

@@ -3,26 +3,7 @@
 //! seen in `kubectl describe` leads here, to one definition; the map at the top of the crate
 //! says which function gives it and what it waits on.
 
-use std::fmt;
-
-/// Defines [`Reason`] with each variant's name as the reason's text.
-macro_rules! reasons {
-    ($( $(#[$doc:meta])* $name:ident, )*) => {
-        /// A reason, as Kubernetes shows it (its variant's name).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum Reason { $( $(#[$doc])* $name, )* }
-
-        impl Reason {
-            pub const ALL: &[Self] = &[$(Self::$name,)*];
-
-            pub const fn as_str(self) -> &'static str {
-                match self { $(Self::$name => stringify!($name),)* }
-            }
-        }
-    };
-}
-
-reasons! {
+nodegrace_core::reasons! {
     // `OutOfServiceCleanup`, and its Events.
     /// Tainted, nothing to force yet: the node is Ready, or leftovers from before must go.
     Pending,
@@ -94,15 +75,10 @@ reasons! {
     RecoveryFailed,
 }
 
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nodegrace_core::reasons::unnamed_in;
 
     /// Every reason is in the crate's map and in the operator's page, so one seen on a node
     /// leads to the function that gave it from the docs as from the code.
@@ -110,13 +86,12 @@ mod tests {
     fn every_reason_is_in_the_map_and_the_docs() {
         let code_map = include_str!("lib.rs");
         let docs = include_str!("../../../docs/out-of-service-gc.md");
-        for reason in Reason::ALL {
-            let quoted = format!("`{reason}`");
-            assert!(code_map.contains(&quoted), "lib.rs's map names {quoted}");
-            assert!(
-                docs.contains(&quoted),
-                "docs/out-of-service-gc.md names {quoted}"
-            );
-        }
+        let reasons = || Reason::ALL.iter().map(|reason| reason.as_str());
+        assert_eq!(unnamed_in(reasons(), code_map), [""; 0], "lib.rs's map");
+        assert_eq!(
+            unnamed_in(reasons(), docs),
+            [""; 0],
+            "docs/out-of-service-gc.md"
+        );
     }
 }

@@ -1,29 +1,12 @@
 //! The binary as an operator runs it: its help, its environment variables, its errors.
 
-use std::path::Path;
 use std::process::Command;
 
-use clap::CommandFactory;
-use nodegrace_testing::{
-    check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
-};
 use out_of_service_gc::app::PROGRAM;
 use out_of_service_gc::cli::Args;
 use out_of_service_gc::metrics::Metrics;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_out-of-service-gc");
-
-#[test]
-fn help_shows_the_programs_own_admin_port_and_the_chart_uses_it() -> anyhow::Result<()> {
-    let values =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/out-of-service-gc/values.yaml");
-    check_help_and_chart_port(BINARY, 9453, &values)
-}
-
-#[test]
-fn every_flag_reads_its_nodegrace_variable() -> anyhow::Result<()> {
-    check_env_follows_flags(&Args::command())
-}
 
 #[test]
 fn the_api_limits_default_to_one_node_in_one_burst() -> anyhow::Result<()> {
@@ -37,11 +20,6 @@ fn the_api_limits_default_to_one_node_in_one_burst() -> anyhow::Result<()> {
         anyhow::ensure!(help.contains(default), "{default} missing from:\n{help}");
     }
     Ok(())
-}
-
-#[test]
-fn logs_in_a_pipe_are_plain_and_each_cause_is_printed_once() -> anyhow::Result<()> {
-    check_plain_one_line_error(BINARY, &[])
 }
 
 #[test]
@@ -141,4 +119,11 @@ fn fencing_without_a_way_to_fence_is_refused_naming_the_fix() -> anyhow::Result<
     Ok(())
 }
 
-nodegrace_testing::operator_reference_tests!(PROGRAM, Args, Metrics);
+nodegrace_testing::operator_checks! {
+    program: PROGRAM,
+    binary: BINARY,
+    args: Args,
+    metrics: Metrics,
+    admin_port: nodegrace_core::cli::ports::OUT_OF_SERVICE_GC,
+    error_args: &[],
+}

@@ -16,7 +16,7 @@
 // A benchmark is one measured run, top to bottom, as a test is.
 #![allow(clippy::too_many_lines)]
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -25,6 +25,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use kube_sim::cluster::{Cluster, Workload, deployment};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use nodegrace_testing::bench::BenchedController;
 use serde_json::json;
 use termination_controller::api::{FINALIZER, NodeDisruptionBudget};
 
@@ -34,47 +35,17 @@ const PODS_PER_BUDGET: usize = 11;
 const READY_AFTER: f64 = 2.0;
 const STOP: f64 = 0.5;
 
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The controller's command: the binary, or the profiler `NODEGRACE_BENCH_PROFILER` names
-/// (`heaptrack -o /tmp/tc`, say) running it; where the memory goes is then the profiler's
-/// to say.
-fn controller_command() -> Command {
-    match std::env::var("NODEGRACE_BENCH_PROFILER") {
-        Ok(profiler) if !profiler.trim().is_empty() => {
-            let mut words = profiler.split_whitespace();
-            let mut command = Command::new(words.next().unwrap_or_default());
-            command.args(words).arg(BINARY);
-            command
-        }
-        _ => Command::new(BINARY),
-    }
-}
-
-fn start_controller(sim: &KubeSim, extra: &[&str]) -> Result<(Running, u16)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let child = controller_command()
-        .arg(format!("--kubeconfig={}", sim.kubeconfig_path().display()))
-        .arg(format!("--admin-listen=127.0.0.1:{port}"))
-        .args([
-            "--leader-elect=false",
-            "--instance-provider=sim",
-            "--log-level=warn",
-        ])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    Ok((Running(child), port))
+/// The controller with the benchmark's flags and `extra`.
+fn start_controller(sim: &KubeSim, extra: &[&str]) -> Result<BenchedController> {
+    let flags: Vec<&str> = std::iter::once("--instance-provider=sim")
+        .chain(extra.iter().copied())
+        .collect();
+    BenchedController::start(
+        BINARY,
+        "nodegrace_termination_controller",
+        sim.kubeconfig_path(),
+        &flags,
+    )
 }
 
 /// Waits until every node `selected` lists carries our finalizer.
@@ -95,19 +66,6 @@ async fn finalizer_on_every(nodes: &Api<Node>, selected: ListParams) -> Result<(
                 }))
             }
         },
-    )
-    .await
-}
-
-async fn until_ready(port: u16) -> Result<()> {
-    let admin = nodegrace_testing::Admin {
-        address: ([127, 0, 0, 1], port).into(),
-        prefix: "nodegrace_termination_controller",
-    };
-    nodegrace_testing::wait_for_within(
-        "the controller to be ready",
-        Duration::from_secs(300),
-        || async { Ok(admin.is_ready().await.unwrap_or(false)) },
     )
     .await
 }
@@ -189,8 +147,8 @@ async fn until_drained(client: &Client, started: Instant) -> Result<Duration> {
 async fn ours() -> Result<(Duration, usize)> {
     let sim = cluster().await?;
     let client = sim.client();
-    let (_controller, port) = start_controller(&sim, &[])?;
-    until_ready(port).await?;
+    let _controller = start_controller(&sim, &[])?;
+    _controller.until_ready().await?;
     let nodes: Api<Node> = Api::all(client.clone());
     nodegrace_testing::wait_for("the finalizer on node-0", || {
         let nodes = nodes.clone();
@@ -252,11 +210,11 @@ async fn rss_at_scale() -> Result<f64> {
         ..SimOptions::default()
     })
     .await?;
-    let (controller, port) = start_controller(&sim, &[])?;
-    until_ready(port).await?;
+    let controller = start_controller(&sim, &[])?;
+    controller.until_ready().await?;
     // The finalizer goes onto every node; let those writes and their watch events settle.
     finalizer_on_every(&Api::all(sim.client()), ListParams::default()).await?;
-    Ok(nodegrace_testing::rss_mib(controller.0.id()))
+    Ok(nodegrace_testing::rss_mib(controller.pid()))
 }
 
 /// Nodes in the rollout's pool, under the 10 % budget.
@@ -468,7 +426,7 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
         .await?;
     // Only the pool is managed; the API limit is raised so the figures are the controller's
     // own cost, not its client's pacing.
-    let (controller, port) = start_controller(
+    let controller = start_controller(
         &sim,
         &[
             "--node-selector=pool=rollout",
@@ -478,10 +436,10 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
             "--eviction-burst=2000",
         ],
     )?;
-    until_ready(port).await?;
+    controller.until_ready().await?;
     finalizer_on_every(&nodes, ListParams::default().labels("pool=rollout")).await?;
     let (most, mut gone) = watch_pool(&client);
-    let pid = controller.0.id();
+    let pid = controller.pid();
     let rss_before_mib = nodegrace_testing::rss_mib(pid);
     let cpu_before = nodegrace_testing::cpu_seconds(pid);
     let (rss_done, rss_stop) = tokio::sync::oneshot::channel::<()>();
@@ -513,11 +471,7 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
     let cpu_seconds = nodegrace_testing::cpu_seconds(pid) - cpu_before;
     let _ = rss_done.send(());
     let max_rss_mib = rss_peak.await?;
-    let admin = nodegrace_testing::Admin {
-        address: ([127, 0, 0, 1], port).into(),
-        prefix: "nodegrace_termination_controller",
-    };
-    let metrics = admin.get("/metrics").await?;
+    let metrics = controller.admin().get("/metrics").await?;
     let conflicts = nodegrace_testing::sample(
         &metrics,
         "nodegrace_termination_controller_errors_total{kind=\"conflict\"}",

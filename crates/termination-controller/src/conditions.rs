@@ -2,8 +2,6 @@
 //! seen in `kubectl describe node` leads here, to one definition saying what the node waits
 //! on. Which step writes it is in the map at the top of the crate.
 
-use std::fmt;
-
 /// True from the deletion until the release; its reason says which step holds the node.
 pub const TERMINATING: &str = "Terminating";
 /// KEP-5683's: True while the node waits for its NodeDisruptionBudgets or their windows.
@@ -13,9 +11,8 @@ pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
 /// KEP-5683's: True once every pod that had to go is gone.
 pub const DRAINED: &str = "Drained";
 
-/// A reason of [`TERMINATING`] or of KEP-5683's conditions, in the order of the steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+// The reasons of [`TERMINATING`] and of KEP-5683's conditions, in the order of the steps.
+nodegrace_core::reasons! {
     /// `Terminating` and `MaintenancePlanned`: a budget covering the node has no unit to give.
     AwaitingBudget,
     /// `MaintenancePlanned`: a budget covering the node is outside its maintenance windows.
@@ -43,38 +40,6 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Self; 12] = [
-        Self::AwaitingBudget,
-        Self::MaintenanceWindow,
-        Self::DisruptionGranted,
-        Self::AwaitingPreDrainHooks,
-        Self::NodeDeleted,
-        Self::Draining,
-        Self::BlockedByDoNotEvict,
-        Self::AwaitingPodCompletion,
-        Self::DrainCompleted,
-        Self::AwaitingVolumeDetachment,
-        Self::AwaitingPreTerminateHooks,
-        Self::TerminatingInstance,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::AwaitingBudget => "AwaitingBudget",
-            Self::MaintenanceWindow => "MaintenanceWindow",
-            Self::DisruptionGranted => "DisruptionGranted",
-            Self::AwaitingPreDrainHooks => "AwaitingPreDrainHooks",
-            Self::NodeDeleted => "NodeDeleted",
-            Self::Draining => "Draining",
-            Self::BlockedByDoNotEvict => "BlockedByDoNotEvict",
-            Self::AwaitingPodCompletion => "AwaitingPodCompletion",
-            Self::DrainCompleted => "DrainCompleted",
-            Self::AwaitingVolumeDetachment => "AwaitingVolumeDetachment",
-            Self::AwaitingPreTerminateHooks => "AwaitingPreTerminateHooks",
-            Self::TerminatingInstance => "TerminatingInstance",
-        }
-    }
-
     /// The message of a reason that always says the same; the others' messages name what
     /// blocks (the budget, the hooks, the pods, the VolumeAttachments, the machine).
     pub const fn message(self) -> Option<&'static str> {
@@ -89,15 +54,10 @@ impl Reason {
     }
 }
 
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nodegrace_core::reasons::unnamed_in;
 
     /// The map an operator reads first: every reason is in it, so one seen on a node leads to
     /// its step from the docs as from the code.
@@ -110,10 +70,8 @@ mod tests {
             .and_then(|rest| rest.split("\n1. ").next())
             .expect("docs/termination-controller.md has its map under \"What happens to a node\"");
         let code_map = include_str!("lib.rs");
-        for reason in Reason::ALL {
-            let quoted = format!("`{reason}`");
-            assert!(docs_map.contains(&quoted), "the docs' map names {quoted}");
-            assert!(code_map.contains(&quoted), "lib.rs's map names {quoted}");
-        }
+        let reasons = || Reason::ALL.iter().map(|reason| reason.as_str());
+        assert_eq!(unnamed_in(reasons(), docs_map), [""; 0], "the docs' map");
+        assert_eq!(unnamed_in(reasons(), code_map), [""; 0], "lib.rs's map");
     }
 }

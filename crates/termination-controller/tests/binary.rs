@@ -3,27 +3,11 @@
 use std::path::Path;
 use std::process::Command;
 
-use clap::CommandFactory;
-use nodegrace_testing::{
-    check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
-};
 use termination_controller::app::PROGRAM;
 use termination_controller::cli::Args;
 use termination_controller::metrics::Metrics;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
-
-#[test]
-fn help_shows_the_programs_own_admin_port_and_the_chart_uses_it() -> anyhow::Result<()> {
-    let values = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../charts/termination-controller/values.yaml");
-    check_help_and_chart_port(BINARY, 9454, &values)
-}
-
-#[test]
-fn every_flag_reads_its_nodegrace_variable() -> anyhow::Result<()> {
-    check_env_follows_flags(&Args::command())
-}
 
 #[test]
 fn help_states_the_defaults_the_docs_promise() -> anyhow::Result<()> {
@@ -44,11 +28,6 @@ fn help_states_the_defaults_the_docs_promise() -> anyhow::Result<()> {
         anyhow::ensure!(help.contains(default), "{default} missing from:\n{help}");
     }
     Ok(())
-}
-
-#[test]
-fn logs_in_a_pipe_are_plain_and_each_cause_is_printed_once() -> anyhow::Result<()> {
-    check_plain_one_line_error(BINARY, &[])
 }
 
 #[test]
@@ -151,4 +130,11 @@ fn the_charts_crds_are_the_ones_the_types_generate() -> anyhow::Result<()> {
     Ok(())
 }
 
-nodegrace_testing::operator_reference_tests!(PROGRAM, Args, Metrics);
+nodegrace_testing::operator_checks! {
+    program: PROGRAM,
+    binary: BINARY,
+    args: Args,
+    metrics: Metrics,
+    admin_port: nodegrace_core::cli::ports::TERMINATION_CONTROLLER,
+    error_args: &[],
+}

@@ -4,6 +4,7 @@
 //! dashboard and alerts as an operator meets them.
 
 mod alerts;
+pub mod bench;
 mod binary;
 pub mod cluster;
 mod dashboard;
@@ -33,18 +34,48 @@ pub use program::{ProgramUnderTest, command_line};
 #[doc(hidden)]
 pub use nodegrace_core;
 
-/// The two tests of a program's operator documentation, in its integration tests:
-/// docs/<program>.md's generated tables (flags, chart values, metrics) are current, and the
-/// chart's Grafana dashboard selects only series the program exports and shows each, and so
-/// do its alerts.
-/// `cargo xtask docs` rewrites the tables.
+/// The checks of a program as an operator meets it, written once for the four, in its
+/// integration tests:
+/// - its binary: `--help` shows the program's own admin port and its chart uses the same;
+///   every flag reads its `NODEGRACE_` variable; logs in a pipe are plain and an error is one
+///   line (`error_args`: what the program needs besides a kubeconfig to get that far);
+/// - its docs: docs/<program>.md's generated tables (flags, chart values, metrics) are current
+///   (`cargo xtask docs` rewrites them);
+/// - its chart: the Grafana dashboard selects only series the program exports and shows each,
+///   and every alert selects an exported series.
 #[macro_export]
-macro_rules! operator_reference_tests {
-    ($program:expr, $args:ty, $metrics:ty) => {
+macro_rules! operator_checks {
+    (
+        program: $program:expr,
+        binary: $binary:expr,
+        args: $args:ty,
+        metrics: $metrics:ty,
+        admin_port: $port:expr,
+        error_args: $error_args:expr $(,)?
+    ) => {
         fn program_metrics() -> $crate::nodegrace_core::telemetry::ProgramRegistry {
             let mut registry = $crate::nodegrace_core::telemetry::ProgramRegistry::new($program);
             <$metrics>::register(&mut registry);
             registry
+        }
+
+        #[test]
+        fn help_shows_the_programs_own_admin_port_and_the_chart_uses_it() -> anyhow::Result<()> {
+            let values = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../charts")
+                .join($program)
+                .join("values.yaml");
+            $crate::check_help_and_chart_port($binary, $port, &values)
+        }
+
+        #[test]
+        fn every_flag_reads_its_nodegrace_variable() -> anyhow::Result<()> {
+            $crate::check_env_follows_flags(&<$args as clap::CommandFactory>::command())
+        }
+
+        #[test]
+        fn logs_in_a_pipe_are_plain_and_each_cause_is_printed_once() -> anyhow::Result<()> {
+            $crate::check_plain_one_line_error($binary, $error_args)
         }
 
         #[test]

@@ -1,0 +1,86 @@
+//! A controller's binary run for a benchmark, as an operator runs it: the process is what a
+//! benchmark measures (its resident memory, its CPU time).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::{Admin, wait_for_within};
+
+/// How long a controller may take to list a benchmark's cluster (5,000 nodes and 150,000 pods
+/// on a loaded 2-core machine) and say it is ready.
+const READY_WITHIN: Duration = Duration::from_secs(300);
+
+/// The controller's process, killed when dropped.
+#[derive(Debug)]
+pub struct BenchedController {
+    child: Child,
+    admin: Admin,
+}
+
+impl Drop for BenchedController {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl BenchedController {
+    /// Starts `binary` against `kubeconfig` without leader election, quiet, with `flags`
+    /// added. `NODEGRACE_BENCH_PROFILER` (`heaptrack -o /tmp/tc`, say) runs it under that
+    /// profiler; where the memory goes is then the profiler's to say.
+    pub fn start(
+        binary: &str,
+        metrics_prefix: &'static str,
+        kubeconfig: &Path,
+        flags: &[&str],
+    ) -> Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut command = match std::env::var("NODEGRACE_BENCH_PROFILER") {
+            Ok(profiler) if !profiler.trim().is_empty() => {
+                let mut words = profiler.split_whitespace();
+                let mut command = Command::new(words.next().unwrap_or_default());
+                command.args(words).arg(binary);
+                command
+            }
+            _ => Command::new(binary),
+        };
+        let child = command
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--admin-listen=127.0.0.1:{port}"))
+            .args(["--leader-elect=false", "--log-level=warn"])
+            .args(flags)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("start {binary}"))?;
+        Ok(Self {
+            child,
+            admin: Admin {
+                address: ([127, 0, 0, 1], port).into(),
+                prefix: metrics_prefix,
+            },
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn admin(&self) -> Admin {
+        self.admin
+    }
+
+    /// Waits until the controller says it is ready.
+    pub async fn until_ready(&self) -> Result<()> {
+        let admin = self.admin;
+        wait_for_within("the controller to be ready", READY_WITHIN, || async {
+            Ok(admin.is_ready().await.unwrap_or(false))
+        })
+        .await
+    }
+}
