@@ -2,6 +2,9 @@
 
 use std::io::IsTerminal;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 use tracing_subscriber::EnvFilter;
@@ -38,6 +41,15 @@ pub fn init_tracing(args: &LogArgs) -> Result<(), TelemetryError> {
     };
     installed.map_err(|_| TelemetryError::AlreadyInstalled)
 }
+
+/// The label of a failure's kind (`api`, `provider`, …).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+/// Failed calls by kind: each controller's `errors_total{kind}`.
+pub type ErrorsByKind = Family<KindLabel, Counter>;
 
 /// The registry a program serves on `/metrics`, every metric named `nodegrace_<program>_…`
 /// (`-` becomes `_`), with a catalogue of what was registered: a labelled family has no series
@@ -84,6 +96,35 @@ impl RegisteredMetric {
             MetricType::Unknown => "unknown",
         }
     }
+}
+
+/// Registers fields of a program's metrics struct, one line each: `field: "help"`, named as the
+/// field, or `field as "name": "help"` (a field's field: `field.part as "name": "help"`).
+///
+/// ```
+/// # use prometheus_client::metrics::counter::Counter;
+/// # let mut registry = nodegrace_core::telemetry::ProgramRegistry::new("p");
+/// # #[derive(Default)] struct Metrics { pods: Counter, taints_added: Counter }
+/// let metrics = Metrics::default();
+/// nodegrace_core::register_metrics!(registry, metrics, {
+///     pods: "Pods force-deleted",
+///     taints_added as "taints": "Taints added",
+/// });
+/// ```
+#[macro_export]
+macro_rules! register_metrics {
+    (
+        $registry:expr, $metrics:expr,
+        { $( $field:ident $(. $part:ident)* $(as $name:literal)? : $help:expr ),* $(,)? }
+    ) => {
+        $( $registry.register(
+            $crate::register_metrics!(@name $field $($name)?),
+            $help,
+            $metrics.$field $(.$part)* .clone(),
+        ); )*
+    };
+    (@name $field:ident $name:literal) => { $name };
+    (@name $field:ident) => { stringify!($field) };
 }
 
 impl ProgramRegistry {

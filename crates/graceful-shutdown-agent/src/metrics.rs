@@ -45,52 +45,26 @@ impl Metrics {
             inhibit_failures: Counter::default(),
             resumed_without_inhibitor: Gauge::default(),
         };
-        registry.register(
-            "graceful_shutdown_start_time_seconds",
-            "Unix time the last graceful shutdown started (kept across reboots)",
-            metrics.start_time_seconds.clone(),
-        );
-        registry.register(
-            "graceful_shutdown_end_time_seconds",
-            "Unix time the last graceful shutdown ended (kept across reboots)",
-            metrics.end_time_seconds.clone(),
-        );
-        registry.register(
-            "graceful_shutdown_duration_seconds",
-            "Time from PrepareForShutdown to the inhibitor's release",
-            metrics.duration_seconds.clone(),
-        );
-        registry.register(
-            "graceful_shutdown_pods_terminated",
-            "Pods terminated during shutdown, by priority group and outcome",
-            metrics.pods_terminated.clone(),
-        );
-        registry.register(
-            "graceful_shutdown_budget_seconds",
-            "The shutdown budget in effect: min(wanted, logind's InhibitDelayMaxSec)",
-            metrics.budget_seconds.clone(),
-        );
-        registry.register(
-            "graceful_shutdown_budget_reduced",
-            "1 when logind grants less delay than the configured groups need",
-            metrics.budget_reduced.clone(),
-        );
-        registry.register(
-            "inhibitor_held",
-            "1 while the agent holds its logind delay inhibitor",
-            metrics.inhibitor_held.clone(),
-        );
-        registry.register(
-            "inhibit_failures",
-            "logind Inhibit calls that failed (each retried while the lock is wanted)",
-            metrics.inhibit_failures.clone(),
-        );
-        registry.register(
-            "graceful_shutdown_resumed_without_inhibitor",
-            "1 when the agent restarted during a shutdown and finishes it without an inhibitor \
-             (logind grants none while shutting down)",
-            metrics.resumed_without_inhibitor.clone(),
-        );
+        nodegrace_core::register_metrics!(registry, metrics, {
+            start_time_seconds as "graceful_shutdown_start_time_seconds":
+                "Unix time the last graceful shutdown started (kept across reboots)",
+            end_time_seconds as "graceful_shutdown_end_time_seconds":
+                "Unix time the last graceful shutdown ended (kept across reboots)",
+            duration_seconds as "graceful_shutdown_duration_seconds":
+                "Time from PrepareForShutdown to the inhibitor's release",
+            pods_terminated as "graceful_shutdown_pods_terminated":
+                "Pods terminated during shutdown, by priority group and outcome",
+            budget_seconds as "graceful_shutdown_budget_seconds":
+                "The shutdown budget in effect: min(wanted, logind's InhibitDelayMaxSec)",
+            budget_reduced as "graceful_shutdown_budget_reduced":
+                "1 when logind grants less delay than the configured groups need",
+            inhibitor_held: "1 while the agent holds its logind delay inhibitor",
+            inhibit_failures:
+                "logind Inhibit calls that failed (each retried while the lock is wanted)",
+            resumed_without_inhibitor as "graceful_shutdown_resumed_without_inhibitor":
+                "1 when the agent restarted during a shutdown and finishes it without an \
+                 inhibitor (logind grants none while shutting down)",
+        });
         metrics
     }
 }

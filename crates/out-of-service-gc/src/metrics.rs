@@ -1,16 +1,11 @@
 //! The controller's metrics, all `nodegrace_out_of_service_gc_…`.
 
-use nodegrace_core::telemetry::ProgramRegistry;
+use nodegrace_core::telemetry::{ErrorsByKind, KindLabel, ProgramRegistry};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    pub kind: &'static str,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -71,36 +66,19 @@ impl FenceMetrics {
     }
 
     fn register(&self, registry: &mut ProgramRegistry) {
-        registry.register(
-            "fences",
-            "Machines fenced by --fence-after, by result (fenced, failed, cancelled: the node came back first)",
-            self.fences.clone(),
-        );
-        registry.register(
-            "fence_holds",
-            "Fences held back, by guard (heartbeat, partition, max-fenced, do-not-fence, not-found, provider)",
-            self.holds.clone(),
-        );
-        registry.register(
-            "recoveries",
-            "Fenced machines powered on again by --recover-after-cleanup, by result (recovered, failed)",
-            self.recoveries.clone(),
-        );
-        registry.register(
-            "fence_not_ready_to_fenced_seconds",
-            "From a node's turn to NotReady to its machine confirmed off",
-            self.not_ready_to_fenced.clone(),
-        );
-        registry.register(
-            "fence_power_off_seconds",
-            "From the power-off request to the provider reporting the machine off",
-            self.power_off.clone(),
-        );
-        registry.register(
-            "recovery_seconds",
-            "From the power-on request to the node Ready",
-            self.recovery.clone(),
-        );
+        nodegrace_core::register_metrics!(registry, self, {
+            fences:
+                "Machines fenced by --fence-after, by result (fenced, failed, cancelled: the node came back first)",
+            holds as "fence_holds":
+                "Fences held back, by guard (heartbeat, partition, max-fenced, do-not-fence, not-found, provider)",
+            recoveries:
+                "Fenced machines powered on again by --recover-after-cleanup, by result (recovered, failed)",
+            not_ready_to_fenced as "fence_not_ready_to_fenced_seconds":
+                "From a node's turn to NotReady to its machine confirmed off",
+            power_off as "fence_power_off_seconds":
+                "From the power-off request to the provider reporting the machine off",
+            recovery as "recovery_seconds": "From the power-on request to the node Ready",
+        });
     }
 }
 
@@ -115,7 +93,7 @@ pub struct Metrics {
     pub taints_removed: Counter,
     /// Force actions not taken because the live read said the node no longer qualifies.
     pub stale_skips: Counter,
-    pub errors: Family<KindLabel, Counter>,
+    pub errors: ErrorsByKind,
     /// Nodes with the out-of-service taint being looked after now.
     pub nodes_tainted: Gauge,
 }
@@ -125,46 +103,17 @@ impl Metrics {
         let metrics = Self::default();
         metrics.provider.register(registry);
         metrics.fence.register(registry);
-        registry.register(
-            "pods_force_deleted",
-            "Pods force-deleted from out-of-service nodes",
-            metrics.pods_force_deleted.clone(),
-        );
-        registry.register(
-            "volumes_force_detached",
-            "VolumeAttachments of out-of-service nodes deleted",
-            metrics.volumes_force_detached.clone(),
-        );
-        registry.register(
-            "refusals",
-            "Cleanups refused because the node's Lease was renewed recently",
-            metrics.refusals.clone(),
-        );
-        registry.register(
-            "taints_added",
-            "Out-of-service taints added (--auto-taint-after)",
-            metrics.taints_added.clone(),
-        );
-        registry.register(
-            "taints_removed",
-            "Out-of-service taints removed (--auto-untaint)",
-            metrics.taints_removed.clone(),
-        );
-        registry.register(
-            "stale_skips",
-            "Force actions skipped because a live read showed the node no longer qualifies",
-            metrics.stale_skips.clone(),
-        );
-        registry.register(
-            "errors",
-            "Failed API calls, by kind (retried with backoff)",
-            metrics.errors.clone(),
-        );
-        registry.register(
-            "nodes_tainted",
-            "Nodes with the out-of-service taint being looked after",
-            metrics.nodes_tainted.clone(),
-        );
+        nodegrace_core::register_metrics!(registry, metrics, {
+            pods_force_deleted: "Pods force-deleted from out-of-service nodes",
+            volumes_force_detached: "VolumeAttachments of out-of-service nodes deleted",
+            refusals: "Cleanups refused because the node's Lease was renewed recently",
+            taints_added: "Out-of-service taints added (--auto-taint-after)",
+            taints_removed: "Out-of-service taints removed (--auto-untaint)",
+            stale_skips:
+                "Force actions skipped because a live read showed the node no longer qualifies",
+            errors: "Failed API calls, by kind (retried with backoff)",
+            nodes_tainted: "Nodes with the out-of-service taint being looked after",
+        });
         metrics
     }
 

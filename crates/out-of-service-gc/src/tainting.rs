@@ -11,15 +11,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Taint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::core::v1::Node;
 use nodegrace_controller::instances::{InstanceProvider, InstanceState, NodeMachine};
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::taints::put_taint;
 
-use crate::api::{AUTO_TAINT_VALUE, EXPECTED_EFFECT, FENCED_ANNOTATION, OUT_OF_SERVICE_TAINT};
+use crate::api::{
+    AUTO_TAINT_VALUE, EXPECTED_EFFECT, FENCED_ANNOTATION, OUT_OF_SERVICE_TAINT, auto_taint,
+};
 use crate::conditions::Reason;
 use crate::qualify::{not_ready_for, not_ready_since};
 use crate::shared::{PassError, Shared};
@@ -163,12 +164,7 @@ impl AutoTaint {
             return Ok(Attempt::Unconfirmed(why));
         }
         let after = self.after;
-        let taint = Taint {
-            key: OUT_OF_SERVICE_TAINT.to_owned(),
-            value: Some(AUTO_TAINT_VALUE.to_owned()),
-            effect: EXPECTED_EFFECT.to_owned(),
-            time_added: Some(Time(now)),
-        };
+        let taint = auto_taint(now);
         let fenced = matches!(confirmation, Confirmation::Fenced(_));
         // Decided again on the version written (which the update makes this very Node):
         // still due, and its fence still stands.

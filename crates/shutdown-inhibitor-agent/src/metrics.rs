@@ -26,51 +26,19 @@ pub struct Metrics {
 impl Metrics {
     pub fn register(registry: &mut ProgramRegistry) -> Self {
         let metrics = Self::default();
-        registry.register(
-            "block_inhibitor_held",
-            "1 while the logind block inhibitor is held",
-            metrics.block_inhibitor_held.clone(),
-        );
-        registry.register(
-            "active_leases",
-            "Active Leases named after this node",
-            metrics.active_leases.clone(),
-        );
-        registry.register(
-            "oldest_active_lease_age_seconds",
-            "Time since the oldest active Lease's acquireTime",
-            metrics.oldest_active_lease_age_seconds.clone(),
-        );
-        registry.register(
-            "transitions",
-            "Block/unblock transitions",
-            metrics.transitions.clone(),
-        );
-        registry.register(
-            "watch_restarts",
-            "Lease watch failures followed by a restart",
-            metrics.watch_restarts.clone(),
-        );
-        registry.register(
-            "lease_watch_events",
-            "Lease watch events received",
-            metrics.lease_watch_events.clone(),
-        );
-        registry.register(
-            "root_passes_block",
-            "1 when this node's logind lets root shut down through a block inhibitor (older than systemd 257)",
-            metrics.root_passes_block.clone(),
-        );
-        registry.register(
-            "alerts",
-            "Leases reported as held longer than the alert timeout",
-            metrics.alerts.clone(),
-        );
-        registry.register(
-            "shutdown_in_progress",
-            "1 once logind announced a shutdown; Lease changes are ignored from then on",
-            metrics.shutdown_in_progress.clone(),
-        );
+        nodegrace_core::register_metrics!(registry, metrics, {
+            block_inhibitor_held: "1 while the logind block inhibitor is held",
+            active_leases: "Active Leases named after this node",
+            oldest_active_lease_age_seconds: "Time since the oldest active Lease's acquireTime",
+            transitions: "Block/unblock transitions",
+            watch_restarts: "Lease watch failures followed by a restart",
+            lease_watch_events: "Lease watch events received",
+            root_passes_block:
+                "1 when this node's logind lets root shut down through a block inhibitor (older than systemd 257)",
+            alerts: "Leases reported as held longer than the alert timeout",
+            shutdown_in_progress:
+                "1 once logind announced a shutdown; Lease changes are ignored from then on",
+        });
         metrics
     }
 }

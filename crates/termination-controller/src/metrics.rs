@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use nodegrace_core::telemetry::ProgramRegistry;
+use nodegrace_core::telemetry::{ErrorsByKind, KindLabel, ProgramRegistry};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -35,11 +35,6 @@ pub struct NdbLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    pub kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReviewLabels {
     pub operation: &'static str,
     /// `allowed`, `queued` (admitted with a warning) or `denied`.
@@ -59,7 +54,7 @@ pub struct Metrics {
     pub ndb_invalid: Family<NdbLabel, Gauge>,
     pub nodes_terminating: Gauge,
     pub not_ready_deletions_held: Gauge,
-    pub errors: Family<KindLabel, Counter>,
+    pub errors: ErrorsByKind,
     pub webhook_reviews: Family<ReviewLabels, Counter>,
     pub webhook_duration: Histogram,
 }
@@ -91,71 +86,28 @@ impl Metrics {
     pub fn register(registry: &mut ProgramRegistry) -> Self {
         let metrics = Self::default();
         metrics.provider.register(registry);
-        registry.register(
-            "nodes_eviction_requests",
-            "Eviction requests sent, by the answer's HTTP status",
-            metrics.eviction_requests.clone(),
-        );
-        registry.register(
-            "pods_drained",
-            "Pods drained from terminating nodes, by how (evicted, or deleted at the drain deadline)",
-            metrics.pods_drained.clone(),
-        );
-        registry.register(
-            "nodes_drained",
-            "Nodes whose drain completed",
-            metrics.nodes_drained.clone(),
-        );
-        registry.register(
-            "instances_terminated",
-            "Machines whose termination the instance provider confirmed",
-            metrics.instances_terminated.clone(),
-        );
-        registry.register(
-            "nodes_termination_duration_seconds",
-            "From a node's deletion to the removal of its finalizer",
-            metrics.termination_duration.clone(),
-        );
-        registry.register(
-            "eviction_queue_depth",
-            "Pods waiting in each PodDisruptionBudget's eviction queue",
-            metrics.queue_depth.gauges.clone(),
-        );
-        registry.register(
-            "ndb_disruptions_allowed",
-            "Node disruptions each NodeDisruptionBudget allows now",
-            metrics.ndb_disruptions_allowed.clone(),
-        );
-        registry.register(
-            "ndb_invalid",
-            "1 for each NodeDisruptionBudget whose spec is invalid (it holds every node it may cover)",
-            metrics.ndb_invalid.clone(),
-        );
-        registry.register(
-            "nodes_terminating",
-            "Nodes being terminated now",
-            metrics.nodes_terminating.clone(),
-        );
-        registry.register(
-            "not_ready_deletions_held",
-            "1 while --not-ready-timeout deletes nothing because too many managed nodes are NotReady at once (a partition)",
-            metrics.not_ready_deletions_held.clone(),
-        );
-        registry.register(
-            "errors",
-            "Failed API or provider calls, by kind (retried with backoff)",
-            metrics.errors.clone(),
-        );
-        registry.register(
-            "webhook_reviews",
-            "Admission reviews answered, by operation and verdict",
-            metrics.webhook_reviews.clone(),
-        );
-        registry.register(
-            "webhook_review_duration_seconds",
-            "Time to answer one admission review, from its first byte read",
-            metrics.webhook_duration.clone(),
-        );
+        nodegrace_core::register_metrics!(registry, metrics, {
+            eviction_requests as "nodes_eviction_requests":
+                "Eviction requests sent, by the answer's HTTP status",
+            pods_drained:
+                "Pods drained from terminating nodes, by how (evicted, or deleted at the drain deadline)",
+            nodes_drained: "Nodes whose drain completed",
+            instances_terminated: "Machines whose termination the instance provider confirmed",
+            termination_duration as "nodes_termination_duration_seconds":
+                "From a node's deletion to the removal of its finalizer",
+            queue_depth.gauges as "eviction_queue_depth":
+                "Pods waiting in each PodDisruptionBudget's eviction queue",
+            ndb_disruptions_allowed: "Node disruptions each NodeDisruptionBudget allows now",
+            ndb_invalid:
+                "1 for each NodeDisruptionBudget whose spec is invalid (it holds every node it may cover)",
+            nodes_terminating: "Nodes being terminated now",
+            not_ready_deletions_held:
+                "1 while --not-ready-timeout deletes nothing because too many managed nodes are NotReady at once (a partition)",
+            errors: "Failed API or provider calls, by kind (retried with backoff)",
+            webhook_reviews: "Admission reviews answered, by operation and verdict",
+            webhook_duration as "webhook_review_duration_seconds":
+                "Time to answer one admission review, from its first byte read",
+        });
         metrics
     }
 

@@ -30,11 +30,10 @@ pub struct ProviderMetrics {
 
 impl ProviderMetrics {
     pub fn register(&self, registry: &mut ProgramRegistry) {
-        registry.register(
-            "instance_provider_calls",
-            "Calls to the instance provider, by provider, call and result (the state answered, accepted, or the kind of failure)",
-            self.calls.clone(),
-        );
+        nodegrace_core::register_metrics!(registry, self, {
+            calls as "instance_provider_calls":
+                "Calls to the instance provider, by provider, call and result (the state answered, accepted, or the kind of failure)",
+        });
     }
 
     fn count(&self, provider: &'static str, call: &'static str, result: &'static str) {

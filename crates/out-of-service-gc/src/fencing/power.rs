@@ -4,8 +4,7 @@
 //! failure (the step cleared, tried again on the machine's backoff).
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Taint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::core::v1::Node;
 use nodegrace_controller::instances::{InstanceState, NodeMachine, Power, ProviderId};
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
@@ -13,7 +12,9 @@ use nodegrace_core::k8s::nodes::{Readiness, node_reference, readiness, taint_wit
 use nodegrace_core::k8s::taints::put_taint;
 
 use super::{FenceOutcome, Fencer, POLL, PROVIDER_BACKOFF, Report, seconds, seconds_between};
-use crate::api::{AUTO_TAINT_VALUE, EXPECTED_EFFECT, FENCED_ANNOTATION, OUT_OF_SERVICE_TAINT};
+use crate::api::{
+    AUTO_TAINT_VALUE, EXPECTED_EFFECT, FENCED_ANNOTATION, OUT_OF_SERVICE_TAINT, auto_taint,
+};
 use crate::conditions::Reason;
 use crate::fence_mark::{Step, clear_mark, mark, set_mark};
 use crate::guard::Heartbeat;
@@ -199,12 +200,7 @@ impl Fencer {
         off_at: Timestamp,
     ) -> Result<Marked, PassError> {
         let mut came_back = false;
-        let taint = Taint {
-            key: OUT_OF_SERVICE_TAINT.to_owned(),
-            value: Some(AUTO_TAINT_VALUE.to_owned()),
-            effect: EXPECTED_EFFECT.to_owned(),
-            time_added: Some(Time(off_at)),
-        };
+        let taint = auto_taint(off_at);
         let written = identity
             .update(&shared.client, |current| {
                 came_back = false;
