@@ -261,18 +261,7 @@ async fn attached_on(attachments: &Api<VolumeAttachment>, node: &str) -> Result<
 }
 
 async fn rss_at_scale() -> Result<f64> {
-    let sim = KubeSim::start(SimOptions {
-        nodes: 5_000,
-        pods_per_node: 30,
-        world: WorldOptions {
-            workloads: false,
-            kubelet: false,
-            node_lifecycle: false,
-            ..WorldOptions::default()
-        },
-        ..SimOptions::default()
-    })
-    .await?;
+    let sim = KubeSim::start(nodegrace_testing::bench::idle_fleet()).await?;
     let controller = start_controller(&sim, &[])?;
     controller.until_ready().await?;
     // Let the first full listings settle before reading.

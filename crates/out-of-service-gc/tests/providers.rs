@@ -14,10 +14,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::PostParams;
 use kube::{Api, Client};
 use kube_sim::KubeSim;
-use nodegrace_controller::instances::redfish::{MachineConfig, RedfishConfig};
-use nodegrace_controller::instances::{
-    InstanceProvider, InstanceState, ProviderId, RedfishInstances,
-};
 use provider_testbed::interposer::Interposer;
 use provider_testbed::moto::Moto;
 use provider_testbed::sushy::{Sushy, System};
@@ -54,17 +50,6 @@ fn start(sim: &KubeSim, provider: &[String], env: &[(&str, &str)]) -> Result<Chi
         command.env(key, value);
     }
     command.spawn().context("start out-of-service-gc")
-}
-
-async fn machine_node(client: &Client, name: &str, provider_id: &str) -> Result<()> {
-    let node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "spec": {"providerID": provider_id},
-    }))?;
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await?;
-    Ok(())
 }
 
 /// Plays the hung machine of `node`: once the provider says it is off, and then on again, its
@@ -159,12 +144,13 @@ async fn aws_stops_a_hung_instance_with_force_and_starts_it_again() -> Result<()
     let ids = moto.run_instances(ZONE, 1 + BYSTANDERS).await?;
     let names = ["hung", "by-0", "by-1", "by-2", "by-3"];
     for (name, id) in names.iter().zip(&ids) {
-        machine_node(&client, name, &format!("aws:///{ZONE}/{id}")).await?;
+        machine_node(&client, name, &format!("aws:///{ZONE}/{id}"), None).await?;
     }
     machine_node(
         &client,
         "ghost",
         &format!("aws:///{ZONE}/i-00000000000000000"),
+        None,
     )
     .await?;
     all_ready(&client, 6).await?;
@@ -233,31 +219,17 @@ async fn redfish_forces_a_hung_system_off_and_powers_it_on_again() -> Result<()>
     let sim = sim(0, world()).await?;
     let client = sim.client();
     let names = ["hung", "by-0", "by-1", "by-2", "by-3"];
-    let entry = |name: &str, endpoint: &str, system: &System| MachineConfig {
-        node: Some(name.to_owned()),
-        provider_id: None,
-        endpoint: endpoint.to_owned(),
-        system: system.path(),
-        credentials: sushy.credentials(),
-        ca_bundle: None,
-        insecure_skip_verify: false,
-    };
     // The ghost's system is not on the BMC.
     let ghost = System::new(99, true);
-    let mut listed: Vec<serde_json::Value> = names
+    let machines: Vec<(&str, &System)> = names
         .iter()
+        .copied()
         .zip(&systems)
-        .chain(std::iter::once((&"ghost", &ghost)))
-        .map(|(name, system)| {
-            json!({"node": name, "endpoint": bmc.url(), "system": system.path(),
-                   "credentials": sushy.credentials()})
-        })
+        .chain(std::iter::once(("ghost", &ghost)))
         .collect();
-    listed.sort_by_key(|entry| entry["node"].as_str().map(str::to_owned));
-    let file = sushy.dir.path().join("machines.yaml");
-    std::fs::write(&file, serde_json::to_string(&json!({"machines": listed}))?)?;
+    let file = sushy.write_config(&bmc.url(), &machines)?;
     for name in names.iter().chain(std::iter::once(&"ghost")) {
-        machine_node(&client, name, &format!("redfish:///{name}")).await?;
+        machine_node(&client, name, &format!("redfish:///{name}"), None).await?;
     }
     all_ready(&client, 6).await?;
     database(&client, "hung").await?;
@@ -271,26 +243,14 @@ async fn redfish_forces_a_hung_system_off_and_powers_it_on_again() -> Result<()>
     )?;
     // The judge reads the BMC directly, not through the interposer that counts the program's
     // requests.
-    let judge = RedfishInstances::new(
-        RedfishConfig {
-            machines: names
-                .iter()
-                .zip(&systems)
-                .map(|(name, system)| entry(name, &sushy.url, system))
-                .collect(),
-        },
-        "judge",
-        Duration::from_secs(10),
-    )?;
-    let state = |name: &str| {
-        let id = ProviderId::new(format!("redfish:///{name}")).read_from(name);
-        let judge = &judge;
-        async move { Ok::<_, anyhow::Error>(judge.state(&id).await?) }
+    let powered_on = |system: &System| {
+        let (sushy, uuid) = (&sushy, system.uuid.clone());
+        async move { Ok::<_, anyhow::Error>(sushy.power_state(&uuid).await? == "On") }
     };
     stop_kubelet(&client, "hung").await?;
     stop_kubelet(&client, "ghost").await?;
     let machine = play_machine(client.clone(), "hung", || async {
-        Ok(state("hung").await? == InstanceState::Running)
+        powered_on(&systems[0]).await
     });
     // A system the BMC does not have is an error of the map, not a machine gone.
     let (played, flow) = tokio::join!(
@@ -299,16 +259,7 @@ async fn redfish_forces_a_hung_system_off_and_powers_it_on_again() -> Result<()>
     );
     played?;
     flow?;
-    let resets = |system: &System, kind: &str| {
-        bmc.seen()
-            .iter()
-            .filter(|seen| {
-                seen.method == "POST"
-                    && seen.path.starts_with(&system.path())
-                    && seen.body.contains(&format!("\"{kind}\""))
-            })
-            .count()
-    };
+    let resets = |system: &System, kind: &str| bmc.redfish_resets(&system.uuid, kind);
     ensure!(
         resets(&systems[0], "ForceOff") == 1,
         "ForceOff not sent once"
@@ -316,8 +267,7 @@ async fn redfish_forces_a_hung_system_off_and_powers_it_on_again() -> Result<()>
     ensure!(resets(&systems[0], "On") == 1, "On not sent once");
     for (name, system) in names.iter().zip(&systems).skip(1) {
         ensure!(
-            resets(system, "ForceOff") + resets(system, "On") == 0
-                && state(name).await? == InstanceState::Running,
+            resets(system, "ForceOff") + resets(system, "On") == 0 && powered_on(system).await?,
             "bystander {name} touched"
         );
     }

@@ -82,13 +82,7 @@ impl Ec2 {
         let machine = InterposedEc2::start(mode).await?;
         let sim = sim(0, world()).await?;
         let client = sim.client();
-        let node = serde_json::from_value(json!({
-            "metadata": {"name": "hung", "labels": {"kubernetes.io/hostname": "hung"}},
-            "spec": {"providerID": machine.provider_id()},
-        }))?;
-        Api::<Node>::all(client.clone())
-            .create(&PostParams::default(), &node)
-            .await?;
+        machine_node(&client, "hung", &machine.provider_id(), None).await?;
         all_ready(&client, 1).await?;
         let args: Vec<String> = machine
             .flags()

@@ -261,6 +261,19 @@ impl Interposer {
     pub fn seen(&self) -> Vec<Seen> {
         self.lock().seen.clone()
     }
+
+    /// How many Redfish `ComputerSystem.Reset` requests of `reset_type` (`ForceOff`, `On`) for
+    /// the system `system` (its id) reached the interposer.
+    pub fn redfish_resets(&self, system: &str, reset_type: &str) -> usize {
+        self.lock()
+            .seen
+            .iter()
+            .filter(|seen| {
+                seen.redfish_reset()
+                    .is_some_and(|(id, asked)| id == system && asked == reset_type)
+            })
+            .count()
+    }
 }
 
 struct Relay {

@@ -176,6 +176,21 @@ impl Sushy {
         Ok(serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
     }
 
+    /// Writes a `--redfish-config` mapping each node to its system, reached at `endpoint` (the
+    /// emulator, or an interposer in front of it), and returns its path.
+    pub fn write_config(&self, endpoint: &str, machines: &[(&str, &System)]) -> Result<PathBuf> {
+        let listed: Vec<serde_json::Value> = machines
+            .iter()
+            .map(|(node, system)| {
+                serde_json::json!({"node": node, "endpoint": endpoint, "system": system.path(),
+                    "credentials": self.credentials()})
+            })
+            .collect();
+        let file = self.dir.path().join("machines.yaml");
+        std::fs::write(&file, serde_json::json!({ "machines": listed }).to_string())?;
+        Ok(file)
+    }
+
     /// The system's `PowerState` (`On`, `Off`), as the emulator says it now.
     pub async fn power_state(&self, system: &str) -> Result<String> {
         let answer = self

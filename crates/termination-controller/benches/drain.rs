@@ -198,18 +198,7 @@ async fn kubectl() -> Result<(Duration, usize)> {
 }
 
 async fn rss_at_scale() -> Result<f64> {
-    let sim = sim_with_crd(SimOptions {
-        nodes: 5_000,
-        pods_per_node: 30,
-        world: WorldOptions {
-            workloads: false,
-            kubelet: false,
-            node_lifecycle: false,
-            ..WorldOptions::default()
-        },
-        ..SimOptions::default()
-    })
-    .await?;
+    let sim = sim_with_crd(nodegrace_testing::bench::idle_fleet()).await?;
     let controller = start_controller(&sim, &[])?;
     controller.until_ready().await?;
     // The finalizer goes onto every node; let those writes and their watch events settle.

@@ -19,10 +19,6 @@ use kube::{Api, Client};
 use kube_sim::KubeSim;
 use kube_sim::cluster::Cluster;
 use nodegrace_controller::instances::cluster_api::machine_resource;
-use nodegrace_controller::instances::redfish::{MachineConfig, RedfishConfig};
-use nodegrace_controller::instances::{
-    InstanceProvider, InstanceState, ProviderId, RedfishInstances,
-};
 use nodegrace_testing::proxy::Proxy;
 use provider_testbed::cluster_api::{
     MachineController, create_machine, machine, machine_crd, node_annotations,
@@ -30,7 +26,6 @@ use provider_testbed::cluster_api::{
 use provider_testbed::interposer::Interposer;
 use provider_testbed::moto::Moto;
 use provider_testbed::sushy::{Sushy, System};
-use serde_json::json;
 use tokio::process::{Child, Command};
 
 use crate::common::{delete_node, has_finalizer, machine_node, sim};
@@ -183,29 +178,10 @@ async fn redfish_against_sushy() -> Result<()> {
     let bmc = Interposer::start(&sushy.url).await?;
     let workload = sim(0).await?;
     let client = workload.client();
-    let map: Vec<MachineConfig> = names()
-        .iter()
-        .zip(&systems)
-        .map(|(name, system)| MachineConfig {
-            node: Some(name.clone()),
-            provider_id: None,
-            endpoint: bmc.url(),
-            system: system.path(),
-            credentials: sushy.credentials(),
-            ca_bundle: None,
-            insecure_skip_verify: false,
-        })
-        .collect();
-    let file = sushy.dir.path().join("machines.yaml");
-    let entries: Vec<serde_json::Value> = map
-        .iter()
-        .map(|entry| {
-            json!({"node": entry.node, "endpoint": entry.endpoint, "system": entry.system,
-                   "credentials": entry.credentials})
-        })
-        .collect();
-    std::fs::write(&file, serde_json::to_string(&json!({"machines": entries}))?)?;
-    for name in names() {
+    let nodes = names();
+    let machines: Vec<(&str, &System)> = nodes.iter().map(String::as_str).zip(&systems).collect();
+    let file = sushy.write_config(&bmc.url(), &machines)?;
+    for name in nodes {
         machine_node(&client, &name, &format!("redfish:///{name}"), None).await?;
     }
     let flags = [
@@ -214,44 +190,21 @@ async fn redfish_against_sushy() -> Result<()> {
     ];
     let _program = controller(&workload, &flags, &[])?;
     let took = delete_and_wait(&client).await?;
-    let forced_off = |system: &System| {
-        bmc.seen()
-            .iter()
-            .filter(|seen| {
-                seen.method == "POST"
-                    && seen.path.starts_with(&system.path())
-                    && seen.body.contains("ForceOff")
-            })
-            .count()
-    };
+    let forced_off = |system: &System| bmc.redfish_resets(&system.uuid, "ForceOff");
     // Read directly, not through the interposer: these reads are the judge's, not the program's.
-    let judge = RedfishInstances::new(
-        RedfishConfig {
-            machines: map
-                .into_iter()
-                .map(|entry| MachineConfig {
-                    endpoint: sushy.url.clone(),
-                    ..entry
-                })
-                .collect(),
-        },
-        "judge",
-        Duration::from_secs(10),
-    )?;
-    let state = |name: &str| {
-        let id = ProviderId::new(format!("redfish:///{name}")).read_from(name);
-        let judge = &judge;
-        async move { judge.state(&id).await }
+    let power = |system: &System| {
+        let (sushy, uuid) = (&sushy, system.uuid.clone());
+        async move { sushy.power_state(&uuid).await }
     };
     let mut terminated_once = 0;
-    for (name, system) in names().iter().zip(&systems).take(DELETED) {
-        if forced_off(system) == 1 && state(name).await? == InstanceState::Stopped {
+    for system in systems.iter().take(DELETED) {
+        if forced_off(system) == 1 && power(system).await? == "Off" {
             terminated_once += 1;
         }
     }
     let mut wrong = 0;
-    for (name, system) in names().iter().zip(&systems).skip(DELETED) {
-        if forced_off(system) > 0 || state(name).await? != InstanceState::Running {
+    for system in systems.iter().skip(DELETED) {
+        if forced_off(system) > 0 || power(system).await? != "On" {
             wrong += 1;
         }
     }

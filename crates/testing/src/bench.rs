@@ -6,6 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use kube_sim::{SimOptions, WorldOptions};
 
 use crate::{Admin, wait_for_within};
 
@@ -82,5 +83,21 @@ impl BenchedController {
             Ok(admin.is_ready().await.unwrap_or(false))
         })
         .await
+    }
+}
+
+/// The cluster a controller's idle memory is measured in: 5,000 nodes and 150,000 pods, with
+/// nothing in it moving (no workloads, kubelets or node lifecycle).
+pub fn idle_fleet() -> SimOptions {
+    SimOptions {
+        nodes: 5_000,
+        pods_per_node: 30,
+        world: WorldOptions {
+            workloads: false,
+            kubelet: false,
+            node_lifecycle: false,
+            ..WorldOptions::default()
+        },
+        ..SimOptions::default()
     }
 }

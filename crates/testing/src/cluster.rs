@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use kube::api::ListParams;
+use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 
 use crate::wait_for;
@@ -136,4 +136,23 @@ pub async fn all_ready(client: &Client, count: usize) -> Result<()> {
         Ok(listed.len() == count && listed.iter().all(is_ready))
     })
     .await
+}
+
+/// A Node as a cloud's node controller or Cluster API registers it: named, with its hostname
+/// label, its machine's providerID and `annotations`. (kube-sim gives a Node made this way a
+/// simulated kubelet, which makes it Ready.)
+pub async fn machine_node(
+    client: &Client,
+    name: &str,
+    provider_id: &str,
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+) -> Result<()> {
+    let node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations},
+        "spec": {"providerID": provider_id},
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    Ok(())
 }

@@ -24,8 +24,8 @@ use tokio::time::Instant;
 
 pub use alerts::check_program_alerts;
 pub use binary::{
-    check_env_follows_flags, check_help_and_chart_port, check_plain_one_line_error,
-    check_skeleton_binary,
+    check_env_follows_flags, check_help_and_chart_port, check_help_states,
+    check_plain_one_line_error,
 };
 pub use dashboard::{check_dashboard, check_program_dashboard};
 pub use fake_logind::{FakeLogind, WithExtraEvents};

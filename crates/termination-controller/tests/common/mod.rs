@@ -17,7 +17,9 @@ use kube::{Api, Client, CustomResourceExt};
 use kube_sim::cluster::{Cluster, Workload, daemonset, deployment};
 use kube_sim::{KubeSim, WorldOptions};
 use nodegrace_testing::cluster::node_condition;
-pub use nodegrace_testing::cluster::{event_notes, event_reasons, event_seen, has_event, pods_on};
+pub use nodegrace_testing::cluster::{
+    event_notes, event_reasons, event_seen, has_event, machine_node, pods_on,
+};
 pub use nodegrace_testing::wait_for;
 use nodegrace_testing::{ProgramUnderTest, command_line};
 use serde_json::json;
@@ -502,22 +504,4 @@ pub async fn is_cordoned(client: &Client, node: &str) -> Result<bool> {
         .await?
         .and_then(|node| node.spec?.unschedulable)
         == Some(true))
-}
-
-/// A Node as a cloud's node controller or Cluster API registers it, with no kubelet behind
-/// it: named, carrying its machine's providerID and `annotations`.
-pub async fn machine_node(
-    client: &Client,
-    name: &str,
-    provider_id: &str,
-    annotations: Option<std::collections::BTreeMap<String, String>>,
-) -> Result<()> {
-    let node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations},
-        "spec": {"providerID": provider_id},
-    }))?;
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await?;
-    Ok(())
 }
