@@ -537,14 +537,8 @@ async fn a_pass_on_caches_behind_its_own_deletions_does_not_repeat_them() -> Res
         &pod("held-b", "node-1", &held(json!([])))?,
     )
     .await?;
-    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
-    wait_for("held-a's volume to be attached", || async {
-        Ok(attachments
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .any(|va| va.spec.node_name == "node-1"))
+    wait_for("held-a's volume to be attached", || {
+        has_attachment(&client, "node-1")
     })
     .await?;
     kill(&client, "node-1").await?;

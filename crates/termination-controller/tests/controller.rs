@@ -12,9 +12,8 @@ use anyhow::{Context, Result, ensure};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::DeleteParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube_sim::faults::{ErrorRule, FailureKind};
 use serde_json::json;
@@ -63,14 +62,8 @@ async fn a_deleted_node_is_drained_in_tiers_within_its_budgets_then_terminated_a
     ] {
         wait_ready(&client, app, count).await?;
     }
-    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
-    wait_for("the worker's volume attached to node-1", || async {
-        Ok(attachments
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .any(|a| a.spec.node_name == "node-1"))
+    wait_for("the worker's volume attached to node-1", || {
+        has_attachment(&client, "node-1")
     })
     .await?;
     let controller = managing(&sim, &[]).await?;

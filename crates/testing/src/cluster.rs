@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 
@@ -155,4 +156,15 @@ pub async fn machine_node(
         .create(&PostParams::default(), &node)
         .await?;
     Ok(())
+}
+
+/// Whether a VolumeAttachment names `node`.
+pub async fn has_attachment(client: &Client, node: &str) -> Result<bool> {
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    Ok(attachments
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .any(|attachment| attachment.spec.node_name == node))
 }

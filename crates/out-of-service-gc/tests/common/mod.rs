@@ -17,7 +17,7 @@ use kube_sim::{KubeSim, WorldOptions};
 use nodegrace_core::k8s::taints::change_taints;
 use nodegrace_testing::cluster::node_condition;
 pub use nodegrace_testing::cluster::{
-    all_ready, event_reasons, events_with_reason, is_ready, machine_node,
+    all_ready, event_reasons, events_with_reason, has_attachment, is_ready, machine_node,
 };
 pub use nodegrace_testing::wait_for;
 use nodegrace_testing::{ProgramUnderTest, command_line};

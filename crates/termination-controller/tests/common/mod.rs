@@ -18,7 +18,7 @@ use kube_sim::cluster::{Cluster, Workload, daemonset, deployment};
 use kube_sim::{KubeSim, WorldOptions};
 use nodegrace_testing::cluster::node_condition;
 pub use nodegrace_testing::cluster::{
-    event_notes, event_reasons, event_seen, has_event, machine_node, pods_on,
+    event_notes, event_reasons, event_seen, has_attachment, has_event, machine_node, pods_on,
 };
 pub use nodegrace_testing::wait_for;
 use nodegrace_testing::{ProgramUnderTest, command_line};
