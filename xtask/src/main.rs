@@ -30,16 +30,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
-    /// The main job: the release binaries on a simulated cluster with a real elogind per node,
-    /// played as a story whose acts check their own outcome. Needs root.
+    /// The main job: the programs' binaries (the tests' dev build) on a simulated cluster with a
+    /// real elogind per node, played as a story whose acts check their own outcome. Needs root.
     Demo(demo::DemoArgs),
     /// Installs what the tests need, then runs fmt, clippy, the test suite and the chart checks.
     Test,
     /// The charts installed with helm into a fresh kube-sim (pods run as processes, RBAC
     /// enforced), each alone and all together, then the scenarios. Needs root.
     E2e(e2e::E2eArgs),
-    /// Random cluster histories against the release binaries on kube-sim, invariants judged
-    /// from what the API server and the simulated cloud saw (docs/explore.md).
+    /// Random cluster histories against the programs' binaries (the dev build) on kube-sim,
+    /// invariants judged from what the API server and the simulated cloud saw
+    /// (docs/explore.md).
     Explore(explore::ExploreArgs),
     /// Builds one OCI image per program without a container engine, under target/images/.
     Image(image::ImageArgs),

@@ -356,6 +356,59 @@ async fn daemonsets_cover_tolerated_nodes() -> Result<()> {
     .await
 }
 
+/// A DaemonSet's status counts nodes, as upstream's `updateDaemonSetStatus` walks the node
+/// lister: a pod still bound to a deleted Node (the pod GC has not taken it yet) is scheduled
+/// on no node, and a pod on a node it may no longer run on is misscheduled.
+#[tokio::test]
+async fn a_daemonsets_status_counts_only_nodes_that_exist() -> Result<()> {
+    let sim = sim_with(
+        3,
+        WorldOptions {
+            pod_gc_period: Duration::from_secs(3600),
+            ..quick_world()
+        },
+    )
+    .await?;
+    let client = sim.client();
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    daemonsets.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}},
+    }))?).await?;
+    let counts = || async {
+        let status = daemonsets.get("agent").await?.status.unwrap_or_default();
+        Ok::<_, anyhow::Error>((
+            status.desired_number_scheduled,
+            status.current_number_scheduled,
+            status.number_misscheduled,
+            status.number_ready,
+        ))
+    };
+    wait_until(&sim, "an agent Ready on each node", || async {
+        Ok(counts().await? == (3, 3, 0, 3))
+    })
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    // node-2 goes away with its agent still bound to it; node-1 gets a taint the agent does
+    // not tolerate, which keeps the running agent but no longer wants it there.
+    nodes.delete("node-2", &DeleteParams::default()).await?;
+    nodes.patch("node-1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}}))).await?;
+    wait_until(&sim, "the status to count node-0 alone", || async {
+        Ok(counts().await? == (1, 1, 1, 1))
+    })
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client, "kube-system");
+    let on_gone_node = pods
+        .list(&ListParams::default().fields("spec.nodeName=node-2"))
+        .await?
+        .items;
+    ensure!(
+        on_gone_node.len() == 1,
+        "the agent of the deleted node is still bound to it until the pod GC: {on_gone_node:?}"
+    );
+    Ok(())
+}
+
 /// A deleted pod held by a finalizer: its kubelet stops the containers (exit 0 within the
 /// grace), the pod turns Succeeded and unready, and the object waits for the finalizer. The
 /// kubelet recorded the usual events on the way.
@@ -694,6 +747,71 @@ async fn a_namesake_persistent_volume_does_not_rename_an_attached_volume() -> Re
     .await?;
     volumes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pv-1"}, "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "csi": {"driver": kube_sim::world::CSI_DRIVER, "volumeHandle": "vol-other"}}}))?).await?;
     stays_attached_until_out_of_service(&sim, &name).await
+}
+
+/// A running kubelet reports a mounted volume by the name it mounted it by (the volume
+/// manager's actual state of the world): a namesake PersistentVolume of another volume does not
+/// rename it in `volumesInUse`, so the attach/detach controller never takes it for unmounted.
+#[tokio::test]
+async fn a_running_kubelet_keeps_the_name_it_mounted_a_volume_by() -> Result<()> {
+    let sim = sim(1).await?;
+    let name = attached_pod(&sim, "node-0").await?;
+    let client = sim.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let in_use = || async {
+        Ok::<_, anyhow::Error>(
+            nodes
+                .get("node-0")
+                .await?
+                .status
+                .and_then(|status| status.volumes_in_use)
+                .unwrap_or_default(),
+        )
+    };
+    let mounted = in_use().await?;
+    ensure!(mounted.len() == 1, "{mounted:?}");
+    let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+    volumes.delete("pv-1", &DeleteParams::default()).await?;
+    wait_until(&sim, "pv-1 to be gone", || async {
+        Ok(volumes.get_opt("pv-1").await?.is_none())
+    })
+    .await?;
+    volumes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pv-1"}, "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "csi": {"driver": kube_sim::world::CSI_DRIVER, "volumeHandle": "vol-other"}}}))?).await?;
+    // A second pod with a volume starts on the node: the kubelet writes volumesInUse anew.
+    volumes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pv-2"}, "spec": {"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "csi": {"driver": kube_sim::world::CSI_DRIVER, "volumeHandle": "vol-2"}}}))?).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    claims.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "data-2"}, "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-2", "resources": {"requests": {"storage": "1Gi"}}}}))?).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let volume = json!({"name": "data", "persistentVolumeClaim": {"claimName": "data-2"}});
+    pods.create(
+        &PostParams::default(),
+        &pod(
+            "db-2",
+            Some("node-0"),
+            &json!({"spec": {"volumes": [volume]}}),
+        )?,
+    )
+    .await?;
+    wait_until(&sim, "the second volume reported in use", || async {
+        Ok(in_use().await?.len() == 2)
+    })
+    .await?;
+    let reported = in_use().await?;
+    ensure!(
+        reported.contains(&mounted[0]),
+        "the mounted volume was renamed: {reported:?}, mounted as {mounted:?}"
+    );
+    let attachments: Api<VolumeAttachment> = Api::all(client);
+    ensure!(
+        attachments
+            .get(&name)
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "a mounted volume is being detached"
+    );
+    Ok(())
 }
 
 /// maxWaitForUnmountDuration: on a node that is not Ready, a mounted volume is detached anyway

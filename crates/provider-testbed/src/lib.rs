@@ -1,9 +1,8 @@
 //! The providers' real-protocol servers for tests: moto (EC2, STS), sushy-tools' Redfish
 //! emulator, Cluster API's Machine CRD and a machine controller (on any API server, kube-sim
 //! in the tests), and an HTTP interposer that puts a cloud's faults between a program and them.
-//! Their own crate, not `nodegrace-core`'s `testing` feature, because the explorer (built
-//! with the release binaries) uses them too: a feature turned on there would be turned on in
-//! the programs' build.
+//! Their own crate, not part of `nodegrace-testing`, because the explorer (built beside the
+//! programs) uses them too, and keeps what it links apart from the programs' tests.
 
 pub mod cluster_api;
 pub mod interposer;

@@ -4,7 +4,7 @@
 //! BMC, a proxy before the management cluster). Each prints
 //! `provider <name> nodes=<n> terminated-once=<n> wrong=<n> s=<s>`, `wrong` counting machines
 //! stopped or terminated that belonged to no deleted Node. `cargo xtask e2e` runs them with the
-//! release binary (`NODEGRACE_E2E_TERMINATION_CONTROLLER`).
+//! binary it built (`NODEGRACE_E2E_TERMINATION_CONTROLLER`).
 
 use crate::common;
 

@@ -1,4 +1,4 @@
-//! Checks of a program's release binary, run the way an operator runs it.
+//! Checks of a program's binary, run the way an operator runs it.
 
 use std::path::Path;
 use std::process::Command;

@@ -39,7 +39,7 @@ pub use nodegrace_core;
 /// - its binary: `--help` shows the program's own admin port and its chart uses the same;
 ///   every flag reads its `NODEGRACE_` variable; logs in a pipe are plain and an error is one
 ///   line (`error_args`: what the program needs besides a kubeconfig to get that far);
-/// - its docs: docs/<program>.md's generated tables (flags, chart values, metrics) are current
+/// - its docs: `docs/<program>.md`'s generated tables (flags, chart values, metrics) are current
 ///   (`cargo xtask docs` rewrites them);
 /// - its chart: the Grafana dashboard selects only series the program exports and shows each,
 ///   and every alert selects an exported series.

@@ -1,4 +1,4 @@
-//! The operator's reference in docs/<program>.md, generated from what the program really is:
+//! The operator's reference in `docs/<program>.md`, generated from what the program really is:
 //! its clap definition, its chart's values.schema.json and values.yaml, its metrics registry.
 //! Each program's tests compare the generated text with the page, so a page cannot go stale;
 //! `cargo xtask docs` (which sets `NODEGRACE_UPDATE_DOCS=1`) rewrites it.

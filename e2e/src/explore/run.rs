@@ -1,4 +1,4 @@
-//! One run: a fresh kube-sim, the programs' release binaries (two replicas each, through a
+//! One run: a fresh kube-sim, the programs' binaries (two replicas each, through a
 //! proxy each), the cluster set up, the seed's schedule played, the faults cleared, a wait for
 //! the cluster to settle, then the judgement. Everything lands in `<work>/<seed>/`:
 //! `history.jsonl` (each event, when, and what became of it), `logs/` (every process),
@@ -68,7 +68,7 @@ const SETTLE_POLL: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Where kube-sim and the programs' release binaries are.
+    /// Where kube-sim and the programs' binaries are (the dev build).
     pub bin_dir: PathBuf,
     pub charts_dir: PathBuf,
     /// Each run writes into `<work_root>/<seed>`.

@@ -220,10 +220,33 @@ fn daemonsets(store: &Store, by_owner: &HashMap<String, Vec<Arc<Value>>>, nodes:
                 );
             }
         }
-        let desired = eligible.len();
-        let running: Vec<&Arc<Value>> = owned.iter().filter(|pod| live(pod)).collect();
-        let scheduled = running.len();
-        let ready = running.iter().filter(|pod| is_ready(pod)).count();
+        // Counted by node, as upstream's `updateDaemonSetStatus` walks the node lister: a pod
+        // still bound to a deleted Node is on no node and counts nowhere until the pod GC
+        // takes it.
+        let (mut desired, mut scheduled, mut misscheduled, mut ready) = (0_usize, 0, 0, 0);
+        for node in nodes {
+            let name = text(&node["metadata"]["name"]);
+            let mut on_node: Vec<&Arc<Value>> = owned
+                .iter()
+                .filter(|pod| live(pod) && pod["spec"]["nodeName"] == name)
+                .collect();
+            let should_run = eligible
+                .iter()
+                .any(|eligible| eligible["metadata"]["name"] == name);
+            match (should_run, on_node.is_empty()) {
+                (true, true) => desired += 1,
+                (true, false) => {
+                    desired += 1;
+                    scheduled += 1;
+                    // The oldest pod speaks for the node.
+                    on_node
+                        .sort_by_key(|pod| text(&pod["metadata"]["creationTimestamp"]).to_owned());
+                    ready += usize::from(is_ready(on_node[0]));
+                }
+                (false, false) => misscheduled += 1,
+                (false, true) => {}
+            }
+        }
         // What `kubectl rollout status daemonset` compares (every pod is of the current
         // template: updates replace nothing here).
         let _ = store.update(
@@ -237,7 +260,7 @@ fn daemonsets(store: &Store, by_owner: &HashMap<String, Vec<Arc<Value>>>, nodes:
                     "desiredNumberScheduled": desired,
                     "currentNumberScheduled": scheduled,
                     "updatedNumberScheduled": scheduled,
-                    "numberMisscheduled": 0,
+                    "numberMisscheduled": misscheduled,
                     "numberReady": ready,
                     "numberAvailable": ready,
                     "numberUnavailable": desired.saturating_sub(ready),

@@ -84,6 +84,9 @@ struct Kubelets {
     pod_ips: HashMap<String, String>,
     /// Pods waiting to try setting up their containers again.
     retrying: std::collections::HashSet<String>,
+    /// The volumes each pod's were mounted by (their unique names), by pod UID: the volume
+    /// manager's actual state, kept whatever becomes of the PersistentVolumes afterwards.
+    mounted: HashMap<String, Vec<String>>,
 }
 
 /// Pod IPs for pods whose containers run as processes: each its own loopback address, from a
@@ -198,6 +201,7 @@ pub async fn run(
         pod_addresses: PodAddresses::new(),
         pod_ips: HashMap::new(),
         retrying: std::collections::HashSet::new(),
+        mounted: HashMap::new(),
     };
     kubelets.timers.insert(Action::RenewLeases, Duration::ZERO);
     for pod in store.all(&store.kind("", "pods")) {

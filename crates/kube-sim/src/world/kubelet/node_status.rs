@@ -16,7 +16,7 @@ use crate::world::KUBELET_ANNOTATION;
 impl Kubelets {
     /// `node.status.volumesInUse` after `changed` changed. Only pods with claims (named, or
     /// generic ephemeral volumes') can change it, so others skip the work.
-    pub(super) fn sync_volumes_in_use(&self, node: &str, changed: &Value) {
+    pub(super) fn sync_volumes_in_use(&mut self, node: &str, changed: &Value) {
         if crate::world::attach_detach::pod_claims(changed).is_empty() {
             return;
         }
@@ -33,14 +33,17 @@ impl Kubelets {
 
     /// `node.status.volumesInUse` from the pods bound to `node`: the volumes of those that have
     /// not finished (the volume manager's mounted volumes; a kubelet coming back finds the
-    /// others orphaned and unmounts them).
-    pub(super) fn report_volumes_in_use(&self, node: &str, bound: &[Arc<Value>]) {
-        let mut in_use: Vec<String> = bound
-            .iter()
-            .filter(|pod| !is_finished(pod))
-            .flat_map(|pod| crate::world::attach_detach::pod_csi_volumes(&self.store, pod))
-            .map(|volume| volume.unique_name)
-            .collect();
+    /// others orphaned and unmounts them), each by the name it was mounted by.
+    pub(super) fn report_volumes_in_use(&mut self, node: &str, bound: &[Arc<Value>]) {
+        let mut in_use = Vec::new();
+        for pod in bound {
+            let uid = text(&pod["metadata"]["uid"]);
+            if is_finished(pod) {
+                self.mounted.remove(&uid);
+                continue;
+            }
+            in_use.extend(self.mounted_volumes(&uid, pod));
+        }
         in_use.sort();
         in_use.dedup();
         let nodes = self.store.kind("", "nodes");
@@ -52,6 +55,26 @@ impl Kubelets {
                 updated["status"]["volumesInUse"] = json!(in_use);
                 Ok(updated)
             });
+    }
+
+    /// The unique names of `pod`'s volumes as they were mounted. A real kubelet mounts a
+    /// volume by the name its PersistentVolume gave it then, and keeps reporting that name
+    /// until it unmounts it: a PersistentVolume deleted and made again under its name for
+    /// another volume does not rename it. Remembered once every claim resolved to a volume.
+    fn mounted_volumes(&mut self, uid: &str, pod: &Value) -> Vec<String> {
+        if let Some(names) = self.mounted.get(uid) {
+            return names.clone();
+        }
+        let names: Vec<String> = crate::world::attach_detach::pod_csi_volumes(&self.store, pod)
+            .into_iter()
+            .map(|volume| volume.unique_name)
+            .collect();
+        let claims = crate::world::attach_detach::pod_claims(pod).len();
+        let resolved = crate::world::attach_detach::pod_volumes(&self.store, pod).len();
+        if claims > 0 && resolved >= claims {
+            self.mounted.insert(uid.to_owned(), names.clone());
+        }
+        names
     }
 
     /// A stopped kubelet is a machine gone dark: its container processes die with it. A kubelet

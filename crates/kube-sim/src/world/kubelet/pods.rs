@@ -199,6 +199,7 @@ impl Kubelets {
         self.stop_probing(&uid, None);
         self.pod_ips.remove(&uid);
         self.exit_codes.retain(|(pod, _), _| *pod != uid);
+        self.mounted.remove(&uid);
         let node = text(&pod["spec"]["nodeName"]);
         if !node.is_empty() && self.kubelet_running(&node) {
             self.sync_volumes_in_use(&node, pod);
