@@ -118,8 +118,8 @@ async fn deletion(nodes: usize, extra: &[&str]) -> Result<Duration> {
         ..SimOptions::default()
     })
     .await?;
-    let _controller = start_controller(&sim, extra)?;
-    _controller.until_ready().await?;
+    let controller = start_controller(&sim, extra)?;
+    controller.until_ready().await?;
     // node-0 … node-{nodes-1} die; the last node stays.
     let dead: Vec<String> = (0..nodes).map(|index| format!("node-{index}")).collect();
     let client = sim.client();
@@ -183,7 +183,7 @@ async fn fence_failover(fence_after: Duration) -> Result<(Duration, Duration)> {
     .await?;
     let client = sim.client();
     let after = format!("--fence-after={}s", fence_after.as_secs());
-    let _controller = start_controller(
+    let controller = start_controller(
         &sim,
         &[
             &after,
@@ -192,7 +192,7 @@ async fn fence_failover(fence_after: Duration) -> Result<(Duration, Duration)> {
             "--recover-after-cleanup=true",
         ],
     )?;
-    _controller.until_ready().await?;
+    controller.until_ready().await?;
     statefulset("db", 1)
         .image("postgres")
         .claim("data", "1Gi")

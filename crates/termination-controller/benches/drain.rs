@@ -147,8 +147,8 @@ async fn until_drained(client: &Client, started: Instant) -> Result<Duration> {
 async fn ours() -> Result<(Duration, usize)> {
     let sim = cluster().await?;
     let client = sim.client();
-    let _controller = start_controller(&sim, &[])?;
-    _controller.until_ready().await?;
+    let controller = start_controller(&sim, &[])?;
+    controller.until_ready().await?;
     let nodes: Api<Node> = Api::all(client.clone());
     nodegrace_testing::wait_for("the finalizer on node-0", || {
         let nodes = nodes.clone();

@@ -63,10 +63,10 @@ fn every_contract_name_is_defined_where_the_map_says() -> Result<()> {
 /// `nodegrace_core::k8s::node_identity::NodeIdentity` → the module's file and the item.
 fn item_of(path: &str) -> Option<(PathBuf, &str)> {
     let mut parts: Vec<&str> = path.split("::").collect();
-    let crate_dir = match parts.first()? {
-        &"nodegrace_core" => "core",
-        &"nodegrace_controller" => "controller",
-        &"nodegrace_logind" => "logind",
+    let crate_dir = match *parts.first()? {
+        "nodegrace_core" => "core",
+        "nodegrace_controller" => "controller",
+        "nodegrace_logind" => "logind",
         _ => return None,
     };
     let item = (parts.len() > 2 && parts.last()?.starts_with(char::is_uppercase))
