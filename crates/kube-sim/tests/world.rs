@@ -330,6 +330,18 @@ async fn the_scheduler_follows_required_and_preferred_node_affinity() -> Result<
     .await
 }
 
+/// The DaemonSet `agent` (pods `app=agent`, no tolerations of its own).
+async fn create_agent(daemonsets: &Api<DaemonSet>) -> Result<()> {
+    let agent = json!({
+        "metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}},
+    });
+    daemonsets
+        .create(&PostParams::default(), &serde_json::from_value(agent)?)
+        .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn daemonsets_cover_tolerated_nodes() -> Result<()> {
     let sim = sim(3).await?;
@@ -337,10 +349,7 @@ async fn daemonsets_cover_tolerated_nodes() -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     nodes.patch("node-2", &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}}))).await?;
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
-    daemonsets.create(&PostParams::default(), &serde_json::from_value(json!({
-        "metadata": {"name": "agent"},
-        "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}},
-    }))?).await?;
+    create_agent(&daemonsets).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
     wait_until(&sim, "agents on node-0 and node-1 only", || async {
         let mut placed: Vec<String> = pods
@@ -371,10 +380,7 @@ async fn a_daemonsets_status_counts_only_nodes_that_exist() -> Result<()> {
     .await?;
     let client = sim.client();
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
-    daemonsets.create(&PostParams::default(), &serde_json::from_value(json!({
-        "metadata": {"name": "agent"},
-        "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}},
-    }))?).await?;
+    create_agent(&daemonsets).await?;
     let counts = || async {
         let status = daemonsets.get("agent").await?.status.unwrap_or_default();
         Ok::<_, anyhow::Error>((
