@@ -22,6 +22,7 @@ use nodegrace_core::k8s::node_identity::{NodeIdentity, UpdateError, Updated};
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::nodes::{Readiness, has_condition, readiness};
 use nodegrace_core::k8s::reporter::ConditionGuard;
+use nodegrace_core::k8s::taints::{has_taint, put_taint};
 use nodegrace_core::k8s::volumes::Staying;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -483,15 +484,8 @@ impl NodeTermination {
                 if cordoned(node) {
                     return false;
                 }
-                let spec = node.spec.get_or_insert_with(Default::default);
-                spec.unschedulable = Some(true);
-                let taints = spec.taints.get_or_insert_with(Vec::new);
-                if !taints
-                    .iter()
-                    .any(|taint| taint.key == DISRUPTED_TAINT && taint.effect == "NoSchedule")
-                {
-                    taints.push(disrupted_taint());
-                }
+                node.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
+                put_taint(node, &disrupted_taint());
                 node.metadata
                     .labels
                     .get_or_insert_with(Default::default)
@@ -825,13 +819,7 @@ pub fn has_finalizer(node: &Node) -> bool {
 fn cordoned(node: &Node) -> bool {
     let spec = node.spec.as_ref();
     let unschedulable = spec.and_then(|spec| spec.unschedulable) == Some(true);
-    let tainted = spec
-        .and_then(|spec| spec.taints.as_deref())
-        .is_some_and(|taints| {
-            taints
-                .iter()
-                .any(|taint| taint.key == DISRUPTED_TAINT && taint.effect == "NoSchedule")
-        });
+    let tainted = has_taint(node, &disrupted_taint());
     let excluded = node
         .metadata
         .labels

@@ -57,6 +57,13 @@ pub fn put_taint(node: &mut Node, taint: &Taint) -> bool {
     true
 }
 
+/// Whether `node` carries a taint of `taint`'s key and effect.
+pub fn has_taint(node: &Node, taint: &Taint) -> bool {
+    crate::k8s::nodes::taints(node)
+        .iter()
+        .any(|t| same_taint(t, taint))
+}
+
 /// Taints are identified by key and effect, as the API validates them.
 fn same_taint(a: &Taint, b: &Taint) -> bool {
     a.key == b.key && a.effect == b.effect
@@ -148,5 +155,24 @@ mod tests {
             &taint("a", None, "NoSchedule"),
             &taint("b", None, "NoSchedule")
         ));
+    }
+
+    #[test]
+    fn a_taint_put_once_is_there_and_not_put_twice() {
+        let taint = Taint {
+            key: "nodegrace.io/disrupted".to_owned(),
+            effect: "NoSchedule".to_owned(),
+            ..Taint::default()
+        };
+        let mut node = Node::default();
+        assert!(!has_taint(&node, &taint));
+        assert!(put_taint(&mut node, &taint));
+        assert!(has_taint(&node, &taint));
+        assert!(!put_taint(&mut node, &taint), "put once only");
+        let other_effect = Taint {
+            effect: "NoExecute".to_owned(),
+            ..taint
+        };
+        assert!(!has_taint(&node, &other_effect));
     }
 }
