@@ -38,6 +38,28 @@ async fn sim_with(nodes: usize, world: WorldOptions) -> Result<KubeSim> {
     .await?)
 }
 
+/// Whether the VolumeAttachment `name` is being deleted (its volume detaching).
+async fn detaching(attachments: &Api<VolumeAttachment>, name: &str) -> Result<bool> {
+    Ok(attachments
+        .get(name)
+        .await?
+        .metadata
+        .deletion_timestamp
+        .is_some())
+}
+
+/// The quick world with the pod GC sweeping every `period`.
+async fn sim_with_pod_gc(nodes: usize, period: Duration) -> Result<KubeSim> {
+    sim_with(
+        nodes,
+        WorldOptions {
+            pod_gc_period: period,
+            ..quick_world()
+        },
+    )
+    .await
+}
+
 fn pod(name: &str, node: Option<&str>, extra: &serde_json::Value) -> Result<Pod> {
     let mut pod = json!({"metadata": {"name": name, "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
     if let Some(node) = node {
@@ -370,14 +392,7 @@ async fn daemonsets_cover_tolerated_nodes() -> Result<()> {
 /// on no node, and a pod on a node it may no longer run on is misscheduled.
 #[tokio::test]
 async fn a_daemonsets_status_counts_only_nodes_that_exist() -> Result<()> {
-    let sim = sim_with(
-        3,
-        WorldOptions {
-            pod_gc_period: Duration::from_secs(3600),
-            ..quick_world()
-        },
-    )
-    .await?;
+    let sim = sim_with_pod_gc(3, Duration::from_secs(3600)).await?;
     let client = sim.client();
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
     create_agent(&daemonsets).await?;
@@ -809,12 +824,7 @@ async fn a_running_kubelet_keeps_the_name_it_mounted_a_volume_by() -> Result<()>
     );
     let attachments: Api<VolumeAttachment> = Api::all(client);
     ensure!(
-        attachments
-            .get(&name)
-            .await?
-            .metadata
-            .deletion_timestamp
-            .is_none(),
+        !detaching(&attachments, &name).await?,
         "a mounted volume is being detached"
     );
     Ok(())
@@ -884,12 +894,7 @@ async fn a_machine_powered_off_mid_deletion_finishes_nothing() -> Result<()> {
     );
     let attachments: Api<VolumeAttachment> = Api::all(client);
     ensure!(
-        attachments
-            .get(&name)
-            .await?
-            .metadata
-            .deletion_timestamp
-            .is_none(),
+        !detaching(&attachments, &name).await?,
         "detached while still mounted on a machine without power"
     );
     // Back, the machine's kubelet begins the deletion again and finishes it: the pod goes and
@@ -1040,14 +1045,7 @@ async fn a_read_write_once_volume_moves_only_after_its_old_attachment_is_gone() 
 /// marked Failed and deleted with grace 0 on the next sweep (a finalizer keeps it visible).
 #[tokio::test]
 async fn the_pod_gc_sweep_finishes_terminating_pods_on_out_of_service_nodes() -> Result<()> {
-    let sim = sim_with(
-        1,
-        WorldOptions {
-            pod_gc_period: Duration::from_millis(200),
-            ..quick_world()
-        },
-    )
-    .await?;
+    let sim = sim_with_pod_gc(1, Duration::from_millis(200)).await?;
     let client = sim.client();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let held = json!({"metadata": {"finalizers": ["example.com/keep"]}});
