@@ -705,11 +705,12 @@ async fn a_cleanup_waiting_for_a_detach_does_not_wake_itself() -> Result<()> {
     let before = written();
     // Passes keep coming (the pods' and attachments' watches, the resync); a self-wake would
     // be hundreds of writes in this time.
-    let storm =
-        nodegrace_testing::wait_for("node-1's status written more than 3 times", || async {
-            Ok(written() > before + 3)
-        })
-        .await;
+    let storm = nodegrace_testing::wait_for_within(
+        "node-1's status written more than 3 times",
+        Duration::from_secs(3),
+        || async { Ok(written() > before + 3) },
+    )
+    .await;
     ensure!(
         storm.is_err(),
         "node-1's status was written {} times in 3 s while its cleanup waited",
