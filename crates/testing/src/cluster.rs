@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
+use nodegrace_core::k8s::nodes::has_condition;
 
 use crate::wait_for;
 
@@ -119,14 +120,7 @@ pub async fn pods_on(client: &Client, node: &str) -> Result<Vec<Pod>> {
 
 /// Whether the node reports Ready.
 pub fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|condition| condition.type_ == "Ready" && condition.status == "True")
-        })
+    has_condition(node, "Ready", "True")
 }
 
 /// Waits until the cluster has `count` nodes and every one is Ready.

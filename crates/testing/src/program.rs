@@ -79,13 +79,6 @@ impl ProgramUnderTest {
             .map_or(-1, |value| value.round() as i64))
     }
 
-    /// Whether the program has ended (on its own: an error, or a finished job).
-    pub fn has_ended(&self) -> bool {
-        self.started
-            .as_ref()
-            .is_none_or(|started| started.finished.is_finished())
-    }
-
     /// Tells the program to stop, as SIGTERM does, without waiting for it to finish.
     pub fn sigterm(&self) {
         self.stop.cancel();
