@@ -25,6 +25,7 @@ pub(crate) mod json;
 pub mod managed_fields;
 pub mod patch;
 pub mod populate;
+pub mod requests;
 pub mod resources;
 pub mod selector;
 pub mod server;

@@ -18,6 +18,7 @@ use tower::ServiceExt;
 use crate::api::{self, App};
 use crate::error::ApiError;
 use crate::faults::{FailureKind, Faults, Verdict};
+use crate::requests::{RequestKind, Requests, agent_of};
 use crate::store::Store;
 use crate::world::{World, WorldOptions};
 
@@ -88,6 +89,7 @@ pub struct KubeSim {
     _kubeconfig_dir: Option<tempfile::TempDir>,
     store: Store,
     faults: Faults,
+    requests: Requests,
     world: World,
     client: kube::Client,
     stop: CancellationToken,
@@ -107,6 +109,7 @@ impl KubeSim {
         let store = Store::default();
         store.set_default_toleration_seconds(options.world.default_toleration_seconds);
         let faults = Faults::default();
+        let requests = Requests::default();
         let stop = CancellationToken::new();
         crate::populate::populate(&store, options.nodes, options.pods_per_node)?;
         let audit = crate::audit::Audit::default();
@@ -167,8 +170,11 @@ impl KubeSim {
         tokio::spawn(accept_loop(
             listener,
             acceptor,
-            router,
-            faults.clone(),
+            FaultyService {
+                router,
+                faults: faults.clone(),
+                requests: requests.clone(),
+            },
             stop.clone(),
         ));
 
@@ -194,6 +200,7 @@ impl KubeSim {
             _kubeconfig_dir: kubeconfig_dir,
             store,
             faults,
+            requests,
             world,
             client,
             stop,
@@ -235,6 +242,11 @@ impl KubeSim {
 
     pub fn faults(&self) -> &Faults {
         &self.faults
+    }
+
+    /// Every request served, counted by client and kind.
+    pub fn requests(&self) -> &Requests {
+        &self.requests
     }
 
     pub fn world(&self) -> &World {
@@ -294,8 +306,7 @@ pub fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
-    router: Router,
-    faults: Faults,
+    service: FaultyService,
     stop: CancellationToken,
 ) {
     loop {
@@ -304,16 +315,13 @@ async fn accept_loop(
             accepted = listener.accept() => accepted,
         };
         let Ok((stream, _)) = accepted else { continue };
-        if faults.in_outage() {
+        if service.faults.in_outage() {
             // An outage: the connection goes as soon as it came.
             drop(stream);
             continue;
         }
         let _ = stream.set_nodelay(true);
-        let service = FaultyService {
-            router: router.clone(),
-            faults: faults.clone(),
-        };
+        let service = service.clone();
         let stop = stop.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
@@ -340,6 +348,7 @@ async fn accept_loop(
 struct FaultyService {
     router: Router,
     faults: Faults,
+    requests: Requests,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -360,8 +369,18 @@ impl tower::Service<Request<Incoming>> for FaultyService {
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         let router = self.router.clone();
         let faults = self.faults.clone();
+        let (verb, resource, subresource) = classify(&request);
+        let agent = request
+            .headers()
+            .get(axum::http::header::USER_AGENT)
+            .and_then(|agent| agent.to_str().ok());
+        self.requests.count(RequestKind {
+            agent: agent_of(agent),
+            verb,
+            resource: resource.clone(),
+            subresource,
+        });
         Box::pin(async move {
-            let (verb, resource) = classify(&request);
             match faults.judge(verb, &resource) {
                 Verdict::Serve => {}
                 // Failing the service makes hyper drop the connection unanswered.
@@ -395,8 +414,8 @@ impl tower::Service<Request<Incoming>> for FaultyService {
     }
 }
 
-/// The verb and resource of a request, for fault rules.
-fn classify(request: &Request<Incoming>) -> (&'static str, String) {
+/// The verb, resource and subresource of a request, for fault rules and the counts.
+fn classify(request: &Request<Incoming>) -> (&'static str, String, String) {
     let path: Vec<&str> = request.uri().path().trim_matches('/').split('/').collect();
     let rest: &[&str] = match path.as_slice() {
         ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] => rest,
@@ -411,6 +430,7 @@ fn classify(request: &Request<Incoming>) -> (&'static str, String) {
         other => other.to_vec(),
     };
     let resource = rest.first().map(|s| (*s).to_owned()).unwrap_or_default();
+    let subresource = rest.get(2).map(|s| (*s).to_owned()).unwrap_or_default();
     let is_object = rest.len() > 1;
     let watch = request
         .uri()
@@ -427,5 +447,5 @@ fn classify(request: &Request<Incoming>) -> (&'static str, String) {
         ("DELETE", false) => "deletecollection",
         _ => "other",
     };
-    (verb, resource)
+    (verb, resource, subresource)
 }

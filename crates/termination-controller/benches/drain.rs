@@ -206,19 +206,35 @@ async fn rss_at_scale() -> Result<f64> {
     Ok(nodegrace_testing::rss_mib(controller.pid()))
 }
 
-/// Nodes in the rollout's pool, under the 10 % budget.
-const POOL: usize = 1_000;
 /// How many times each size of rollout runs; their medians are compared.
 const RUNS: usize = 3;
+/// The controller's requests, as the simulator tells clients apart.
+const AGENT: &str = "nodegrace-termination-controller";
 
 /// A rollout's cluster: `nodes` in all, the first `pool` of them managed under a 10 % budget,
-/// `deleted` of those deleted at once.
+/// every one of them deleted at once.
 #[derive(Clone, Copy)]
 struct Fleet {
     nodes: usize,
     pool: usize,
-    deleted: usize,
 }
+
+/// The rollouts of one shape: all of a pool deleted at once under 10 %, the pool growing
+/// tenfold and then fivefold (in a cluster twice the size).
+const SHAPE: [Fleet; 3] = [
+    Fleet {
+        nodes: 5_000,
+        pool: 100,
+    },
+    Fleet {
+        nodes: 5_000,
+        pool: 1_000,
+    },
+    Fleet {
+        nodes: 10_000,
+        pool: 5_000,
+    },
+];
 
 /// What one rollout measured.
 struct Rollout {
@@ -231,6 +247,12 @@ struct Rollout {
     max_rss_mib: f64,
     /// From the last node gone until the controller is quiet: the reporter's trailing writes.
     reporting_tail_seconds: f64,
+    /// Every request the controller sent from the first deletion until it was quiet.
+    requests: u64,
+    /// Of those, the Events it created or counted up.
+    events: u64,
+    /// The requests by kind, most first: where they went.
+    by_kind: Vec<(String, u64)>,
 }
 
 fn disrupted(node: &Node) -> bool {
@@ -361,14 +383,11 @@ async fn rollouts(fleet: Fleet) -> Result<Vec<Rollout>> {
 }
 
 /// `fleet.nodes` nodes with a pod each; the first `fleet.pool` in the pool under a 10 %
-/// budget; `fleet.deleted` of them deleted at once.
+/// budget, all deleted at once.
 async fn rollout(fleet: Fleet) -> Result<Rollout> {
     use futures::{StreamExt, TryStreamExt};
-    let Fleet {
-        nodes: size,
-        pool,
-        deleted,
-    } = fleet;
+    let Fleet { nodes: size, pool } = fleet;
+    let deleted = pool;
     let sim = sim_with_crd(SimOptions {
         nodes: size,
         pods_per_node: 1,
@@ -433,6 +452,7 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
     let cpu_before = nodegrace_testing::cpu_seconds(pid);
     let (rss_done, rss_stop) = tokio::sync::oneshot::channel::<()>();
     let rss_peak = tokio::spawn(peak_rss(pid, rss_stop));
+    sim.requests().reset();
     let started = Instant::now();
     futures::stream::iter(0..deleted)
         .map(|index| {
@@ -467,6 +487,40 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
     )
     .unwrap_or(0.0);
     let max_disrupted = *most.borrow();
+    let counts = sim.requests().of(AGENT);
+    let requests = counts.values().sum();
+    let events = counts
+        .iter()
+        .filter(|(kind, _)| kind.resource == "events" && kind.verb != "watch")
+        .map(|(_, count)| count)
+        .sum();
+    let mut by_kind: Vec<(String, u64)> = counts
+        .into_iter()
+        .map(|(kind, count)| {
+            let mut what = format!("{} {}", kind.verb, kind.resource);
+            if !kind.subresource.is_empty() {
+                what = format!("{what}/{}", kind.subresource);
+            }
+            (what, count)
+        })
+        .collect();
+    by_kind.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+    // And the Events it wrote, by reason (a count-up of a series is one more of it).
+    let mut by_reason = std::collections::BTreeMap::<String, u64>::new();
+    let events_api: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    for event in events_api.list(&ListParams::default()).await?.items {
+        if event.reporting_controller.as_deref() == Some(AGENT) {
+            let count = event.series.as_ref().map_or(1, |series| series.count);
+            *by_reason
+                .entry(event.reason.unwrap_or_default())
+                .or_default() += u64::try_from(count).unwrap_or_default();
+        }
+    }
+    by_kind.extend(
+        by_reason
+            .into_iter()
+            .map(|(reason, count)| (format!("  Event {reason}"), count)),
+    );
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     Ok(Rollout {
         seconds,
@@ -476,6 +530,9 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
         rss_before_mib,
         max_rss_mib,
         reporting_tail_seconds,
+        requests,
+        events,
+        by_kind,
     })
 }
 
@@ -517,88 +574,94 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let rollout_only = std::env::args().any(|arg| arg == "rollout");
-    let rss_only = std::env::args().any(|arg| arg == "rss");
-    let fleet_only = std::env::args().any(|arg| arg == "fleet");
+    let args: Vec<String> = std::env::args().collect();
+    let has = |word: &str| args.iter().any(|arg| arg == word);
+    // `-- pool=N`: one size of the shape, once, with its requests by kind.
+    let one_pool: Option<usize> = args
+        .iter()
+        .find_map(|arg| arg.strip_prefix("pool=")?.parse().ok());
     runtime.block_on(async {
-        if rss_only {
+        if has("rss") {
             println!("termination rss MiB={:.0}", rss_at_scale().await?);
             return Ok(());
         }
-        if !rollout_only && !fleet_only {
+        if let Some(pool) = one_pool {
+            let fleet = SHAPE
+                .into_iter()
+                .find(|fleet| fleet.pool == pool)
+                .unwrap_or(Fleet { nodes: 5_000, pool });
+            let run = rollout(fleet).await?;
+            print_run(fleet, &run);
+            for (what, count) in &run.by_kind {
+                println!("  {what}: {:.2} per node", *count as f64 / pool as f64);
+            }
+            return Ok(());
+        }
+        if !has("rollout") {
             drain_and_memory().await?;
         }
-        // Either rollout's CPU moves by up to a fifth between runs of the same code: the
-        // simulator in this process shares the two cores, and the controller's CPU follows
-        // the wall time it is given (a 1,000-node rollout took 23–31 s and 4.2–5.3 CPU-s in
-        // one hour). Each size runs three times and its median counts. `-- fleet` runs the
-        // 1,000-node rollouts and the large one, which is compared with them.
-        let thousands = rollouts(Fleet {
-            nodes: 5_000,
-            pool: POOL,
-            deleted: POOL,
-        })
-        .await?;
-        let hundreds = if fleet_only {
-            Vec::new()
-        } else {
-            rollouts(Fleet {
-                nodes: 5_000,
-                pool: POOL,
-                deleted: POOL / 10,
-            })
-            .await?
-        };
-        let median = |runs: &[Rollout]| runs.get(runs.len() / 2).map(|run| run.cpu_seconds);
-        let thousand = median(&thousands).unwrap_or_default();
-        let hundred = median(&hundreds);
-        let runs = thousands
-            .iter()
-            .map(|run| (POOL, run))
-            .chain(hundreds.iter().map(|run| (POOL / 10, run)));
-        for (nodes, run) in runs {
-            println!(
-                "rollout nodes={nodes} s={:.1} reporting-tail-s={:.0} controller-cpu-s={:.2} status-conflicts={} max-disrupted={} rss-before-MiB={:.0} rss-max-MiB={:.0}",
-                run.seconds,
-                run.reporting_tail_seconds,
-                run.cpu_seconds,
-                run.conflicts,
-                run.max_disrupted,
-                run.rss_before_mib,
-                run.max_rss_mib
-            );
+        // A rollout's CPU moves by up to a fifth between runs of the same code: the simulator
+        // in this process shares the two cores, and the controller's CPU follows the wall time
+        // it is given. Each size runs three times and its median counts.
+        let mut medians = Vec::new();
+        for fleet in SHAPE {
+            let runs = rollouts(fleet).await?;
+            for run in &runs {
+                print_run(fleet, run);
+            }
+            medians.push((fleet, runs));
         }
-        let per_node = |cpu_seconds: f64, nodes: usize| cpu_seconds * 1000.0 / nodes as f64;
-        if let Some(hundred) = hundred {
-            println!(
-                "rollout cpu-ms-per-node 1000-deleted={:.1} 100-deleted={:.1} (medians of {RUNS}) ratio={:.2}",
-                per_node(thousand, POOL),
-                per_node(hundred, POOL / 10),
-                per_node(thousand, POOL) / per_node(hundred, POOL / 10)
-            );
-        }
-        // Half of a fleet twice the size, under the same 10 %: at most 500 disrupted at once,
-        // and each node should cost what it cost in the 1,000-node run.
-        let large = Fleet {
-            nodes: 10_000,
-            pool: 5_000,
-            deleted: 5_000,
+        // `rollouts` sorts by CPU: the middle run is the median.
+        let per_node = |index: usize| {
+            let (fleet, runs) = &medians[index];
+            runs.get(RUNS / 2)
+                .map_or(f64::NAN, |run| run.cpu_seconds * 1000.0 / fleet.pool as f64)
         };
-        let fleet = rollout(large).await?;
         println!(
-            "rollout nodes={} s={:.1} reporting-tail-s={:.0} controller-cpu-s={:.2} max-disrupted={} rss-before-MiB={:.0} rss-max-MiB={:.0} cpu-ms-per-node={:.1} ratio-to-1000={:.2}",
-            large.deleted,
-            fleet.seconds,
-            fleet.reporting_tail_seconds,
-            fleet.cpu_seconds,
-            fleet.max_disrupted,
-            fleet.rss_before_mib,
-            fleet.max_rss_mib,
-            per_node(fleet.cpu_seconds, large.deleted),
-            per_node(fleet.cpu_seconds, large.deleted) / per_node(thousand, POOL)
+            "rollout shape=all-at-once pool=100 pool=1000 pool=5000/10000 cpu-ms-per-node={:.1}/{:.1}/{:.1} ratio-1000/100={:.2} ratio-5000/1000={:.2} (medians of {RUNS})",
+            per_node(0),
+            per_node(1),
+            per_node(2),
+            per_node(1) / per_node(0),
+            per_node(2) / per_node(1)
+        );
+        // Memory and disruption are bounds an operator sizes for: the worst of the runs.
+        // Requests are the median's.
+        let (fleet, runs) = &medians[2];
+        let nodes = fleet.pool as f64;
+        let median = |figure: fn(&Rollout) -> f64| {
+            let mut figures: Vec<f64> = runs.iter().map(figure).collect();
+            figures.sort_by(f64::total_cmp);
+            figures.get(figures.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        println!(
+            "rollout nodes={} rss-max-MiB={:.0} requests-per-node={:.1} events-per-node={:.1} max-disrupted={}",
+            fleet.pool,
+            runs.iter().map(|run| run.max_rss_mib).fold(0.0, f64::max),
+            median(|run| run.requests as f64) / nodes,
+            median(|run| run.events as f64) / nodes,
+            runs.iter().map(|run| run.max_disrupted).max().unwrap_or_default()
         );
         Ok(())
     })
+}
+
+fn print_run(fleet: Fleet, run: &Rollout) {
+    let nodes = fleet.pool as f64;
+    println!(
+        "rollout pool={}/{} s={:.1} reporting-tail-s={:.0} controller-cpu-s={:.2} requests-per-node={:.1} events-per-node={:.1} status-conflicts={} max-disrupted={} rss-before-MiB={:.0} rss-max-MiB={:.0}",
+        fleet.pool,
+        fleet.nodes,
+        run.seconds,
+        run.reporting_tail_seconds,
+        run.cpu_seconds,
+        run.requests as f64 / nodes,
+        run.events as f64 / nodes,
+        run.conflicts,
+        run.max_disrupted,
+        run.rss_before_mib,
+        run.max_rss_mib
+    );
 }
 
 async fn drain_and_memory() -> Result<()> {

@@ -31,7 +31,7 @@ use crate::api::{FINALIZER, NodeDisruptionBudget};
 use crate::metrics::NdbLabel;
 use crate::shared::Shared;
 use crate::step::Finished;
-use crate::termination::{NodeTermination, has_finalizer, ours, remove_finalizer};
+use crate::termination::{NodeTermination, has_finalizer, ours};
 use nodegrace_core::k8s::partition;
 
 /// Budget statuses are recomputed at most this often: nodes change all the time (heartbeats),
@@ -437,24 +437,10 @@ async fn delete_not_ready(shared: &Shared, node: &Node) -> NotReadyCheck {
 }
 
 /// Adds our finalizer to a managed node, or removes it from a node no longer managed: this
-/// Node object (read fresh, written with its UID and resourceVersion), never other finalizers.
+/// Node object (a patch by its UID, merged on the server: no read, never other finalizers).
 /// A failure is logged; the node's next change tries again. Returns the node.
 async fn set_finalizer(client: &kube::Client, node: NodeIdentity, add: bool) -> NodeIdentity {
-    let result = if add {
-        node.update(client, |node| {
-            let finalizers = node.metadata.finalizers.get_or_insert_with(Vec::new);
-            if finalizers.iter().any(|finalizer| finalizer == FINALIZER) {
-                return false;
-            }
-            finalizers.push(FINALIZER.to_owned());
-            true
-        })
-        .await
-        .map(drop)
-    } else {
-        remove_finalizer(client, &node).await
-    };
-    if let Err(error) = result {
+    if let Err(error) = node.patch_finalizer(client, FINALIZER, add).await {
         tracing::warn!(node = %node, error = %Chain(&error), "could not update the node's finalizer; retried on its next change");
     }
     node

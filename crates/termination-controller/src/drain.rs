@@ -172,6 +172,16 @@ impl Drain {
         }
     }
 
+    /// What the drain did, in a few words for the Event that releases the node.
+    pub fn summary(&self) -> String {
+        let mut said = format!("drained: {} pod(s) evicted", self.evicted.len());
+        let deleted = self.deleted_at_deadline.len();
+        if deleted > 0 {
+            said = format!("{said}, {deleted} deleted at --drain-timeout");
+        }
+        said
+    }
+
     /// Pods the drain leaves on the node (skipped ones, and those stuck terminating); their
     /// volumes may stay attached.
     pub fn left_alone(&self) -> Vec<Arc<Pod>> {
@@ -187,6 +197,18 @@ impl Drain {
                     || stuck_terminating(pod, stuck_after, now) == Stuck::Since
             })
             .collect()
+    }
+
+    /// Waits until the node's pods are listed; returns their UIDs, for [`Drain::confirm`].
+    pub async fn listed(&mut self) -> Step<Vec<String>> {
+        self.pods.synced().await?;
+        Ok(self.pods.state().iter().map(|pod| uid(pod)).collect())
+    }
+
+    /// Pods (by UID) a fresh read of the node that began after they were listed found bound
+    /// to this Node object: the cordon's read serves, and the drain needs no read of its own.
+    pub fn confirm(&mut self, listed: Vec<String>) {
+        self.confirmed.extend(listed);
     }
 
     /// The node's pods as the cache holds them now, each confirmed by a fresh read to be bound
@@ -331,7 +353,16 @@ impl Drain {
             let rule = self.shared.drain_rule(&rules, &pod);
             let group = match disposition(&pod, wall, &rule) {
                 Disposition::Skip(Skip::Terminal) if pod.metadata.deletion_timestamp.is_some() => {
-                    self.announce_left(&pod, "it has finished");
+                    // A pod this drain evicted has finished as it should: without finalizers
+                    // its object only waits for the kubelet's last word, nothing to tell.
+                    let held = pod
+                        .metadata
+                        .finalizers
+                        .as_ref()
+                        .is_some_and(|f| !f.is_empty());
+                    if held || !self.evicted.contains(&uid(&pod)) {
+                        self.announce_left(&pod, "it has finished");
+                    }
                     continue;
                 }
                 Disposition::Skip(_) => continue,
@@ -367,6 +398,12 @@ impl Drain {
             .collect();
         rules.sort();
         rules.dedup();
+        // A drain of one tier in the default order says nothing an operator needs: the
+        // node's condition shows it, and its Event would cost every node of a rollout a
+        // request. Orders by rule and later tiers are told.
+        if self.started_tiers.len() == 1 && rules.is_empty() {
+            return;
+        }
         let by = if rules.is_empty() {
             String::new()
         } else {

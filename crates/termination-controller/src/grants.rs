@@ -332,8 +332,17 @@ impl Budgets {
     pub async fn release(&self, node: &Node, budgets: &[String]) -> Result<(), kube::Error> {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         for budget_name in budgets {
+            // The cache's view first: its resourceVersion makes a stale one a 409, and only
+            // then is the budget read.
+            let mut cached = self
+                .cache
+                .get(None, budget_name)
+                .map(|budget| (*budget).clone());
             for _ in 0..CONFLICT_RETRIES {
-                let mut budget = self.api.get_status(budget_name).await?;
+                let mut budget = match cached.take() {
+                    Some(budget) => budget,
+                    None => self.api.get_status(budget_name).await?,
+                };
                 if !budget.has_granted(node) {
                     break;
                 }

@@ -17,8 +17,8 @@ use nodegrace_controller::instances::{
 use nodegrace_core::backoff::{Backoff, Retry};
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::conditions::ConditionSpec;
-use nodegrace_core::k8s::events::EventReport;
-use nodegrace_core::k8s::node_identity::{NodeIdentity, UpdateError, Updated};
+use nodegrace_core::k8s::events::{EventReport, object_reference};
+use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::nodes::{Readiness, has_condition, readiness};
 use nodegrace_core::k8s::reporter::ConditionGuard;
@@ -58,8 +58,8 @@ enum Look {
     Gone,
     /// A provider call failed: the machine's backoff says when to look again.
     Failed,
-    /// The provider accepted a terminate request just now.
-    Requested,
+    /// The provider accepted a terminate request just now; the node as marked.
+    Requested(Box<Node>),
     /// A request is in progress.
     Waiting,
     /// The provider does not know the machine, not yet for the whole confirmation.
@@ -85,6 +85,19 @@ pub struct NodeTermination {
     not_found_since: Option<tokio::time::Instant>,
     /// The machine's failed provider calls, kept across a restart of the steps.
     machine_retry: Retry,
+    /// What went as it should, told once in the Event that releases the node: a step that
+    /// waited, failed or timed out has an Event of its own, one that did not has a line here.
+    story: Vec<String>,
+}
+
+/// How a wait for hooks ended.
+enum Cleared {
+    /// A fresh read found none.
+    Read(Box<Node>),
+    /// The cache's view has none; the next step's own fresh read confirms it.
+    Unconfirmed,
+    /// `--hook-timeout` passed: the steps go on whatever hooks remain.
+    TimedOut,
 }
 
 impl NodeTermination {
@@ -96,6 +109,7 @@ impl NodeTermination {
             announced: HashSet::new(),
             not_found_since: None,
             machine_retry: Retry::default(),
+            story: Vec::new(),
         }
     }
 
@@ -202,12 +216,37 @@ impl NodeTermination {
         }
         // 3. Pre-drain hooks and 4. the cordon, unless the drain has begun already (a restart
         // mid-drain).
+        let deleted = node.metadata.deletion_timestamp.as_ref().map(|time| time.0);
+        // A Ready node is drained (below): its pods are listed before the cordon's fresh
+        // read, which then confirms them bound to this Node object, with no read of the
+        // drain's own.
+        let mut early_drain = None;
         if !cordoned(&node) {
-            Box::pin(self.await_hooks(Stage::PreDrain, wake, stop)).await?;
-            Box::pin(self.cordon()).await?;
+            loop {
+                let hooks = Box::pin(self.await_hooks(Stage::PreDrain, wake, false, stop)).await?;
+                let timed_out = matches!(hooks, Cleared::TimedOut);
+                let mut listed = None;
+                if readiness(&node) == Readiness::Ready {
+                    let mut drain =
+                        Drain::start(Arc::clone(&self.shared), self.node.clone(), deleted);
+                    listed = Some(Box::pin(drain.listed()).await?);
+                    early_drain = Some(drain);
+                }
+                if Box::pin(self.cordon(timed_out)).await? {
+                    if let (Some(drain), Some(listed)) = (early_drain.as_mut(), listed) {
+                        drain.confirm(listed);
+                    }
+                    break;
+                }
+                // A hook the cordon's read found and the cache has yet to show: its watch
+                // event is on its way.
+                tokio::select! {
+                    () = stop.cancelled() => return Err(Halt::Stopped),
+                    changed = wake.changed() => if changed.is_err() { return Err(Halt::Stopped) },
+                }
+            }
         }
         // 5.–7. Drain, unless nothing can run there any more.
-        let deleted = node.metadata.deletion_timestamp.as_ref().map(|time| time.0);
         let staying = match Box::pin(self.stopped_machine(&node)).await {
             Some(why) => {
                 let why = format!("{why}: the drain and the volume wait are skipped");
@@ -215,15 +254,19 @@ impl NodeTermination {
                 self.condition(Reason::TerminatingInstance, why);
                 None
             }
-            None => Some(Box::pin(self.drain(wake, stop, deleted)).await?),
+            None => Some(Box::pin(self.drain(wake, stop, deleted, early_drain)).await?),
         };
         // 8. Volumes.
         if let Some(staying) = staying {
             Box::pin(self.volumes_detached(wake, stop, &staying)).await?;
         }
         // 9. Pre-terminate hooks, then 10. the machine.
-        Box::pin(self.await_hooks(Stage::PreTerminate, wake, stop)).await?;
-        Box::pin(self.terminate_instance(stop)).await?;
+        let hooks = Box::pin(self.await_hooks(Stage::PreTerminate, wake, true, stop)).await?;
+        let fresh = match hooks {
+            Cleared::Read(node) => Some(*node),
+            Cleared::Unconfirmed | Cleared::TimedOut => None,
+        };
+        Box::pin(self.terminate_instance(stop, fresh)).await?;
         // 11. Release.
         Box::pin(self.release(deleted)).await
     }
@@ -246,13 +289,12 @@ impl NodeTermination {
             }
             if let Some(budgets) = self.shared.budgets.granted(&node) {
                 if !Box::pin(self.gave_back_overspent(&node, &budgets)).await? {
-                    if !budgets.is_empty() {
-                        self.announce(
-                            "granted",
-                            false,
-                            Reason::DisruptionGranted.as_str(),
-                            format!("Granted by NodeDisruptionBudget(s) {}", budgets.join(", ")),
-                        );
+                    if !budgets.is_empty() && !self.announced.contains("granted") {
+                        self.announced.insert("granted".to_owned());
+                        self.story.push(format!(
+                            "granted by NodeDisruptionBudget(s) {}",
+                            budgets.join(", ")
+                        ));
                     }
                     return Ok(node);
                 }
@@ -290,15 +332,13 @@ impl NodeTermination {
         Ok(true)
     }
 
-    /// What the node waits for, in an Event per new wait and in its conditions.
+    /// What the node waits for: in its conditions, and counted in one Event on the budget
+    /// per kind of wait (below).
     fn report_wait(&mut self, budget: &str, refusal: &Refusal) {
         let invalid = matches!(refusal, Refusal::Invalid(_));
-        self.announce(
-            &format!("waiting:{budget}:{invalid}"),
-            invalid,
-            Reason::AwaitingBudget.as_str(),
-            format!("Waiting for NodeDisruptionBudget {budget}: {refusal}"),
-        );
+        if self.announced.insert(format!("waiting:{budget}:{invalid}")) {
+            self.count_wait(budget, refusal);
+        }
         // Without the budget's numbers, which change with every node that comes or goes: one
         // write per waiting node, not one per change.
         let planned = match refusal {
@@ -325,6 +365,43 @@ impl NodeTermination {
         self.condition(Reason::AwaitingBudget, waiting);
     }
 
+    /// A node that begins to wait is one more of its budget's `AwaitingBudget` Event, as
+    /// client-go's correlator folds the same reason about the same object: the nodes of a
+    /// rollout that wait for their turn are one Event on the budget whose count grows (and
+    /// repeats queued together are one write), not an Event per node. The node's own
+    /// conditions say what it waits for.
+    fn count_wait(&self, budget: &str, refusal: &Refusal) {
+        let Some(object) = self.shared.budgets.cache.get(None, budget) else {
+            return;
+        };
+        let (kind, note) = match refusal {
+            Refusal::Exhausted(_) => (
+                "exhausted",
+                "Nodes wait for their turn: too few of the budget's nodes are available \
+                 (its status has the numbers)"
+                    .to_owned(),
+            ),
+            Refusal::Invalid(_) => ("invalid", format!("Nodes wait: {refusal}")),
+            Refusal::OutsideWindows { .. } | Refusal::WindowSpent { .. } => (
+                "window",
+                format!("Nodes wait for a maintenance window: {refusal}"),
+            ),
+        };
+        let reference = object_reference(object.as_ref());
+        let series = format!(
+            "{}/{}/{kind}",
+            reference.uid.as_deref().unwrap_or(budget),
+            Reason::AwaitingBudget.as_str()
+        );
+        let reason = Reason::AwaitingBudget.as_str();
+        let event = if matches!(refusal, Refusal::Invalid(_)) {
+            EventReport::warning(reference, reason, "Grant", note)
+        } else {
+            EventReport::normal(reference, reason, "Grant", note)
+        };
+        self.shared.reporter.event(event.in_series(series));
+    }
+
     /// Step 11: lets the node go.
     async fn release(&mut self, deleted: Option<Timestamp>) -> Step {
         // Its conditions still queued would land after it is gone: on a namesake registered
@@ -336,38 +413,54 @@ impl NodeTermination {
             .wait()
             .await;
         remove_finalizer(&self.shared.client, &self.node).await?;
-        if let Some(deleted) = deleted {
-            let seconds = Timestamp::now()
+        let took = deleted.map(|deleted| {
+            Timestamp::now()
                 .duration_since(deleted)
                 .as_secs_f64()
-                .max(0.0);
+                .max(0.0)
+        });
+        if let Some(seconds) = took {
             self.shared.metrics.termination_duration.observe(seconds);
+        }
+        let mut note =
+            format!("Removed {FINALIZER}: the node is drained and its machine terminated");
+        if !self.story.is_empty() {
+            note = format!("{note} ({})", self.story.join("; "));
+        }
+        if let Some(seconds) = took {
+            note = format!("{note}, {seconds:.0} s after its deletion");
         }
         self.shared.reporter.event(EventReport::normal(
             node_reference(self.node.name()),
             "FinalizerRemoved",
             "Terminate",
-            format!("Removed {FINALIZER}: the node is drained and its machine terminated"),
+            note,
         ));
         Ok(())
     }
 
     /// Steps 3 and 9: waits while hooks of `stage` hold the node, for at most --hook-timeout.
     /// The wait ends on a fresh read that finds none (a cache behind a hook added since must
-    /// not let it pass). The timeout counts from this task's start of the wait: a restarted
-    /// controller waits its full length again, erring on the side of the hook.
+    /// not let it pass): this one's with `confirm`, else the next step's (the cordon reads the
+    /// node fresh anyway, and one read serves both). The timeout counts from this task's start
+    /// of the wait: a restarted controller waits its full length again, erring on the side of
+    /// the hook.
     async fn await_hooks(
         &mut self,
         stage: Stage,
         wake: &mut Wake<'_>,
+        confirm: bool,
         stop: &CancellationToken,
-    ) -> Step {
+    ) -> Step<Cleared> {
         let timeout = self.shared.settings.hook_timeout;
         let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
         loop {
             let node = self.current().ok_or(Halt::NodeGone)?;
             let mut waiting = hooks::pending(&node, stage);
             if waiting.is_empty() {
+                if !confirm {
+                    return Ok(Cleared::Unconfirmed);
+                }
                 let fresh = self
                     .node
                     .read(&self.shared.client)
@@ -375,7 +468,7 @@ impl NodeTermination {
                     .ok_or(Halt::NodeGone)?;
                 waiting = hooks::pending(&fresh, stage);
                 if waiting.is_empty() {
-                    return Ok(());
+                    return Ok(Cleared::Read(Box::new(fresh)));
                 }
             }
             let names = waiting.join(", ");
@@ -392,7 +485,7 @@ impl NodeTermination {
                         timeout.as_secs()
                     ),
                 );
-                return Ok(());
+                return Ok(Cleared::TimedOut);
             }
             let message = format!(
                 "Waiting for {} hook(s) {names}: each is released by removing its annotation {}<name>",
@@ -442,8 +535,10 @@ impl NodeTermination {
         wake: &mut Wake<'_>,
         stop: &CancellationToken,
         deleted: Option<Timestamp>,
+        started: Option<Drain>,
     ) -> Step<Staying> {
-        let mut drain = Drain::start(Arc::clone(&self.shared), self.node.clone(), deleted);
+        let mut drain = started
+            .unwrap_or_else(|| Drain::start(Arc::clone(&self.shared), self.node.clone(), deleted));
         self.fixed_condition(
             DRAIN_IN_PROGRESS,
             "True",
@@ -462,12 +557,7 @@ impl NodeTermination {
             .await?;
         if self.announced.insert("drained".to_owned()) {
             self.shared.metrics.nodes_drained.inc();
-            self.shared.reporter.event(EventReport::normal(
-                node_reference(self.node.name()),
-                "Drained",
-                "Drain",
-                "Every pod that had to go is gone".to_owned(),
-            ));
+            self.story.push(drain.summary());
         }
         let done = Reason::DrainCompleted;
         self.fixed_condition(DRAIN_IN_PROGRESS, "False", done, ConditionGuard::Always);
@@ -476,12 +566,16 @@ impl NodeTermination {
     }
 
     /// Step 4: cordons this Node object (a fresh read, written back with its UID and
-    /// resourceVersion).
-    async fn cordon(&mut self) -> Step {
+    /// resourceVersion). The read confirms the pre-drain hooks' wait too: with a hook on it
+    /// (and `--hook-timeout` not passed), nothing is written and the answer is `false`.
+    async fn cordon(&mut self, hooks_timed_out: bool) -> Step<bool> {
+        let mut held_by_hook = false;
         let updated = self
             .node
             .update(&self.shared.client, |node| {
-                if cordoned(node) {
+                held_by_hook =
+                    !hooks_timed_out && !hooks::pending(node, Stage::PreDrain).is_empty();
+                if held_by_hook || cordoned(node) {
                     return false;
                 }
                 node.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
@@ -496,13 +590,15 @@ impl NodeTermination {
         if updated == Updated::Gone {
             return Err(Halt::NodeGone);
         }
-        self.announce(
-            "cordoned",
-            false,
-            "Cordoned",
-            format!("Cordoned: taint {DISRUPTED_TAINT}:NoSchedule, unschedulable, excluded from external load balancers"),
-        );
-        Ok(())
+        if held_by_hook {
+            return Ok(false);
+        }
+        if self.announced.insert("cordoned".to_owned()) {
+            self.story.push(format!(
+                "cordoned: taint {DISRUPTED_TAINT}:NoSchedule, unschedulable, excluded from external load balancers"
+            ));
+        }
+        Ok(true)
     }
 
     /// Step 8: waits for the node's VolumeAttachments to go, except those of pods left on it,
@@ -567,21 +663,25 @@ impl NodeTermination {
     /// Two schedules: the polls of a machine on its way out (200 ms doubling to 15 s, begun
     /// again by each accepted request), and the failures' backoff ([`PROVIDER_FAILURES`]),
     /// kept by the task across a restart of the steps, which nothing cuts short.
-    async fn terminate_instance(&mut self, stop: &CancellationToken) -> Step {
+    async fn terminate_instance(&mut self, stop: &CancellationToken, fresh: Option<Node>) -> Step {
         let Some(provider) = self.shared.provider.clone() else {
             return Ok(());
         };
         let mut polls = 0;
         let mut last_read: Option<Node> = None;
+        // The hooks' fresh read serves as this step's first, unless a backoff makes it old.
+        let mut fresh = fresh;
         loop {
             if let Some(wait) = self.machine_retry.wait(tokio::time::Instant::now()) {
+                fresh = None;
                 tokio::select! {
                     () = stop.cancelled() => return Err(Halt::Stopped),
                     () = tokio::time::sleep(wait) => {}
                 }
             }
-            let (node, read_this_round) = match last_read.take() {
-                Some(node) if !self.resend_due(&node) => (node, false),
+            let (node, read_this_round) = match (fresh.take(), last_read.take()) {
+                (Some(node), _) => (node, true),
+                (None, Some(node)) if !self.resend_due(&node) => (node, false),
                 _ => (
                     self.node
                         .read(&self.shared.client)
@@ -603,7 +703,10 @@ impl NodeTermination {
             let pause = match look {
                 Look::Gone => return Ok(()),
                 Look::Failed => continue,
-                Look::Requested => {
+                Look::Requested(marked) => {
+                    // The node as the mark left it: the polls need no read to know a request
+                    // is in progress.
+                    last_read = Some(*marked);
                     polls = 0;
                     PROVIDER_POLL.first
                 }
@@ -656,15 +759,12 @@ impl NodeTermination {
             }
         };
         if state == provider.terminated_as() {
-            if !self.announced.contains("terminated") {
+            if self.announced.insert("terminated".to_owned()) {
                 self.shared.metrics.instances_terminated.inc();
+                self.story.push(format!(
+                    "machine {id} is {state}: terminated (instance provider {through})"
+                ));
             }
-            self.announce(
-                "terminated",
-                false,
-                "InstanceTerminated",
-                format!("Machine {id} is {state}: terminated (instance provider {through})"),
-            );
             return Ok(Look::Gone);
         }
         if state == InstanceState::NotFound {
@@ -684,11 +784,9 @@ impl NodeTermination {
             format!("Terminating machine {id} through instance provider {through}"),
         );
         match provider.terminate(id).await {
-            // The mark is not in the read kept; the next round reads it.
             Ok(()) => {
                 self.machine_retry.succeeded();
-                self.mark_requested().await?;
-                Ok(Look::Requested)
+                Ok(Look::Requested(self.mark_requested().await?))
             }
             Err(error) => {
                 self.machine_failed(&error, "InstanceTerminationFailed");
@@ -765,41 +863,27 @@ impl NodeTermination {
             .event(EventReport::warning(reference, reason, "Terminate", said).in_series(series));
     }
 
-    async fn mark_requested(&self) -> Step {
+    /// Marks the request on this Node object (a patch by its UID: no read). Returns the
+    /// node as marked.
+    async fn mark_requested(&self) -> Step<Box<Node>> {
         let now = Timestamp::now().to_string();
-        let updated = self
-            .node
-            .update(&self.shared.client, |node| {
-                node.metadata
-                    .annotations
-                    .get_or_insert_with(Default::default)
-                    .insert(TERMINATE_REQUESTED.to_owned(), now.clone());
-                true
-            })
-            .await?;
-        if updated == Updated::Gone {
-            return Err(Halt::NodeGone);
-        }
-        Ok(())
+        self.node
+            .annotate(&self.shared.client, TERMINATE_REQUESTED, &now)
+            .await?
+            .map(Box::new)
+            .ok_or(Halt::NodeGone)
     }
 }
 
-/// Removes our finalizer from this Node object by an update carrying its UID and the
-/// resourceVersion read, so a namesake is never released and a concurrent change of the list
-/// (another controller's finalizer) is a 409 and a re-read, never lost.
+/// Removes our finalizer from this Node object: a patch naming its UID, so a namesake is never
+/// released, and merged on the server, so another controller's finalizer (added meanwhile or
+/// not) is never lost. No read: what decides the release is this program's own work on the
+/// node, not a state of the object.
 pub async fn remove_finalizer(
     client: &kube::Client,
     node: &NodeIdentity,
-) -> Result<(), UpdateError> {
-    node.update(client, |node| {
-        let Some(finalizers) = node.metadata.finalizers.as_mut() else {
-            return false;
-        };
-        let before = finalizers.len();
-        finalizers.retain(|finalizer| finalizer != FINALIZER);
-        finalizers.len() != before
-    })
-    .await?;
+) -> Result<(), kube::Error> {
+    node.patch_finalizer(client, FINALIZER, false).await?;
     Ok(())
 }
 

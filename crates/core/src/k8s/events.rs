@@ -69,6 +69,9 @@ pub struct EventReport {
     /// Repeats of the same key are one Event whose `series.count` grows; `None` for an Event
     /// of its own.
     pub series: Option<String>,
+    /// How many times it happened: repeats of a series queued together are one write, as
+    /// client-go's event correlator folds them (1 for an Event of its own).
+    pub occurrences: u32,
 }
 
 impl EventReport {
@@ -85,6 +88,7 @@ impl EventReport {
             action: action.to_owned(),
             note: note.into(),
             series: None,
+            occurrences: 1,
         }
     }
 
@@ -131,16 +135,12 @@ impl EventPublisher {
                 .unwrap_or_else(PoisonError::into_inner)
                 .get(key)
                 .cloned();
+            let occurrences = i32::try_from(event.occurrences).unwrap_or(i32::MAX);
             if let Some(known) = known {
-                match self.count_up(&known, now).await {
+                let count = known.count.saturating_add(occurrences);
+                match self.count_up(&known, count, now).await {
                     Ok(()) => {
-                        self.remember(
-                            key,
-                            Series {
-                                count: known.count + 1,
-                                ..known
-                            },
-                        );
+                        self.remember(key, Series { count, ..known });
                         return Ok(());
                     }
                     // Expired (Events live an hour) or deleted: the series starts again.
@@ -151,6 +151,12 @@ impl EventPublisher {
         }
         let regarding = &event.regarding;
         let name = regarding.name.as_deref().unwrap_or(&self.controller);
+        let count = i32::try_from(event.occurrences).unwrap_or(i32::MAX);
+        // Repeats that came before the first write are counted in it.
+        let series = (count > 1).then_some(events::v1::EventSeries {
+            count,
+            last_observed_time: MicroTime(now),
+        });
         let object = events::v1::Event {
             metadata: ObjectMeta {
                 name: Some(format!("{name}.{:x}", now.as_nanosecond())),
@@ -165,6 +171,7 @@ impl EventPublisher {
             regarding: Some(regarding.clone()),
             reporting_controller: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
+            series,
             ..events::v1::Event::default()
         };
         // Cluster-scoped objects' Events live in `default`, as the kubelet's Node Events do.
@@ -175,19 +182,24 @@ impl EventPublisher {
             let first = Series {
                 namespace: namespace.to_owned(),
                 name,
-                count: 1,
+                count: count.max(1),
             };
             self.remember(key, first);
         }
         Ok(())
     }
 
-    /// One more of a series: `series.count` and `series.lastObservedTime`, the only fields of
-    /// an events.k8s.io Event that change after its creation.
-    async fn count_up(&self, series: &Series, now: jiff::Timestamp) -> Result<(), kube::Error> {
+    /// More of a series: `series.count` (now `count`) and `series.lastObservedTime`, the only
+    /// fields of an events.k8s.io Event that change after its creation.
+    async fn count_up(
+        &self,
+        series: &Series,
+        count: i32,
+        now: jiff::Timestamp,
+    ) -> Result<(), kube::Error> {
         let api: Api<events::v1::Event> = Api::namespaced(self.client.clone(), &series.namespace);
         let patch = serde_json::json!({"series": {
-            "count": series.count + 1,
+            "count": count,
             "lastObservedTime": MicroTime(now),
         }});
         api.patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch))

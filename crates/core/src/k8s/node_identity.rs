@@ -177,6 +177,56 @@ impl NodeIdentity {
         Err(UpdateError::Contended(self.name.clone()))
     }
 
+    /// Adds (`present`) or removes `finalizer` on this Node object without reading it: a
+    /// strategic merge patch, which merges the finalizer list on the server (other
+    /// finalizers, and a concurrent change of them, are kept), naming this object's UID (a
+    /// namesake refuses it). `None` when the node is gone or a namesake holds its name.
+    pub async fn patch_finalizer(
+        &self,
+        client: &kube::Client,
+        finalizer: &str,
+        present: bool,
+    ) -> Result<Option<Node>, kube::Error> {
+        let list = if present {
+            "finalizers"
+        } else {
+            "$deleteFromPrimitiveList/finalizers"
+        };
+        let patch = serde_json::json!({"metadata": {"uid": self.uid, list: [finalizer]}});
+        self.patch_by_uid(client, &kube::api::Patch::Strategic(patch))
+            .await
+    }
+
+    /// Sets annotation `key` to `value` on this Node object without reading it (a merge patch
+    /// naming its UID). `None` when the node is gone or a namesake holds its name.
+    pub async fn annotate(
+        &self,
+        client: &kube::Client,
+        key: &str,
+        value: &str,
+    ) -> Result<Option<Node>, kube::Error> {
+        let patch = serde_json::json!({"metadata": {"uid": self.uid, "annotations": {key: value}}});
+        self.patch_by_uid(client, &kube::api::Patch::Merge(patch))
+            .await
+    }
+
+    async fn patch_by_uid(
+        &self,
+        client: &kube::Client,
+        patch: &kube::api::Patch<serde_json::Value>,
+    ) -> Result<Option<Node>, kube::Error> {
+        let api: Api<Node> = Api::all(client.clone());
+        match api
+            .patch(&self.name, &kube::api::PatchParams::default(), patch)
+            .await
+        {
+            Ok(node) => Ok(Some(node)),
+            // 404: gone. 422 (the UID is immutable) or 409: the name is a namesake's now.
+            Err(error) if matches!(status_code(&error), Some(404 | 409 | 422)) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
     async fn patch(
         &self,
         client: &kube::Client,

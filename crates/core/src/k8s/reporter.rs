@@ -261,7 +261,21 @@ impl Pending {
 
     fn add(&mut self, write: Write) {
         match write {
-            Write::Event(event) => self.events.push_back(event),
+            Write::Event(event) => {
+                // A repeat of a series still waiting to be written joins it: one write, a
+                // larger count.
+                let waiting = event.series.as_ref().and_then(|key| {
+                    self.events
+                        .iter_mut()
+                        .find(|queued| queued.series.as_ref() == Some(key))
+                });
+                match waiting {
+                    Some(queued) => {
+                        queued.occurrences = queued.occurrences.saturating_add(event.occurrences);
+                    }
+                    None => self.events.push_back(event),
+                }
+            }
             Write::Condition(new) => {
                 let wishes = self.conditions.entry(new.node).or_default();
                 wishes.retain(|(old, _)| old.type_ != new.condition.type_);
@@ -468,7 +482,11 @@ mod tests {
 
     impl ReportSink for Recorder {
         fn event<'a>(&'a self, event: &'a EventReport) -> BoxFuture<'a, Result<(), kube::Error>> {
-            self.answer(format!("event {}", event.reason))
+            let times = match event.occurrences {
+                1 => String::new(),
+                many => format!(" x{many}"),
+            };
+            self.answer(format!("event {}{times}", event.reason))
         }
         fn conditions<'a>(
             &'a self,
@@ -678,6 +696,26 @@ mod tests {
         assert_eq!(at("conditions n1 A True"), Some(4), "{written:?}");
         assert_eq!(written.len(), 52, "{written:?}");
         assert_eq!(at("event E49"), Some(51), "{written:?}");
+    }
+
+    /// A thousand nodes that begin to wait at once are a few writes of one Event's count, not
+    /// a thousand Events.
+    #[tokio::test(start_paused = true)]
+    async fn repeats_of_a_series_waiting_together_are_one_write() {
+        let sink = Recorder::slow(Duration::from_millis(10));
+        let (reporter, worker) = Reporter::start(sink.clone());
+        reporter.event(event("Before"));
+        for _ in 0..1000 {
+            reporter.event(event("Waiting").in_series("budget/Waiting"));
+        }
+        reporter.event(event("Other").in_series("other"));
+        reporter.event(event("Waiting").in_series("budget/Waiting"));
+        drop(reporter);
+        worker.wait().await;
+        assert_eq!(
+            sink.written(),
+            ["event Before", "event Waiting x1001", "event Other"]
+        );
     }
 
     #[tokio::test(start_paused = true)]
