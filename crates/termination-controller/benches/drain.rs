@@ -3,15 +3,16 @@
 //! (a) by this controller (`kubectl delete node`), (b) by the real `kubectl drain`; the wall
 //! time of each until the last pod is gone, the lower bound (the longest budget chain: pods ×
 //! (stop + replacement ready)), the ratios, and kube-sim's availability audit for each. Then
-//! the controller's RSS with 5,000 nodes and 150,000 pods in the cluster. Then a rollout:
-//! 5,000 nodes, 1,000 of them deleted at once under a NodeDisruptionBudget of 10 % (100 at a
-//! time), each replaced by a successor as it goes (a fleet rolled node by node), against 100
-//! deleted the same way, each size three times and compared by its median: wall time, the
-//! controller's CPU time, budget status conflicts, the most nodes disrupted at once (seen by a watch of our own) and the
-//! controller's peak RSS; then 5,000 of 10,000 nodes deleted at once under the same 10 %, whose
-//! CPU per node should be the 1,000-node runs' median's.
-//! `cargo bench --bench drain -- rollout` runs the rollouts alone, `-- fleet` the 1,000-node
-//! and the large one alone, `-- rss` the memory alone.
+//! the controller's RSS with 5,000 nodes and 150,000 pods in the cluster. Then rollouts of one
+//! shape: every node of a pool deleted at once under a NodeDisruptionBudget of 10 %, each node
+//! replaced by a successor as it goes (a fleet rolled node by node), for pools of 100 and 1,000
+//! (of 5,000 nodes) and 5,000 (of 10,000), each three times: wall time, the controller's CPU
+//! time, its requests per node as kube-sim counted them (Events among them), budget status
+//! conflicts, the most nodes disrupted at once (seen by a watch of our own) and the
+//! controller's peak RSS; then the CPU per node of the medians and their ratios, and the
+//! 5,000-node rollout's worst RSS, median requests and most disrupted.
+//! `cargo bench --bench drain -- rollout` runs the rollouts alone, `-- pool=N` one rollout of
+//! that pool with its requests by kind and its Events by reason, `-- rss` the memory alone.
 
 // A benchmark is one measured run, top to bottom, as a test is.
 #![allow(clippy::too_many_lines)]
