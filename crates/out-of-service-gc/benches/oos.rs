@@ -5,7 +5,10 @@
 //! (3) fencing: a machine hangs (its kubelet stops, its machine runs) → the StatefulSet's pod
 //!     Running on another node with its volume, with `--fence-after 10s`, and → the machine
 //!     powered on again and its node Ready without the taint (`--recover-after-cleanup`);
-//! (4) the controller's RSS with 5,000 nodes and 150,000 pods in the cluster.
+//! (4) the controller's RSS with 5,000 nodes and 150,000 pods in the cluster;
+//! (5) a zone outage: 100, then 1,000 of those 5,000 nodes NotReady and tainted at once: the
+//!     controller's peak RSS, its requests per dead node (kube-sim counts them by client) and
+//!     the time until no pod is left on them. `cargo bench --bench oos -- outage` runs it alone.
 
 use std::time::{Duration, Instant};
 
@@ -269,12 +272,115 @@ async fn rss_at_scale() -> Result<f64> {
     Ok(nodegrace_testing::rss_mib(controller.pid()))
 }
 
+/// The controller's requests, as the simulator tells clients apart.
+const AGENT: &str = "nodegrace-out-of-service-gc";
+
+/// What a zone outage cost the controller.
+struct Outage {
+    seconds: f64,
+    rss_max_mib: f64,
+    requests: u64,
+}
+
+/// `dead` of 5,000 nodes (30 pods each, 150,000 in all) lose their kubelets at once, as a
+/// zone does: each is marked NotReady as the node lifecycle controller would, then all are
+/// tainted out-of-service together. Until every pod of theirs is force-deleted.
+async fn outage(dead: usize) -> Result<Outage> {
+    use futures::{StreamExt, TryStreamExt};
+    let fleet = nodegrace_testing::bench::idle_fleet();
+    let pods_per_node = fleet.pods_per_node;
+    let sim = KubeSim::start(fleet).await?;
+    let client = sim.client();
+    let controller = start_controller(&sim, &["--api-qps=2000", "--api-burst=4000"])?;
+    controller.until_ready().await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let names: Vec<String> = (0..dead).map(|index| format!("node-{index}")).collect();
+    // No kubelet runs in this fleet: the nodes are silent, and their Ready condition goes
+    // Unknown as the node lifecycle controller writes it.
+    let unknown = serde_json::json!({"status": {"conditions": [{
+        "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+        "lastTransitionTime": jiff::Timestamp::now().to_string(),
+    }]}});
+    futures::stream::iter(&names)
+        .map(|name| {
+            let nodes = nodes.clone();
+            let unknown = &unknown;
+            async move {
+                nodes
+                    .patch_status(
+                        name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Strategic(unknown),
+                    )
+                    .await
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let pid = controller.pid();
+    let peak = nodegrace_testing::bench::PeakRss::start(pid);
+    sim.requests().reset();
+    let started = Instant::now();
+    futures::stream::iter(&names)
+        .map(|name| taint(&client, name))
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let expected = (dead * pods_per_node) as f64;
+    let admin = controller.admin();
+    nodegrace_testing::wait_for_within(
+        "every pod of the dead nodes force-deleted",
+        Duration::from_secs(900),
+        || async {
+            Ok(admin
+                .metric("pods_force_deleted_total")
+                .await?
+                .unwrap_or(0.0)
+                >= expected)
+        },
+    )
+    .await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let requests = sim.requests().of(AGENT).values().sum();
+    Ok(Outage {
+        seconds,
+        rss_max_mib: peak.finish().await?,
+        requests,
+    })
+}
+
+fn print_outage(dead: usize, outage: &Outage) {
+    println!(
+        "oos outage nodes={dead} rss-max-MiB={:.0} requests-per-node={:.1} s={:.1}",
+        outage.rss_max_mib,
+        outage.requests as f64 / dead as f64,
+        outage.seconds
+    );
+}
+
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let outage_only = std::env::args().any(|arg| arg == "outage");
     runtime.block_on(async {
+        if !outage_only {
+            everything_else().await?;
+        }
+        // A tenth of the outage first: a dead node's requests must not grow with their number.
+        for dead in [100, 1_000] {
+            print_outage(dead, &outage(dead).await?);
+        }
+        Ok(())
+    })
+}
+
+async fn everything_else() -> Result<()> {
+    {
         let single = deletion(1, &[]).await?;
         println!("oos single-node last-pod-deleted ms={}", single.as_millis());
         // 22,000 writes: at the default 100 requests/s that is the rate limit, not the
@@ -304,5 +410,5 @@ fn main() -> Result<()> {
         );
         println!("oos rss MiB={:.0}", rss_at_scale().await?);
         Ok(())
-    })
+    }
 }

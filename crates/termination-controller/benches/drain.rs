@@ -373,6 +373,46 @@ fn watch_pool(
     (most_seen, gone_seen)
 }
 
+/// Until none of the first `deleted` nodes is left. The watch's count of deletions is the
+/// fast path; a LIST every few seconds is the truth, and registers the successor of a node
+/// whose deletion the watch did not see (a 5,000-node rollout once lost some across a
+/// relist and never ended).
+async fn until_pool_replaced(
+    nodes: &Api<Node>,
+    deleted: usize,
+    mut gone: tokio::sync::watch::Receiver<usize>,
+) -> Result<()> {
+    loop {
+        let seen = tokio::time::timeout(
+            Duration::from_secs(5),
+            gone.wait_for(|gone| *gone >= deleted),
+        )
+        .await;
+        if matches!(seen, Ok(Ok(_))) {
+            return Ok(());
+        }
+        let names: std::collections::HashSet<String> = nodes
+            .list_metadata(&ListParams::default().labels("pool=rollout"))
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|node| node.metadata.name)
+            .collect();
+        let mut left = 0;
+        for index in 0..deleted {
+            let name = format!("node-{index}");
+            if names.contains(&name) {
+                left += 1;
+            } else if !names.contains(&format!("{name}-next")) {
+                tokio::spawn(register_successor(nodes.clone(), name));
+            }
+        }
+        if left == 0 {
+            return Ok(());
+        }
+    }
+}
+
 /// [`RUNS`] rollouts of `fleet`, the cheapest first.
 async fn rollouts(fleet: Fleet) -> Result<Vec<Rollout>> {
     let mut runs = Vec::with_capacity(RUNS);
@@ -447,12 +487,11 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
     )?;
     controller.until_ready().await?;
     finalizer_on_every(&nodes, ListParams::default().labels("pool=rollout")).await?;
-    let (most, mut gone) = watch_pool(&client);
+    let (most, gone) = watch_pool(&client);
     let pid = controller.pid();
     let rss_before_mib = nodegrace_testing::rss_mib(pid);
     let cpu_before = nodegrace_testing::cpu_seconds(pid);
-    let (rss_done, rss_stop) = tokio::sync::oneshot::channel::<()>();
-    let rss_peak = tokio::spawn(peak_rss(pid, rss_stop));
+    let rss_peak = nodegrace_testing::bench::PeakRss::start(pid);
     sim.requests().reset();
     let started = Instant::now();
     futures::stream::iter(0..deleted)
@@ -469,7 +508,7 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
         .await?;
     tokio::time::timeout(
         Duration::from_secs(1200),
-        gone.wait_for(|gone| *gone >= deleted),
+        until_pool_replaced(&nodes, deleted, gone),
     )
     .await??;
     let seconds = started.elapsed().as_secs_f64();
@@ -479,8 +518,7 @@ async fn rollout(fleet: Fleet) -> Result<Rollout> {
     // last node would bill the larger rollout for work the smaller one leaves uncounted.
     let reporting_tail_seconds = until_quiet(pid).await;
     let cpu_seconds = nodegrace_testing::cpu_seconds(pid) - cpu_before;
-    let _ = rss_done.send(());
-    let max_rss_mib = rss_peak.await?;
+    let max_rss_mib = rss_peak.finish().await?;
     let metrics = controller.admin().get("/metrics").await?;
     let conflicts = nodegrace_testing::sample(
         &metrics,
@@ -556,18 +594,6 @@ async fn until_quiet(pid: u32) -> f64 {
     }
     // The two quiet seconds belong to no one.
     (started.elapsed().as_secs_f64() - 2.0).max(0.0)
-}
-
-/// The most RSS `pid` had, sampled every 100 ms until `stop`.
-async fn peak_rss(pid: u32, mut stop: tokio::sync::oneshot::Receiver<()>) -> f64 {
-    let mut peak: f64 = 0.0;
-    loop {
-        peak = peak.max(nodegrace_testing::rss_mib(pid));
-        tokio::select! {
-            _ = &mut stop => return peak,
-            () = tokio::time::sleep(Duration::from_millis(100)) => {}
-        }
-    }
 }
 
 fn main() -> Result<()> {

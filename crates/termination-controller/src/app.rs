@@ -329,6 +329,7 @@ async fn lead(cluster: Connected, parts: Parts) -> Result<()> {
         fresh: Arc::new(FreshNodes::new(Api::all(client.clone()))),
         clock,
         waits: crate::waits::Waits::default(),
+        index: Arc::default(),
     };
     let webhook = webhook.map(|(listener, mode, source, loaded)| {
         let admission = Arc::new(Admission {

@@ -107,7 +107,25 @@ struct FinalizerWrites {
     in_flight: BTreeSet<NodeIdentity>,
     /// Nodes (by name) whose write waits for a free slot, marked dirty again when one frees.
     deferred: BTreeSet<String>,
-    writes: JoinSet<NodeIdentity>,
+    /// Nodes whose write landed and whose watch event has yet to show it: a change of theirs
+    /// seen meanwhile (a new node's first status) must not send the same write again.
+    landed: BTreeSet<NodeIdentity>,
+    writes: JoinSet<(NodeIdentity, bool)>,
+}
+
+impl FinalizerWrites {
+    /// Forgets the landed writes of the Node objects named `name` other than `current`.
+    fn forget_landed(&mut self, name: &str, current: Option<&Node>) {
+        let stale: Vec<NodeIdentity> = self
+            .landed
+            .range(NodeIdentity::all_named(name))
+            .filter(|identity| current.is_none_or(|node| !identity.is(node)))
+            .cloned()
+            .collect();
+        for identity in stale {
+            self.landed.remove(&identity);
+        }
+    }
 }
 
 /// With `--not-ready-timeout`, a timer per managed NotReady node.
@@ -150,10 +168,15 @@ impl<'a> Leading<'a> {
             self.dirty
                 .mark(node.metadata.name.as_deref().unwrap_or_default());
         }
+        let index = &shared.budgets.index;
+        let mut indexed_budgets = shared.budgets.cache.state();
+        index.sync_budgets(&indexed_budgets, || shared.nodes.state());
         loop {
             let mut fractions_moved = false;
             for name in self.dirty.take() {
-                fractions_moved |= self.node_changed(&name);
+                let node = shared.nodes.get(None, &name);
+                index.node_changed(&name, node.as_deref(), &indexed_budgets);
+                fractions_moved |= self.node_changed(&name, node);
             }
             if fractions_moved {
                 self.recheck_held();
@@ -173,6 +196,8 @@ impl<'a> Leading<'a> {
                 () = self.dirty.marked() => {}
                 changed = budgets.changed() => {
                     if changed.is_err() { break }
+                    indexed_budgets = shared.budgets.cache.state();
+                    index.sync_budgets(&indexed_budgets, || shared.nodes.state());
                     self.budgets_changed();
                 }
                 changed = pdbs.changed() => {
@@ -208,8 +233,10 @@ impl<'a> Leading<'a> {
 
     /// A node the watch reported changed: its shape, its task, its finalizer, its timer.
     /// Returns whether the NotReady fractions may have moved.
-    fn node_changed(&mut self, name: &str) -> bool {
-        let Some(node) = self.shared.nodes.get(None, name) else {
+    fn node_changed(&mut self, name: &str, current: Option<Arc<Node>>) -> bool {
+        // A landed finalizer write of an earlier Node of this name is not this one's.
+        self.finalizers.forget_landed(name, current.as_deref());
+        let Some(node) = current else {
             let gone = self.shapes.remove(name);
             if let Some(uid) = gone.as_ref().and_then(|shape| shape.uid.as_deref()) {
                 self.shared.turns.wake(uid);
@@ -255,9 +282,13 @@ impl<'a> Leading<'a> {
     fn keep_finalizer(&mut self, node: &Node, identity: NodeIdentity) {
         let add = self.shared.settings.manages(node);
         let finalizers = &mut self.finalizers;
+        if add == has_finalizer(node) {
+            finalizers.landed.remove(&identity);
+            return;
+        }
         if node.metadata.deletion_timestamp.is_some()
-            || add == has_finalizer(node)
             || finalizers.in_flight.contains(&identity)
+            || finalizers.landed.contains(&identity)
         {
             return;
         }
@@ -317,9 +348,12 @@ impl<'a> Leading<'a> {
             .retain(|node| node.cached(nodes).is_some());
     }
 
-    fn finalizer_written(&mut self, node: Option<NodeIdentity>) {
-        if let Some(node) = node {
+    fn finalizer_written(&mut self, written: Option<(NodeIdentity, bool)>) {
+        if let Some((node, landed)) = written {
             self.finalizers.in_flight.remove(&node);
+            if landed {
+                self.finalizers.landed.insert(node);
+            }
         }
         if let Some(next) = self.finalizers.deferred.pop_first() {
             self.dirty.mark(&next);
@@ -438,12 +472,20 @@ async fn delete_not_ready(shared: &Shared, node: &Node) -> NotReadyCheck {
 
 /// Adds our finalizer to a managed node, or removes it from a node no longer managed: this
 /// Node object (a patch by its UID, merged on the server: no read, never other finalizers).
-/// A failure is logged; the node's next change tries again. Returns the node.
-async fn set_finalizer(client: &kube::Client, node: NodeIdentity, add: bool) -> NodeIdentity {
-    if let Err(error) = node.patch_finalizer(client, FINALIZER, add).await {
-        tracing::warn!(node = %node, error = %Chain(&error), "could not update the node's finalizer; retried on its next change");
+/// A failure is logged; the node's next change tries again. Returns the node, and whether the
+/// write landed.
+async fn set_finalizer(
+    client: &kube::Client,
+    node: NodeIdentity,
+    add: bool,
+) -> (NodeIdentity, bool) {
+    match node.patch_finalizer(client, FINALIZER, add).await {
+        Ok(written) => (node, written.is_some()),
+        Err(error) => {
+            tracing::warn!(node = %node, error = %Chain(&error), "could not update the node's finalizer; retried on its next change");
+            (node, false)
+        }
     }
-    node
 }
 
 /// Keeps every NodeDisruptionBudget's status current while leading, and grants waiting nodes

@@ -170,6 +170,9 @@ pub struct Budgets {
     pub clock: Arc<dyn Clock>,
     /// The last granting pass's verdicts (the pass is in `allocation.rs`).
     pub waits: Waits,
+    /// Each budget's nodes and the waiting ones, which the leader's loop keeps and the pass
+    /// reads.
+    pub index: Arc<crate::budget_index::BudgetIndex>,
 }
 
 impl Budgets {

@@ -32,6 +32,7 @@ pub mod allocation;
 pub mod api;
 pub mod app;
 pub mod budget;
+pub mod budget_index;
 pub mod cli;
 pub mod conditions;
 pub mod controller;

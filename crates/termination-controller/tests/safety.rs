@@ -660,6 +660,7 @@ async fn a_grant_is_decided_on_a_fresh_read_never_on_a_cache_left_behind() -> Re
         )),
         clock: std::sync::Arc::new(nodegrace_core::clock::SystemClock),
         waits: termination_controller::waits::Waits::default(),
+        index: std::sync::Arc::default(),
     };
     budgets.cache.synced().await?;
     budgets.nodes.synced().await?;

@@ -101,3 +101,39 @@ pub fn idle_fleet() -> SimOptions {
         ..SimOptions::default()
     }
 }
+
+/// The most resident memory `pid` had, sampled every 100 ms until `stop`.
+pub async fn peak_rss(pid: u32, mut stop: tokio::sync::oneshot::Receiver<()>) -> f64 {
+    let mut peak: f64 = 0.0;
+    loop {
+        peak = peak.max(crate::rss_mib(pid));
+        tokio::select! {
+            _ = &mut stop => return peak,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
+/// Samples `pid`'s peak resident memory in the background until the returned guard is
+/// finished: a benchmark's worst moment, not the one it happens to read.
+#[derive(Debug)]
+pub struct PeakRss {
+    stop: tokio::sync::oneshot::Sender<()>,
+    peak: tokio::task::JoinHandle<f64>,
+}
+
+impl PeakRss {
+    pub fn start(pid: u32) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        Self {
+            stop,
+            peak: tokio::spawn(peak_rss(pid, stopped)),
+        }
+    }
+
+    /// The peak, in MiB.
+    pub async fn finish(self) -> Result<f64> {
+        let _ = self.stop.send(());
+        Ok(self.peak.await?)
+    }
+}
