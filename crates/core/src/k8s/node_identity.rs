@@ -216,14 +216,28 @@ impl NodeIdentity {
         patch: &kube::api::Patch<serde_json::Value>,
     ) -> Result<Option<Node>, kube::Error> {
         let api: Api<Node> = Api::all(client.clone());
-        match api
-            .patch(&self.name, &kube::api::PatchParams::default(), patch)
-            .await
-        {
-            Ok(node) => Ok(Some(node)),
-            // 404: gone. 422 (the UID is immutable) or 409: the name is a namesake's now.
-            Err(error) if matches!(status_code(&error), Some(404 | 409 | 422)) => Ok(None),
-            Err(error) => Err(error),
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match api
+                .patch(&self.name, &kube::api::PatchParams::default(), patch)
+                .await
+            {
+                Ok(node) => return Ok(Some(node)),
+                Err(error) if status_code(&error) == Some(404) => return Ok(None),
+                // A namesake refuses the UID (422, or 409 as a failed precondition); so does
+                // nothing else, but a conflict can be the server's own: only a read tells
+                // which, and this Node still there is tried again.
+                Err(error) if matches!(status_code(&error), Some(409 | 422)) => {
+                    if self.read(client).await?.is_none() {
+                        return Ok(None);
+                    }
+                    if tries >= CONFLICT_RETRIES {
+                        return Err(error);
+                    }
+                }
+                Err(error) => return Err(error),
+            }
         }
     }
 
