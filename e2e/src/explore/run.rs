@@ -50,7 +50,10 @@ const NODE_MONITOR_GRACE: Duration = Duration::from_secs(3);
 /// with room for a lost leadership (4 s lease).
 pub const SETTLE_BOUND: Duration = Duration::from_secs(60);
 /// How long the programs get to send the Events of their last writes once the cluster settled.
-const EVENTS_BOUND: Duration = Duration::from_secs(10);
+/// 10 s proved short on a loaded CI machine (12 runs at once, 4 jobs): a drain-deadline delete
+/// in the run's last second had its `DrainDeadline` Event still queued when the judge looked
+/// (seed 41, 2026-11-29; the seed alone passes). A lost Event still fails the run.
+const EVENTS_BOUND: Duration = Duration::from_secs(30);
 /// out-of-service-gc's `--liveness-guard-window` and `--max-fenced` (its default) in a run.
 const LIVENESS_WINDOW: Duration = Duration::from_secs(3);
 const MAX_FENCED: usize = 1;
