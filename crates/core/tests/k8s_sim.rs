@@ -285,3 +285,98 @@ async fn repeats_of_a_series_are_one_event_with_a_count() -> Result<()> {
     ensure!(listed.len() == 2, "{listed:?}");
     Ok(())
 }
+
+/// The finalizer and the annotation written by UID, without a read: the Node object they
+/// began on takes them, and once a namesake holds the name, neither lands on it.
+#[tokio::test]
+async fn a_patch_by_uid_lands_on_its_node_and_never_on_a_namesake() -> Result<()> {
+    const FINALIZER: &str = "nodegrace.io/test";
+    let (_sim, nodes) = sim_with_node().await?;
+    let client = nodes.clone().into_client();
+    let first = NodeIdentity::of(&nodes.get("n1").await?).expect("a stored node has a UID");
+    let with = first
+        .patch_finalizer(&client, FINALIZER, true)
+        .await?
+        .expect("n1 is this node");
+    ensure!(
+        with.metadata.finalizers == Some(vec![FINALIZER.to_owned()]),
+        "{:?}",
+        with.metadata
+    );
+    nodes
+        .delete("n1", &kube::api::DeleteParams::default())
+        .await?;
+    ensure!(
+        first
+            .patch_finalizer(&client, FINALIZER, false)
+            .await?
+            .is_some(),
+        "the release lands on the deleting node itself"
+    );
+    wait_for("n1 gone", || async {
+        Ok(nodes.get_opt("n1").await?.is_none())
+    })
+    .await?;
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(kube_sim::populate::node("n1"))?,
+        )
+        .await?;
+    let added = first.patch_finalizer(&client, FINALIZER, true).await?;
+    ensure!(added.is_none(), "a namesake took the finalizer: {added:?}");
+    let marked = first.annotate(&client, "nodegrace.io/mark", "x").await?;
+    ensure!(
+        marked.is_none(),
+        "a namesake took the annotation: {marked:?}"
+    );
+    let namesake = nodes.get("n1").await?;
+    ensure!(
+        namesake.metadata.finalizers.is_none()
+            && !namesake
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|annotations| annotations.contains_key("nodegrace.io/mark")),
+        "the namesake was written: {:?}",
+        namesake.metadata
+    );
+    Ok(())
+}
+
+/// A conflict on the very Node object is not a namesake: the patch is read after and tried
+/// again, and while the conflicts last it fails (to be retried by the caller) instead of
+/// taking the node for gone.
+#[tokio::test]
+async fn a_conflict_on_the_node_itself_is_retried_not_taken_for_a_namesake() -> Result<()> {
+    let (sim, nodes) = sim_with_node().await?;
+    let client = nodes.clone().into_client();
+    let node = NodeIdentity::of(&nodes.get("n1").await?).expect("a stored node has a UID");
+    sim.faults().add_rule(kube_sim::faults::ErrorRule {
+        verb: "patch".to_owned(),
+        resource: "nodes".to_owned(),
+        rate: 1.0,
+        failure: kube_sim::faults::FailureKind::Conflict,
+    });
+    let refused = node.annotate(&client, "nodegrace.io/mark", "x").await;
+    ensure!(
+        matches!(&refused, Err(kube::Error::Api(status)) if status.code == 409),
+        "{refused:?}"
+    );
+    let patches = sim.faults().failed();
+    ensure!(
+        patches > 1,
+        "a conflict is tried again: {patches} patch(es)"
+    );
+    sim.faults().clear();
+    let marked = node.annotate(&client, "nodegrace.io/mark", "x").await?;
+    ensure!(
+        marked.is_some_and(|node| node
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("nodegrace.io/mark")),
+        "the mark lands once the conflicts end"
+    );
+    Ok(())
+}

@@ -19,6 +19,8 @@ pub enum FailureKind {
     TooManyRequests,
     /// The connection is dropped without an answer.
     ConnectionReset,
+    /// 409 Conflict, as a write that lost a race with another writer gets.
+    Conflict,
 }
 
 /// Fail `rate` (0..=1) of the requests with `verb` (get, list, watch, create, update, patch,

@@ -393,6 +393,14 @@ impl tower::Service<Request<Incoming>> for FaultyService {
                 Verdict::Fail(FailureKind::InternalError) => {
                     return Ok(api::error_response(&ApiError::internal("injected fault")));
                 }
+                Verdict::Fail(FailureKind::Conflict) => {
+                    return Ok(api::error_response(&ApiError::conflict(
+                        "",
+                        &resource,
+                        "",
+                        "injected fault: the object has been modified; please apply your changes to the latest version and try again",
+                    )));
+                }
                 Verdict::Fail(FailureKind::TooManyRequests) => {
                     return Ok(api::error_response(&ApiError::too_many_requests(
                         "injected fault: too many requests, please try again later",

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 use clap::Parser;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
@@ -270,10 +270,18 @@ async fn a_logind_restart_gets_the_block_back() -> Result<()> {
             && metric(&setup, "block_inhibitor_held").await? == 1)
     })
     .await?;
-    wait_for("exactly one block", || async {
+    let one_block = wait_for("exactly one block", || async {
         Ok(our_blocks(&setup).await?.len() == 1)
     })
-    .await?;
+    .await;
+    if let Err(error) = one_block {
+        // Seen once in CI: say which side kept or lost a block, for the next look.
+        bail!(
+            "{error}; logind lists {:?}; the agent reports block_inhibitor_held={}",
+            setup.logind.list_inhibitors().await?,
+            metric(&setup, "block_inhibitor_held").await?
+        );
+    }
     Api::<Lease>::namespaced(setup.client.clone(), "team-a")
         .delete(NODE, &DeleteParams::default())
         .await?;

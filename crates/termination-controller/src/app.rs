@@ -361,6 +361,7 @@ async fn lead(cluster: Connected, parts: Parts) -> Result<()> {
             attachments,
             provider,
             turns: crate::turns::Turns::default(),
+            rejudged: nodegrace_core::dirty::Dirty::default(),
         }),
         dirty: Arc::clone(&cluster.dirty),
     };

@@ -1,5 +1,6 @@
-//! The leader's loop: a termination task per deleting node that carries our finalizer; the
-//! finalizer added to managed nodes on sight; budgets' status kept current; and, with
+//! The leader's loop: the deleting nodes that carry our finalizer, each in the waiting room
+//! until its budgets grant it and then with a termination task of its own; the finalizer
+//! added to managed nodes on sight; budgets' status kept current; and, with
 //! `--not-ready-timeout`, a timer per NotReady node. Watches report which node changed, so
 //! the loop never rescans the cluster for one change.
 
@@ -31,7 +32,9 @@ use crate::api::{FINALIZER, NodeDisruptionBudget};
 use crate::metrics::NdbLabel;
 use crate::shared::Shared;
 use crate::step::Finished;
-use crate::termination::{NodeTermination, has_finalizer, ours};
+use crate::termination::{NodeTermination, cordoned, has_finalizer, ours};
+use crate::waiting_room::WaitingRoom;
+use crate::waits::Verdict;
 use nodegrace_core::k8s::partition;
 
 /// Budget statuses are recomputed at most this often: nodes change all the time (heartbeats),
@@ -84,6 +87,7 @@ struct Leading<'a> {
     /// What of each node (by name, as the watch reports changes) the budgets and the tasks
     /// look at; a change of anything else (heartbeats, images, addresses) wakes nothing.
     shapes: HashMap<String, NodeShape>,
+    waiting: WaitingRoom,
     terminations: Terminations,
     finalizers: FinalizerWrites,
     not_ready: NotReadyChecks,
@@ -91,7 +95,7 @@ struct Leading<'a> {
     wake_tasks: bool,
 }
 
-/// A termination task per deleting node that carries our finalizer.
+/// A termination task per granted deleting node that carries our finalizer.
 #[derive(Default)]
 struct Terminations {
     running: BTreeSet<NodeIdentity>,
@@ -150,6 +154,7 @@ impl<'a> Leading<'a> {
             poke: watch::channel(()).0,
             relevant,
             shapes: HashMap::new(),
+            waiting: WaitingRoom::default(),
             terminations: Terminations::default(),
             finalizers: FinalizerWrites::default(),
             not_ready: NotReadyChecks::default(),
@@ -181,10 +186,8 @@ impl<'a> Leading<'a> {
             if fractions_moved {
                 self.recheck_held();
             }
-            shared
-                .metrics
-                .nodes_terminating
-                .set(self.terminations.running.len() as i64);
+            let terminating = self.terminations.running.len() + self.waiting.len();
+            shared.metrics.nodes_terminating.set(terminating as i64);
             if std::mem::take(&mut self.budgets_moved) {
                 self.relevant.send_modify(|changes| *changes += 1);
             }
@@ -194,6 +197,11 @@ impl<'a> Leading<'a> {
             tokio::select! {
                 () = self.acting.cancelled() => break,
                 () = self.dirty.marked() => {}
+                () = shared.rejudged.marked() => {
+                    for uid in shared.rejudged.take() {
+                        self.look_at_waiting(&uid);
+                    }
+                }
                 changed = budgets.changed() => {
                     if changed.is_err() { break }
                     indexed_budgets = shared.budgets.cache.state();
@@ -240,6 +248,7 @@ impl<'a> Leading<'a> {
             let gone = self.shapes.remove(name);
             if let Some(uid) = gone.as_ref().and_then(|shape| shape.uid.as_deref()) {
                 self.shared.turns.wake(uid);
+                self.look_at_waiting(uid);
             }
             self.budgets_moved |= gone.is_some();
             return gone.is_some();
@@ -247,6 +256,12 @@ impl<'a> Leading<'a> {
         let shape = NodeShape::of(&node);
         let ready = shape.ready;
         let before = self.shapes.insert(name.to_owned(), shape.clone());
+        // A namesake in the place of a waiting node: the waiting node is gone.
+        if let Some(replaced) = before.as_ref().and_then(|before| before.uid.as_deref())
+            && shape.uid.as_deref() != Some(replaced)
+        {
+            self.look_at_waiting(replaced);
+        }
         if before.as_ref() != Some(&shape) {
             self.budgets_moved = true;
             if let Some(uid) = &shape.uid {
@@ -264,12 +279,51 @@ impl<'a> Leading<'a> {
         before.as_ref().map(|before| before.ready) != Some(ready)
     }
 
+    /// A deleting node of ours: seated in the waiting room unless it has a task already, and
+    /// looked at there.
     fn start_termination(&mut self, node: NodeIdentity) {
-        let terminations = &mut self.terminations;
-        if terminations.released.contains(&node) || !terminations.running.insert(node.clone()) {
+        let terminations = &self.terminations;
+        if terminations.released.contains(&node) || terminations.running.contains(&node) {
             return;
         }
-        let task = NodeTermination::new(Arc::clone(self.shared), node.clone());
+        let uid = node.uid().to_owned();
+        self.waiting.seat(node);
+        self.look_at_waiting(&uid);
+    }
+
+    /// The waiting node with `uid`, if one waits: gone or no longer ours, it leaves; granted by
+    /// every budget covering it (or cordoned already), its task starts; else it is told what
+    /// the granting pass judged it waits for (a node the pass has not judged yet waits for
+    /// it: the pass judges every waiting node and marks those it judged anew).
+    fn look_at_waiting(&mut self, uid: &str) {
+        let Some(waiting) = self.waiting.get(uid) else {
+            return;
+        };
+        let shared = self.shared;
+        let Some(node) = waiting
+            .identity
+            .cached(&shared.nodes)
+            .filter(|node| ours(node))
+        else {
+            if let Some((gone, _)) = self.waiting.leave(uid) {
+                // Its conditions still queued would land on a namesake, or cost a read.
+                drop(shared.reporter.forget_node(gone.name()));
+            }
+            return;
+        };
+        if cordoned(&node) || shared.budgets.granted(&node).is_some() {
+            if let Some((node, told_planned)) = self.waiting.leave(uid) {
+                self.spawn_termination(node, told_planned);
+            }
+        } else if let Some(Verdict::Waiting { budget, refusal }) = shared.budgets.waiting_on(uid) {
+            self.waiting.tell(shared, uid, &budget, &refusal);
+        }
+    }
+
+    fn spawn_termination(&mut self, node: NodeIdentity, told_planned: bool) {
+        let terminations = &mut self.terminations;
+        terminations.running.insert(node.clone());
+        let task = NodeTermination::new(Arc::clone(self.shared), node.clone(), told_planned);
         let wake = self.poke.subscribe();
         let stop = self.acting.child_token();
         terminations
@@ -327,7 +381,9 @@ impl<'a> Leading<'a> {
 
     fn budgets_changed(&mut self) {
         self.budgets_moved = true;
-        wake_granted(self.shared);
+        for uid in granted_uids(self.shared) {
+            self.look_at_waiting(&uid);
+        }
     }
 
     fn termination_finished(&mut self, finished: Option<(NodeIdentity, Finished)>) {
@@ -335,10 +391,17 @@ impl<'a> Leading<'a> {
         let terminations = &mut self.terminations;
         if let Some((node, finished)) = finished {
             terminations.running.remove(&node);
-            if finished == Finished::Released {
-                terminations.released.insert(node.clone());
+            match finished {
+                Finished::Released => {
+                    terminations.released.insert(node.clone());
+                    self.dirty.mark(node.name());
+                }
+                // Its grant was given back (or never seen): it waits again, and is looked at
+                // on the next change of its budgets or its Node. Looked at now, the cache
+                // could still show the grant it gave back.
+                Finished::Ungranted => self.waiting.seat(node),
+                Finished::NotOurs | Finished::Stopped => self.dirty.mark(node.name()),
             }
-            self.dirty.mark(node.name());
         }
         // Forget released nodes once they are gone from the cache: a lookup each, not a scan
         // of the cache per finished node.
@@ -372,18 +435,18 @@ impl<'a> Leading<'a> {
     }
 }
 
-/// Wakes the waiting nodes the budgets have granted: a grant the leader's pass wrote is seen
-/// once the budget's watch delivers it.
-fn wake_granted(shared: &Shared) {
+/// The nodes (by UID) the budgets have granted: a grant the leader's pass wrote is seen once
+/// the budget's watch delivers it.
+fn granted_uids(shared: &Shared) -> Vec<String> {
+    let mut uids = Vec::new();
     for budget in shared.budgets.cache.state() {
         let grants = budget
             .status
             .iter()
             .flat_map(|status| status.disrupted_nodes.values());
-        for uid in grants.filter_map(|grant| grant.uid.as_deref()) {
-            shared.turns.wake_for_grant(uid);
-        }
+        uids.extend(grants.filter_map(|grant| grant.uid.clone()));
     }
+    uids
 }
 
 /// When a managed, not deleting node that is NotReady reaches the timeout.
@@ -533,7 +596,7 @@ async fn keep_statuses(
                     metrics.error("conflict");
                 }
                 for uid in &refreshed.rejudged {
-                    shared.turns.wake(uid);
+                    shared.rejudged.mark(uid);
                 }
             }
             Err(error) => {

@@ -14,7 +14,7 @@
 //! | step (docs' number) | performed by | condition reasons | Events on the node | waits on |
 //! |---|---|---|---|---|
 //! | 1 finalizer | [`controller`] `Leading::keep_finalizer` | — | — | a managed node seen |
-//! | 2 budgets | [`termination`] `await_grant`; grants written by [`allocation::refresh_statuses`] (the leader's pass), its verdict kept in [`waits`] | `AwaitingBudget`; `MaintenancePlanned` `AwaitingBudget` or `MaintenanceWindow`, then `DisruptionGranted` | `AwaitingBudget`, `DisruptionGranted` | a grant in every covering NodeDisruptionBudget's `status.disruptedNodes` ([`windows`] for windows); its own wake-up in [`turns`] |
+//! | 2 budgets | [`controller`] `Leading::look_at_waiting`, the node waiting without a task in [`waiting_room`]; grants written by [`allocation::refresh_statuses`] (the leader's pass), its verdict kept in [`waits`]; the task starts at [`termination`] `granted` | `AwaitingBudget`; `MaintenancePlanned` `AwaitingBudget` or `MaintenanceWindow`, then `DisruptionGranted` | `AwaitingBudget` on the budget, counted | a grant in every covering NodeDisruptionBudget's `status.disruptedNodes` ([`windows`] for windows) |
 //! | 3 pre-drain hooks | [`termination`] `await_hooks` ([`hooks`]) | `AwaitingPreDrainHooks` | `AwaitingPreDrainHooks`, `HookTimeout` | the `pre-drain.nodegrace.io/<name>` annotations removed, or `--hook-timeout` |
 //! | 4 cordon | [`termination`] `cordon` | — | `Cordoned` | one update |
 //! | 5–7 drain | [`drain`] `Drain::run`: `classify` ([`tiers`], [`drain_rules`]), `Sorted::wait`, `dispatch` ([`queues`]) | `Draining`, `BlockedByDoNotEvict`, `AwaitingPodCompletion`; `DrainInProgress` `NodeDeleted`, then `DrainCompleted` and `Drained` `DrainCompleted` | `DrainingTier`, `EvictionBlocked`, `EvictionMisconfigured`, `PodLeftTerminating`, `Drained` (or `DrainSkipped`) | the node's pods gone; each PodDisruptionBudget's status; do-not-evict pods; `--drain-timeout` |
@@ -51,6 +51,7 @@ pub mod termination;
 pub mod tiers;
 pub mod turns;
 pub mod uninstall;
+pub mod waiting_room;
 pub mod waits;
 pub mod webhook;
 pub mod windows;

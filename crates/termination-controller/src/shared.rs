@@ -19,6 +19,7 @@ use crate::drain_rules::{Applied, NodeRules};
 use crate::grants::Budgets;
 use crate::metrics::Metrics;
 use crate::turns::Turns;
+use nodegrace_core::dirty::Dirty;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -60,8 +61,11 @@ pub struct Shared {
     pub namespaces: Watched<Namespace>,
     pub attachments: Watched<VolumeAttachment>,
     pub provider: Option<Arc<dyn InstanceProvider>>,
-    /// The waiting nodes' own wake-ups.
+    /// The termination tasks' own wake-ups.
     pub turns: Turns,
+    /// Nodes (by UID) whose wait the granting pass judged anew, for the leader's waiting room
+    /// ([`crate::waiting_room`]) to tell.
+    pub rejudged: Dirty,
 }
 
 impl Shared {

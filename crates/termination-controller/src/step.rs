@@ -21,6 +21,9 @@ pub enum Halt {
     /// Not ours to do: not deleting, or without our finalizer.
     #[error("not ours")]
     NotOurs,
+    /// Not granted by every budget covering it (any more): back to the waiting room.
+    #[error("waiting for its budgets")]
+    Ungranted,
     /// A request or a watch failed: the task tries again after a backoff.
     #[error(transparent)]
     Failed(#[from] StepError),
@@ -52,6 +55,8 @@ pub enum Finished {
     Released,
     /// Not ours to do (not deleting, or no finalizer of ours).
     NotOurs,
+    /// Not granted (any more): the node waits in the leader's waiting room.
+    Ungranted,
     /// Leadership lost or the program stopping.
     Stopped,
 }
@@ -63,6 +68,7 @@ impl Halt {
             Self::Stopped => Ok(Finished::Stopped),
             Self::NodeGone => Ok(Finished::Released),
             Self::NotOurs => Ok(Finished::NotOurs),
+            Self::Ungranted => Ok(Finished::Ungranted),
             Self::Failed(error) => Err(error),
         }
     }

@@ -17,7 +17,7 @@ use nodegrace_controller::instances::{
 use nodegrace_core::backoff::{Backoff, Retry};
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::conditions::ConditionSpec;
-use nodegrace_core::k8s::events::{EventReport, object_reference};
+use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::nodes::{Readiness, has_condition, readiness};
@@ -34,8 +34,7 @@ use crate::hooks::{self, Stage};
 use crate::shared::Shared;
 use crate::step::{Finished, Halt, Step};
 use crate::tiers::disrupted_taint;
-use crate::turns::{Turn, Wake};
-use crate::waits::{Refusal, Verdict};
+use crate::turns::Wake;
 
 /// When the terminate request was accepted: a restarted controller waits for that request to
 /// finish instead of sending a second one.
@@ -88,6 +87,9 @@ pub struct NodeTermination {
     /// What went as it should, told once in the Event that releases the node: a step that
     /// waited, failed or timed out has an Event of its own, one that did not has a line here.
     story: Vec<String>,
+    /// The waiting room told the node `MaintenancePlanned`: its write may not show in the
+    /// cache yet, and it turns False all the same.
+    told_planned: bool,
 }
 
 /// How a wait for hooks ended.
@@ -101,7 +103,8 @@ enum Cleared {
 }
 
 impl NodeTermination {
-    pub fn new(shared: Arc<Shared>, node: NodeIdentity) -> Self {
+    /// The task of `node`; `told_planned`: the waiting room told it `MaintenancePlanned`.
+    pub fn new(shared: Arc<Shared>, node: NodeIdentity, told_planned: bool) -> Self {
         Self {
             shared,
             node,
@@ -110,6 +113,7 @@ impl NodeTermination {
             not_found_since: None,
             machine_retry: Retry::default(),
             story: Vec::new(),
+            told_planned,
         }
     }
 
@@ -191,11 +195,10 @@ impl NodeTermination {
     /// The steps in order, each skipped where what it does is already done. The steps that
     /// hold requests are boxed: a task waiting its turn then costs only the wait's memory.
     async fn attempt(&mut self, wake: &mut watch::Receiver<()>, stop: &CancellationToken) -> Step {
-        // 2. Budgets (1, the finalizer, is the leader's). Woken only when its own verdict, Node
-        // or grant changes (`turns`).
+        // 2. Budgets (1, the finalizer, is the leader's).
         let shared = Arc::clone(&self.shared);
-        let mut turn = shared.turns.wait(self.node.uid());
-        let node = Box::pin(self.await_grant(&mut turn, stop)).await?;
+        let turn = shared.turns.wait(self.node.uid());
+        let node = Box::pin(self.granted()).await?;
         // From here on the task wakes on its own Node's changes and on what every drain reads,
         // not on every node's change ([`Wake`]).
         let mut wake = Wake::new(turn, wake.clone());
@@ -203,7 +206,7 @@ impl NodeTermination {
         // The wait is over: `MaintenancePlanned` turns False where it was True (a node granted at
         // once never gets it). Only where it was set: a write per node would cost every rollout
         // a status request per node for a condition most nodes never had.
-        if self.reported.contains_key(MAINTENANCE_PLANNED)
+        if std::mem::take(&mut self.told_planned)
             || has_condition(&node, MAINTENANCE_PLANNED, "True")
         {
             let only_if_true = ConditionGuard::OnlyReplacing("True");
@@ -271,47 +274,31 @@ impl NodeTermination {
         Box::pin(self.release(deleted)).await
     }
 
-    /// Step 2: until every budget covering the node grants its disruption. The leader's
-    /// granting pass writes the grants (oldest deletion first); this task waits to see them.
-    /// A node already cordoned has begun its disruption and counts as disrupted everywhere.
-    async fn await_grant(
-        &mut self,
-        turn: &mut Turn<'_>,
-        stop: &CancellationToken,
-    ) -> Step<Arc<Node>> {
-        loop {
-            let node = self.current().ok_or(Halt::NodeGone)?;
-            if !ours(&node) {
-                return Err(Halt::NotOurs);
-            }
-            if cordoned(&node) {
-                return Ok(node);
-            }
-            if let Some(budgets) = self.shared.budgets.granted(&node) {
-                if !Box::pin(self.gave_back_overspent(&node, &budgets)).await? {
-                    if !budgets.is_empty() && !self.announced.contains("granted") {
-                        self.announced.insert("granted".to_owned());
-                        self.story.push(format!(
-                            "granted by NodeDisruptionBudget(s) {}",
-                            budgets.join(", ")
-                        ));
-                    }
-                    return Ok(node);
-                }
-            } else if let Some(Verdict::Waiting { budget, refusal }) =
-                // A node the leader's pass has not judged yet waits for it: the pass judges
-                // every waiting node and wakes those it judged anew. Judging here instead
-                // costs a scan of every cached node per waiting node — a rollout of 5,000
-                // spent three quarters of its CPU on it.
-                self.shared.budgets.waiting_on(self.node.uid())
-            {
-                self.report_wait(&budget, &refusal);
-            }
-            tokio::select! {
-                () = stop.cancelled() => return Err(Halt::Stopped),
-                () = turn.woken() => {}
-            }
+    /// Step 2: every budget covering the node has granted its disruption. The leader's
+    /// granting pass writes the grants (oldest deletion first) and starts the task of a node it
+    /// sees granted ([`crate::waiting_room`]); a grant given back since, or given back here
+    /// on a fresh read, returns the node to the waiting room. A node already cordoned has begun
+    /// its disruption and counts as disrupted everywhere.
+    async fn granted(&mut self) -> Step<Arc<Node>> {
+        let node = self.current().ok_or(Halt::NodeGone)?;
+        if !ours(&node) {
+            return Err(Halt::NotOurs);
         }
+        if cordoned(&node) {
+            return Ok(node);
+        }
+        let budgets = self.shared.budgets.granted(&node).ok_or(Halt::Ungranted)?;
+        if Box::pin(self.gave_back_overspent(&node, &budgets)).await? {
+            return Err(Halt::Ungranted);
+        }
+        if !budgets.is_empty() && !self.announced.contains("granted") {
+            self.announced.insert("granted".to_owned());
+            self.story.push(format!(
+                "granted by NodeDisruptionBudget(s) {}",
+                budgets.join(", ")
+            ));
+        }
+        Ok(node)
     }
 
     /// Whether a grant of `budgets` was given back: on a fresh read, one of them is now
@@ -330,76 +317,6 @@ impl NodeTermination {
         );
         Box::pin(self.shared.budgets.release(node, budgets)).await?;
         Ok(true)
-    }
-
-    /// What the node waits for: in its conditions, and counted in one Event on the budget
-    /// per kind of wait (below).
-    fn report_wait(&mut self, budget: &str, refusal: &Refusal) {
-        let invalid = matches!(refusal, Refusal::Invalid(_));
-        if self.announced.insert(format!("waiting:{budget}:{invalid}")) {
-            self.count_wait(budget, refusal);
-        }
-        // Without the budget's numbers, which change with every node that comes or goes: one
-        // write per waiting node, not one per change.
-        let planned = match refusal {
-            Refusal::Exhausted(_) => {
-                format!("NodeDisruptionBudget {budget}: too few of its nodes are available now")
-            }
-            Refusal::Invalid(_) => format!("NodeDisruptionBudget {budget}: the budget is invalid"),
-            Refusal::OutsideWindows { .. } | Refusal::WindowSpent { .. } => {
-                format!("NodeDisruptionBudget {budget}: {refusal}")
-            }
-        };
-        let reason = if refusal.is_window() {
-            Reason::MaintenanceWindow
-        } else {
-            Reason::AwaitingBudget
-        };
-        // Nor the condition: it is written when the wait changes, not at every node of the
-        // budget that comes or goes (the budget's status has the numbers).
-        let waiting = match refusal {
-            Refusal::Exhausted(_) => planned.clone(),
-            _ => format!("NodeDisruptionBudget {budget}: {refusal}"),
-        };
-        self.true_once(MAINTENANCE_PLANNED, reason, planned);
-        self.condition(Reason::AwaitingBudget, waiting);
-    }
-
-    /// A node that begins to wait is one more of its budget's `AwaitingBudget` Event, as
-    /// client-go's correlator folds the same reason about the same object: the nodes of a
-    /// rollout that wait for their turn are one Event on the budget whose count grows (and
-    /// repeats queued together are one write), not an Event per node. The node's own
-    /// conditions say what it waits for.
-    fn count_wait(&self, budget: &str, refusal: &Refusal) {
-        let Some(object) = self.shared.budgets.cache.get(None, budget) else {
-            return;
-        };
-        let (kind, note) = match refusal {
-            Refusal::Exhausted(_) => (
-                "exhausted",
-                "Nodes wait for their turn: too few of the budget's nodes are available \
-                 (its status has the numbers)"
-                    .to_owned(),
-            ),
-            Refusal::Invalid(_) => ("invalid", format!("Nodes wait: {refusal}")),
-            Refusal::OutsideWindows { .. } | Refusal::WindowSpent { .. } => (
-                "window",
-                format!("Nodes wait for a maintenance window: {refusal}"),
-            ),
-        };
-        let reference = object_reference(object.as_ref());
-        let series = format!(
-            "{}/{}/{kind}",
-            reference.uid.as_deref().unwrap_or(budget),
-            Reason::AwaitingBudget.as_str()
-        );
-        let reason = Reason::AwaitingBudget.as_str();
-        let event = if matches!(refusal, Refusal::Invalid(_)) {
-            EventReport::warning(reference, reason, "Grant", note)
-        } else {
-            EventReport::normal(reference, reason, "Grant", note)
-        };
-        self.shared.reporter.event(event.in_series(series));
     }
 
     /// Step 11: lets the node go.
@@ -900,7 +817,7 @@ pub fn has_finalizer(node: &Node) -> bool {
         .any(|finalizer| finalizer == FINALIZER)
 }
 
-fn cordoned(node: &Node) -> bool {
+pub fn cordoned(node: &Node) -> bool {
     let spec = node.spec.as_ref();
     let unschedulable = spec.and_then(|spec| spec.unschedulable) == Some(true);
     let tainted = has_taint(node, &disrupted_taint());
@@ -929,11 +846,11 @@ mod tests {
         std::mem::size_of::<F>()
     }
 
-    /// A rollout of thousands of nodes holds a task per node, most of them waiting for their
-    /// turn: each task's state is the largest of its steps', so the steps that hold requests
-    /// are boxed and cost memory only while they run (7,176 bytes a task before).
+    /// A task's state is the largest of its steps', so the steps that hold requests are boxed
+    /// and cost memory only while they run (7,176 bytes a task before). Nodes waiting for their
+    /// grants have no task at all ([`crate::waiting_room`]).
     #[test]
-    fn a_waiting_node_costs_little_memory() {
+    fn a_task_holds_little_memory_between_its_steps() {
         let run = |task: NodeTermination, wake: watch::Receiver<()>, stop: CancellationToken| {
             task.run(wake, stop)
         };

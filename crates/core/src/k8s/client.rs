@@ -15,6 +15,13 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tower::{Layer, Service};
 
+/// Requests sent at once, whatever the rate allows. Over HTTP/1.1 each one in flight holds a
+/// connection of its own, with its buffers (about 30 KiB), and the client keeps a connection
+/// it opened for a minute and a half: a rollout whose 500 granted nodes each asked at once
+/// opened a thousand, 45 MiB of a 158 MiB peak. Waiting requests queue in the client's buffer.
+/// The permit is held until the answer's head arrives, so a watch holds none while it streams.
+const REQUESTS_IN_FLIGHT: usize = 32;
+
 /// How to reach the API server, and how hard to use it.
 #[derive(Debug, Clone, Args)]
 pub struct KubeArgs {
@@ -103,7 +110,12 @@ async fn build(args: &KubeArgs, user_agent: &str, retries: bool) -> Result<Clien
             .unwrap_or_else(|_| http::HeaderValue::from_static("nodegrace")),
     ));
     let builder = kube::client::ClientBuilder::try_from(config).map_err(ClientError::Build)?;
-    Ok(builder.with_layer(&RateLimitLayer { limiter }).build())
+    Ok(builder
+        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(
+            REQUESTS_IN_FLIGHT,
+        ))
+        .with_layer(&RateLimitLayer { limiter })
+        .build())
 }
 
 fn rate_limiter(qps: f64, burst: u32) -> Result<Arc<DefaultDirectRateLimiter>, ClientError> {
