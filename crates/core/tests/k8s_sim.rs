@@ -1,6 +1,6 @@
 //! The Kubernetes helpers against kube-sim: conditions, taints, events and leader election.
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -23,13 +23,23 @@ async fn sim_with_node() -> Result<(KubeSim, Api<Node>)> {
     })
     .await?;
     let nodes: Api<Node> = Api::all(sim.client());
+    register_n1(&nodes).await?;
+    Ok((sim, nodes))
+}
+
+/// Registers a Node named n1 (after one was deleted: its namesake).
+async fn register_n1(nodes: &Api<Node>) -> Result<()> {
     nodes
         .create(
             &PostParams::default(),
             &serde_json::from_value(kube_sim::populate::node("n1"))?,
         )
         .await?;
-    Ok((sim, nodes))
+    Ok(())
+}
+
+async fn identity_of_n1(nodes: &Api<Node>) -> Result<NodeIdentity> {
+    NodeIdentity::of(&nodes.get("n1").await?).context("a stored node has a UID")
 }
 
 fn transition_time(node: &Node, type_: &str) -> Option<String> {
@@ -121,7 +131,7 @@ async fn a_nodes_conditions_are_written_together_each_under_its_own_guard() -> R
 async fn a_condition_of_one_node_object_never_lands_on_its_namesake() -> Result<()> {
     let (_sim, nodes) = sim_with_node().await?;
     let spec = ConditionSpec::new("Terminating", "True", "Because", "m");
-    let first = NodeIdentity::of(&nodes.get("n1").await?).expect("a stored node has a UID");
+    let first = identity_of_n1(&nodes).await?;
     let (reporter, flushed) =
         Reporter::start(ApiSink::new(nodes.clone().into_client(), "test", "t"));
     reporter.condition_of(&first, spec.clone(), ConditionGuard::Always);
@@ -133,12 +143,7 @@ async fn a_condition_of_one_node_object_never_lands_on_its_namesake() -> Result<
     nodes
         .delete("n1", &kube::api::DeleteParams::default())
         .await?;
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(kube_sim::populate::node("n1"))?,
-        )
-        .await?;
+    register_n1(&nodes).await?;
     let changes = upsert_conditions_of(
         &nodes,
         "n1",
@@ -293,7 +298,7 @@ async fn a_patch_by_uid_lands_on_its_node_and_never_on_a_namesake() -> Result<()
     const FINALIZER: &str = "nodegrace.io/test";
     let (_sim, nodes) = sim_with_node().await?;
     let client = nodes.clone().into_client();
-    let first = NodeIdentity::of(&nodes.get("n1").await?).expect("a stored node has a UID");
+    let first = identity_of_n1(&nodes).await?;
     let with = first
         .patch_finalizer(&client, FINALIZER, true)
         .await?
@@ -317,12 +322,7 @@ async fn a_patch_by_uid_lands_on_its_node_and_never_on_a_namesake() -> Result<()
         Ok(nodes.get_opt("n1").await?.is_none())
     })
     .await?;
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(kube_sim::populate::node("n1"))?,
-        )
-        .await?;
+    register_n1(&nodes).await?;
     let added = first.patch_finalizer(&client, FINALIZER, true).await?;
     ensure!(added.is_none(), "a namesake took the finalizer: {added:?}");
     let marked = first.annotate(&client, "nodegrace.io/mark", "x").await?;
@@ -351,7 +351,7 @@ async fn a_patch_by_uid_lands_on_its_node_and_never_on_a_namesake() -> Result<()
 async fn a_conflict_on_the_node_itself_is_retried_not_taken_for_a_namesake() -> Result<()> {
     let (sim, nodes) = sim_with_node().await?;
     let client = nodes.clone().into_client();
-    let node = NodeIdentity::of(&nodes.get("n1").await?).expect("a stored node has a UID");
+    let node = identity_of_n1(&nodes).await?;
     sim.faults().add_rule(kube_sim::faults::ErrorRule {
         verb: "patch".to_owned(),
         resource: "nodes".to_owned(),
