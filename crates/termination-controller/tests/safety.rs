@@ -202,6 +202,75 @@ async fn a_namesake_node_is_never_touched_by_the_deleted_nodes_termination() -> 
     controller.stop().await
 }
 
+/// A node waiting for its budget has no task of its own, only a seat in the leader's waiting
+/// room: let go by hand and replaced by a namesake, it leaves the room, and the namesake is
+/// neither told the wait nor granted nor cordoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namesake_of_a_node_waiting_for_its_budget_is_neither_told_nor_granted() -> Result<()> {
+    let sim = common::sim(1).await?;
+    let client = sim.client();
+    let controller = controller(&sim, &[]).await?;
+    ndb(
+        &client,
+        "frozen",
+        json!({"selector": {"matchLabels": {"pool": "frozen"}}, "maxUnavailable": 0}),
+    )
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let name = "waiting";
+    let frozen = |machine: &str| -> Result<Node> {
+        let mut body = node(name, &format!("sim:///{machine}"))?;
+        body.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("pool".to_owned(), "frozen".to_owned());
+        Ok(body)
+    };
+    nodes
+        .create(&PostParams::default(), &frozen("first")?)
+        .await?;
+    wait_for("the finalizer on the first node", || {
+        has_finalizer(&client, name)
+    })
+    .await?;
+    delete_node(&client, name).await?;
+    wait_for("the first node told it waits for its budget", || async {
+        Ok(condition(&client, name, "Terminating")
+            .await?
+            .is_some_and(|(reason, _)| reason == "AwaitingBudget"))
+    })
+    .await?;
+    ensure!(controller.gauge("nodes_terminating").await? == 1);
+    remove_finalizer_by_hand(&client, name).await?;
+    wait_for("the first node gone", || node_gone(&client, name)).await?;
+    nodes
+        .create(&PostParams::default(), &frozen("second")?)
+        .await?;
+    wait_for("the first node out of the waiting room", || async {
+        Ok(controller.gauge("nodes_terminating").await? == 0)
+    })
+    .await?;
+    wait_for("the finalizer on the namesake", || {
+        has_finalizer(&client, name)
+    })
+    .await?;
+    let namesake = nodes.get(name).await?;
+    ensure!(
+        !cordoned(&namesake),
+        "the namesake was cordoned: {:?}",
+        namesake.spec
+    );
+    let told = condition(&client, name, "Terminating").await?;
+    ensure!(told.is_none(), "the namesake was told the wait: {told:?}");
+    let budget: NodeDisruptionBudget = Api::all(client.clone()).get("frozen").await?;
+    let grants = budget
+        .status
+        .map(|status| status.disrupted_nodes)
+        .unwrap_or_default();
+    ensure!(grants.is_empty(), "the namesake was granted: {grants:?}");
+    controller.stop().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_node_is_released_without_waiting_for_its_pods() -> Result<()> {
     let sim = common::sim(2).await?;
