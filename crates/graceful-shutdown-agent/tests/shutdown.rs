@@ -461,6 +461,15 @@ async fn a_pod_outliving_its_group_period_does_not_hold_the_next_group() -> Resu
     logind
         .wait_for_shutdown_hook(Duration::from_secs(30))
         .await?;
+    // The recorder's watch may deliver the deletion a moment after the hook ran.
+    wait_for("next's deletion seen", || async {
+        Ok(fates
+            .lock()
+            .unwrap()
+            .get("next")
+            .is_some_and(|f| f.deletion_seen.is_some()))
+    })
+    .await?;
     let fates = fates.lock().unwrap().clone();
     let next = fates.get("next").cloned().context("no record of next")?;
     let started = next
@@ -881,8 +890,16 @@ async fn mirror_pods_are_left_to_the_kubelet_and_not_waited_for() -> Result<()> 
         "held {:?}",
         powered_off.elapsed()
     );
+    // The recorder's watch may deliver the removal after the hook ran.
+    wait_for("web's removal seen", || async {
+        Ok(fates
+            .lock()
+            .unwrap()
+            .get("web")
+            .is_some_and(|f| f.removed.is_some()))
+    })
+    .await?;
     let fates = fates.lock().unwrap().clone();
-    ensure!(fates.get("web").is_some_and(|f| f.removed.is_some()));
     ensure!(
         fates
             .get("etcd-node-a")
