@@ -87,6 +87,16 @@ struct PodFate {
 
 type Fates = Arc<Mutex<HashMap<String, PodFate>>>;
 
+/// Until the recorder shows `seen` of every pod in `names`: its watch may deliver the last
+/// of them a moment after the shutdown hook ran.
+async fn until_fates(fates: &Fates, names: &[&str], seen: fn(&PodFate) -> bool) -> Result<()> {
+    wait_for(&format!("the watch to see {names:?}"), || async {
+        let fates = fates.lock().unwrap();
+        Ok(names.iter().all(|name| fates.get(*name).is_some_and(seen)))
+    })
+    .await
+}
+
 fn record_fates(client: &Client) -> Fates {
     let fates: Fates = Arc::default();
     let pods: Api<Pod> = Api::all(client.clone());
@@ -322,12 +332,8 @@ async fn pods_stop_by_priority_group_then_shutdown_proceeds() -> Result<()> {
         powered_off,
     );
 
-    // The judge's watch may show the last removal a moment after the hook ran.
-    wait_for("the watch to see every pod go", || async {
-        let fates = fates.lock().unwrap();
-        Ok(["low-a", "low-b", "mid-a", "high-a"]
-            .iter()
-            .all(|name| fates.get(*name).is_some_and(|fate| fate.removed.is_some())))
+    until_fates(&fates, &["low-a", "low-b", "mid-a", "high-a"], |fate| {
+        fate.removed.is_some()
     })
     .await?;
     let fates = fates.lock().unwrap().clone();
@@ -461,15 +467,7 @@ async fn a_pod_outliving_its_group_period_does_not_hold_the_next_group() -> Resu
     logind
         .wait_for_shutdown_hook(Duration::from_secs(30))
         .await?;
-    // The recorder's watch may deliver the deletion a moment after the hook ran.
-    wait_for("next's deletion seen", || async {
-        Ok(fates
-            .lock()
-            .unwrap()
-            .get("next")
-            .is_some_and(|f| f.deletion_seen.is_some()))
-    })
-    .await?;
+    until_fates(&fates, &["next"], |fate| fate.deletion_seen.is_some()).await?;
     let fates = fates.lock().unwrap().clone();
     let next = fates.get("next").cloned().context("no record of next")?;
     let started = next
@@ -890,15 +888,7 @@ async fn mirror_pods_are_left_to_the_kubelet_and_not_waited_for() -> Result<()> 
         "held {:?}",
         powered_off.elapsed()
     );
-    // The recorder's watch may deliver the removal after the hook ran.
-    wait_for("web's removal seen", || async {
-        Ok(fates
-            .lock()
-            .unwrap()
-            .get("web")
-            .is_some_and(|f| f.removed.is_some()))
-    })
-    .await?;
+    until_fates(&fates, &["web"], |fate| fate.removed.is_some()).await?;
     let fates = fates.lock().unwrap().clone();
     ensure!(
         fates
