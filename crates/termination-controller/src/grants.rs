@@ -335,33 +335,80 @@ impl Budgets {
     pub async fn release(&self, node: &Node, budgets: &[String]) -> Result<(), kube::Error> {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         for budget_name in budgets {
-            // The cache's view first: its resourceVersion makes a stale one a 409, and only
-            // then is the budget read.
-            let mut cached = self
-                .cache
-                .get(None, budget_name)
-                .map(|budget| (*budget).clone());
-            for _ in 0..CONFLICT_RETRIES {
-                let mut budget = match cached.take() {
-                    Some(budget) => budget,
-                    None => self.api.get_status(budget_name).await?,
-                };
-                if !budget.has_granted(node) {
-                    break;
+            let Some(cached) = self.cache.get(None, budget_name) else {
+                continue;
+            };
+            let Some(grant) = cached
+                .grants()
+                .and_then(|grants| grants.get(name))
+                .filter(|grant| grant.is_for(node))
+            else {
+                continue;
+            };
+            match self.remove_grant(budget_name, name, grant).await {
+                Ok(()) => {}
+                // The grant is no longer the one the cache showed (given back, or granted
+                // anew): only a read tells whether this node still holds one.
+                Err(error) if matches!(status_code(&error), Some(409 | 422)) => {
+                    self.release_read(node, budget_name).await?;
                 }
-                let Some(status) = budget.status.as_mut() else {
-                    break;
-                };
-                status.disrupted_nodes.remove(name);
-                match self
-                    .api
-                    .replace_status(budget_name, &PostParams::default(), &budget)
-                    .await
-                {
-                    Ok(_) => break,
-                    Err(error) if status_code(&error) == Some(409) => {}
-                    Err(error) => return Err(error),
-                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the grant `name` holds in `budget_name`'s status if it is still `grant`: a JSON
+    /// patch that tests the entry, then removes it. One request, and no conflict with the
+    /// granting pass's writes of the rest of the status, which a whole-status update of a
+    /// cached copy met in a rollout (a 409, a read and a retry per grant given back).
+    async fn remove_grant(
+        &self,
+        budget_name: &str,
+        name: &str,
+        grant: &Grant,
+    ) -> Result<(), kube::Error> {
+        let path = format!(
+            "/status/disruptedNodes/{}",
+            name.replace('~', "~0").replace('/', "~1")
+        );
+        let operations = serde_json::json!([
+            {"op": "test", "path": path, "value": grant},
+            {"op": "remove", "path": path},
+        ]);
+        let body = serde_json::to_vec(&operations).map_err(kube::Error::SerdeError)?;
+        let request =
+            http::Request::patch(format!("{}/{budget_name}/status", self.api.resource_url()))
+                .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+                .body(body)
+                .map_err(kube::Error::HttpError)?;
+        let client: kube::Client = self.api.clone().into_client();
+        client
+            .request::<NodeDisruptionBudget>(request)
+            .await
+            .map(drop)
+    }
+
+    /// [`Self::release`] of one budget on a read of it, retried on conflicts.
+    async fn release_read(&self, node: &Node, budget_name: &str) -> Result<(), kube::Error> {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        for _ in 0..CONFLICT_RETRIES {
+            let mut budget = self.api.get_status(budget_name).await?;
+            if !budget.has_granted(node) {
+                return Ok(());
+            }
+            let Some(status) = budget.status.as_mut() else {
+                return Ok(());
+            };
+            status.disrupted_nodes.remove(name);
+            match self
+                .api
+                .replace_status(budget_name, &PostParams::default(), &budget)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(error) if status_code(&error) == Some(409) => {}
+                Err(error) => return Err(error),
             }
         }
         Ok(())

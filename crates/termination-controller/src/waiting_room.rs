@@ -162,7 +162,7 @@ fn count_wait(shared: &Shared, budget: &str, refusal: &Refusal) {
     } else {
         EventReport::normal(reference, reason, "Grant", note)
     };
-    shared.reporter.event(event.in_series(series));
+    shared.reporter.event(event.in_paced_series(series));
 }
 
 #[cfg(test)]

@@ -785,5 +785,25 @@ async fn a_grant_overtaken_by_a_dead_node_is_given_back_before_the_cordon() -> R
         Ok(!status.disrupted_nodes.contains_key("node-1"))
     })
     .await?;
+    // Given back by a patch that tests the grant it removes: no read of the budget, no
+    // conflict with the granting pass's writes.
+    let budget_status = |verb: &str| {
+        sim.requests()
+            .of("nodegrace-termination-controller")
+            .iter()
+            .filter(|(kind, _)| {
+                kind.verb == verb
+                    && kind.resource == "nodedisruptionbudgets"
+                    && kind.subresource == "status"
+            })
+            .map(|(_, count)| *count)
+            .sum::<u64>()
+    };
+    ensure!(
+        budget_status("patch") == 1 && budget_status("get") == 0,
+        "budget status: {} patch(es), {} read(s)",
+        budget_status("patch"),
+        budget_status("get")
+    );
     controller.stop().await
 }

@@ -72,6 +72,9 @@ pub struct EventReport {
     /// How many times it happened: repeats of a series queued together are one write, as
     /// client-go's event correlator folds them (1 for an Event of its own).
     pub occurrences: u32,
+    /// A series whose repeats come by the thousand (a rollout's nodes waiting on one budget):
+    /// the reporter writes its count at most once per pace ([`super::reporter::SERIES_PACE`]).
+    pub paced: bool,
 }
 
 impl EventReport {
@@ -89,6 +92,7 @@ impl EventReport {
             note: note.into(),
             series: None,
             occurrences: 1,
+            paced: false,
         }
     }
 
@@ -99,6 +103,16 @@ impl EventReport {
         Self {
             series: Some(key.into()),
             ..self
+        }
+    }
+
+    /// [`Self::in_series`], its count written at most once per
+    /// [`SERIES_PACE`](super::reporter::SERIES_PACE): for repeats that come by the thousand.
+    #[must_use]
+    pub fn in_paced_series(self, key: impl Into<String>) -> Self {
+        Self {
+            paced: true,
+            ..self.in_series(key)
         }
     }
 

@@ -151,20 +151,12 @@ impl NodeIdentity {
             let Some(node) = self.read(client).await? else {
                 return Ok(Updated::Gone);
             };
-            let mut changed = node.clone();
-            if !change(&mut changed) {
+            let Some(operations) = self.operations(&node, &mut change)? else {
                 return Ok(Updated::Unchanged(Box::new(node)));
-            }
-            let before = serde_json::to_value(&node).map_err(kube::Error::SerdeError)?;
-            let after = serde_json::to_value(&changed).map_err(kube::Error::SerdeError)?;
-            let mut operations = vec![
-                serde_json::json!({"op": "test", "path": "/metadata/uid", "value": self.uid}),
-                serde_json::json!({"op": "test", "path": "/metadata/resourceVersion",
-                    "value": node.metadata.resource_version}),
-            ];
-            let difference = serde_json::to_value(json_patch::diff(&before, &after))
-                .map_err(kube::Error::SerdeError)?;
-            operations.extend(difference.as_array().into_iter().flatten().cloned());
+            };
+            // Hundreds of nodes may wait their turn for a request at once: each holds its few
+            // operations while it waits, not the whole Node it read.
+            drop(node);
             match self.patch(client, &operations).await {
                 Ok(written) => return Ok(Updated::Written(Box::new(written))),
                 // Deleted between the read and the write (the last finalizer went).
@@ -175,6 +167,32 @@ impl NodeIdentity {
             }
         }
         Err(UpdateError::Contended(self.name.clone()))
+    }
+
+    /// The JSON patch that makes `node` what `change` makes of it, its first operations
+    /// testing the UID and the resourceVersion read; `None` when `change` changes nothing.
+    fn operations(
+        &self,
+        node: &Node,
+        change: &mut impl FnMut(&mut Node) -> bool,
+    ) -> Result<Option<Vec<serde_json::Value>>, kube::Error> {
+        let mut changed = node.clone();
+        if !change(&mut changed) {
+            return Ok(None);
+        }
+        let before = serde_json::to_value(node).map_err(kube::Error::SerdeError)?;
+        let after = serde_json::to_value(&changed).map_err(kube::Error::SerdeError)?;
+        let mut operations = vec![
+            serde_json::json!({"op": "test", "path": "/metadata/uid", "value": self.uid}),
+            serde_json::json!({"op": "test", "path": "/metadata/resourceVersion",
+                "value": node.metadata.resource_version}),
+        ];
+        let difference = serde_json::to_value(json_patch::diff(&before, &after))
+            .map_err(kube::Error::SerdeError)?;
+        if let serde_json::Value::Array(difference) = difference {
+            operations.extend(difference);
+        }
+        Ok(Some(operations))
     }
 
     /// Adds (`present`) or removes `finalizer` on this Node object without reading it: a

@@ -6,12 +6,17 @@
 //! until they land; ones the server will never accept (403, 422, …) are logged and dropped.
 //! Events are written in order, one object each. For a condition (per node and type) and a
 //! taint (per node and key) only the latest wish counts: a newer one replaces a pending older
-//! one. The worker takes in what was queued before every write, and writes taints and
+//! one. A repeat of a paced Event series ([`EventReport::in_paced_series`]) written less than
+//! [`SERIES_PACE`] ago waits out the rest of it, joined by the repeats after it: one count-up
+//! per series per pace, as client-go's event broadcaster updates a series on a heartbeat
+//! (every 30 minutes there) rather than per repeat; a rollout's thousands of waiting nodes
+//! were otherwise a write each. Other series (a failure retried on its backoff) count each
+//! repeat as it comes. The worker takes in what was queued before every write, and writes taints and
 //! conditions ahead of the Events waiting: a rollout's backlog of Events (thousands, seconds
 //! behind) once held every condition back until its nodes were gone. When every [`Reporter`]
 //! is dropped, what is still pending gets [`FLUSH_WINDOW`] to land.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -34,6 +39,8 @@ use crate::error_chain::Chain;
 pub const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// How long pending writes keep being retried after the program dropped its reporters.
 pub const FLUSH_WINDOW: Duration = Duration::from_secs(5);
+/// The least time between two writes of one Event series: its count is at most this late.
+pub const SERIES_PACE: Duration = Duration::from_secs(30);
 
 /// Where the writes go: the API server, or a recorder in tests.
 pub trait ReportSink: Send + Sync + 'static {
@@ -248,6 +255,10 @@ struct Pending {
     /// Per node, the latest wish per condition type, written together.
     conditions: BTreeMap<ConditionTarget, Vec<(ConditionSpec, ConditionGuard)>>,
     events: VecDeque<EventReport>,
+    /// Series repeats waiting out [`SERIES_PACE`] (by series key), each with when it is due.
+    paced: HashMap<String, (EventReport, Instant)>,
+    /// When each series was last written, for as long as that bears on the next repeat.
+    series_written: HashMap<String, Instant>,
     /// Writes of the current attempt that must be tried again after the pause; newer wishes
     /// and forgotten nodes take them out as they do the pending ones.
     retry_taints: Vec<TaintWrite>,
@@ -256,7 +267,54 @@ struct Pending {
 
 impl Pending {
     fn is_empty(&self) -> bool {
-        self.taints.is_empty() && self.conditions.is_empty() && self.events.is_empty()
+        !self.writable() && self.paced.is_empty()
+    }
+
+    /// Whether something waits to be written now (not a paced repeat, which waits its time).
+    fn writable(&self) -> bool {
+        !(self.taints.is_empty() && self.conditions.is_empty() && self.events.is_empty())
+    }
+
+    /// When the earliest paced series repeat falls due.
+    fn next_paced(&self) -> Option<Instant> {
+        self.paced.values().map(|(_, due)| *due).min()
+    }
+
+    /// Queues the paced repeats due by `now` (all of them when the program is stopping).
+    fn release_paced(&mut self, now: Instant, stopping: bool) {
+        let due: Vec<String> = self
+            .paced
+            .iter()
+            .filter(|(_, (_, due))| stopping || *due <= now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in due {
+            if let Some((event, _)) = self.paced.remove(&key) {
+                self.events.push_back(event);
+            }
+        }
+    }
+
+    /// A paced series' repeat is held while its series was written less than [`SERIES_PACE`]
+    /// ago.
+    fn pace(&mut self, event: EventReport) -> Option<EventReport> {
+        let Some(key) = event.series.clone().filter(|_| event.paced) else {
+            return Some(event);
+        };
+        if let Some((held, _)) = self.paced.get_mut(&key) {
+            held.occurrences = held.occurrences.saturating_add(event.occurrences);
+            return None;
+        }
+        let now = Instant::now();
+        self.series_written
+            .retain(|_, written| now.duration_since(*written) < SERIES_PACE);
+        match self.series_written.get(&key) {
+            Some(written) => {
+                self.paced.insert(key, (event, *written + SERIES_PACE));
+                None
+            }
+            None => Some(event),
+        }
     }
 
     fn add(&mut self, write: Write) {
@@ -273,7 +331,11 @@ impl Pending {
                     Some(queued) => {
                         queued.occurrences = queued.occurrences.saturating_add(event.occurrences);
                     }
-                    None => self.events.push_back(event),
+                    None => {
+                        if let Some(event) = self.pace(event) {
+                            self.events.push_back(event);
+                        }
+                    }
                 }
             }
             Write::Condition(new) => {
@@ -324,8 +386,13 @@ impl Pending {
                 let result = sink.event(event).await;
                 if keep_after(result, "Event", &event.reason) {
                     events_blocked = true;
-                } else {
-                    self.events.pop_front();
+                } else if let Some(key) = self
+                    .events
+                    .pop_front()
+                    .filter(|event| event.paced)
+                    .and_then(|event| event.series)
+                {
+                    self.series_written.insert(key, Instant::now());
                 }
             } else {
                 break;
@@ -346,7 +413,8 @@ impl Pending {
     fn abandon(&self) {
         let lost = self.taints.len()
             + self.conditions.values().map(Vec::len).sum::<usize>()
-            + self.events.len();
+            + self.events.len()
+            + self.paced.len();
         tracing::error!(
             lost,
             "the API server did not take the last writes before the program stopped"
@@ -401,6 +469,8 @@ async fn work(sink: impl ReportSink, receiver: mpsc::UnboundedReceiver<Write>) {
     loop {
         if writes.closed && flush_deadline.is_none() {
             flush_deadline = Some(Instant::now() + FLUSH_WINDOW);
+            // The program is stopping: its last counts go now, not a pace later.
+            pending.release_paced(Instant::now(), true);
         }
         if flush_deadline.is_some() && pending.is_empty() {
             return;
@@ -409,7 +479,8 @@ async fn work(sink: impl ReportSink, receiver: mpsc::UnboundedReceiver<Write>) {
             pending.abandon();
             return;
         }
-        let retrying = !pending.is_empty();
+        let retrying = pending.writable();
+        let paced = pending.next_paced();
         tokio::select! {
             write = writes.receiver.recv(), if !writes.closed => {
                 match write {
@@ -418,7 +489,9 @@ async fn work(sink: impl ReportSink, receiver: mpsc::UnboundedReceiver<Write>) {
                 }
             }
             () = tokio::time::sleep(RETRY_PAUSE), if retrying => {}
+            () = crate::timers::sleep_until_or_forever(paced) => {}
         }
+        pending.release_paced(Instant::now(), false);
         pending.attempt(&sink, &mut writes).await;
     }
 }
@@ -716,6 +789,58 @@ mod tests {
             sink.written(),
             ["event Before", "event Waiting x1001", "event Other"]
         );
+    }
+
+    /// Nodes that begin to wait one after another, each after the last write, are one
+    /// count-up of their paced series per [`SERIES_PACE`]; other Events are not held; the
+    /// count held when the program stops is written as it stops.
+    #[tokio::test(start_paused = true)]
+    async fn repeats_of_a_series_after_its_write_wait_out_the_pace_together() {
+        let sink = Recorder::default();
+        let (reporter, worker) = Reporter::start(sink.clone());
+        let written = |count: usize| {
+            let sink = sink.clone();
+            async move {
+                while sink.written().len() < count {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        let waiting = || event("Waiting").in_paced_series("budget/Waiting");
+        reporter.event(waiting());
+        written(1).await;
+        let first_written = Instant::now();
+        for _ in 0..5 {
+            reporter.event(waiting());
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        reporter.event(event("Failed").in_series("n1/Failed"));
+        written(2).await;
+        reporter.event(event("Failed").in_series("n1/Failed"));
+        reporter.event(event("Unpaced"));
+        written(4).await;
+        assert_eq!(
+            sink.written(),
+            [
+                "event Waiting",
+                "event Failed",
+                "event Failed",
+                "event Unpaced"
+            ]
+        );
+        written(5).await;
+        assert!(
+            first_written.elapsed() >= SERIES_PACE,
+            "the count-up came {:?} after the first write",
+            first_written.elapsed()
+        );
+        assert_eq!(sink.written()[4], "event Waiting x5");
+        reporter.event(waiting());
+        reporter.event(waiting());
+        drop(reporter);
+        worker.wait().await;
+        assert_eq!(sink.written().len(), 6);
+        assert_eq!(sink.written()[5], "event Waiting x2");
     }
 
     #[tokio::test(start_paused = true)]
