@@ -5,7 +5,7 @@
 //! LIST of a budget's nodes, not one per node it grants.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Mutex, watch};
@@ -18,8 +18,13 @@ use tokio::sync::{Mutex, watch};
 pub struct Fresh<T> {
     /// How many reads have begun.
     begun_count: AtomicU64,
-    /// The number of the last read and what it gave; locked while a read is under way.
+    /// The number of the last read and what it gave, while a caller may still take it;
+    /// locked while a read is under way.
     last: Mutex<Option<(u64, T)>>,
+    /// Callers between their ask and their answer. The last one out drops `last`: a caller who
+    /// asks after a read began never takes it, and a read of thousands of Nodes kept for no
+    /// one was most of a rollout's idle memory.
+    asking: AtomicUsize,
     /// Ticks as each read begins, for callers waiting to join the next.
     begun: watch::Sender<()>,
 }
@@ -29,6 +34,7 @@ impl<T> Default for Fresh<T> {
         Self {
             begun_count: AtomicU64::new(0),
             last: Mutex::new(None),
+            asking: AtomicUsize::new(0),
             begun: watch::Sender::new(()),
         }
     }
@@ -41,8 +47,8 @@ impl<T: Clone> Fresh<T> {
     where
         Fut: Future<Output = Result<T, E>>,
     {
-        self.get_since(self.begun_count.load(Ordering::SeqCst), read)
-            .await
+        let (asking, asked) = self.ask();
+        self.get_since(asking, asked, read).await
     }
 
     /// [`Self::get`], but joining a read some other caller begins within `within` rather than
@@ -57,32 +63,62 @@ impl<T: Clone> Fresh<T> {
         Fut: Future<Output = Result<T, E>>,
     {
         let mut begun = self.begun.subscribe();
-        let asked = self.begun_count.load(Ordering::SeqCst);
+        let (asking, asked) = self.ask();
         // Past `within`, or on any read beginning from now on: either way the read below is
         // the first that began after `asked`, waited for if it is under way.
         let _ = tokio::time::timeout(within, begun.changed()).await;
-        self.get_since(asked, read).await
+        self.get_since(asking, asked, read).await
+    }
+
+    /// Counts the caller in before it reads how many reads have begun, so that whoever sees
+    /// itself the last one out knows no one asked before its read began.
+    fn ask(&self) -> (Asking<'_>, u64) {
+        self.asking.fetch_add(1, Ordering::SeqCst);
+        let asking = Asking(&self.asking);
+        (asking, self.begun_count.load(Ordering::SeqCst))
     }
 
     /// `asked`: how many reads had begun when the caller asked; a read numbered above it
     /// began after.
-    async fn get_since<E, Fut>(&self, asked: u64, read: impl FnOnce() -> Fut) -> Result<T, E>
+    async fn get_since<E, Fut>(
+        &self,
+        asking: Asking<'_>,
+        asked: u64,
+        read: impl FnOnce() -> Fut,
+    ) -> Result<T, E>
     where
         Fut: Future<Output = Result<T, E>>,
     {
         // One read at a time: whoever waits here reuses the read made while it waited, when
         // that read began after it asked.
         let mut last = self.last.lock().await;
-        if let Some((number, value)) = last.as_ref()
-            && *number > asked
-        {
-            return Ok(value.clone());
+        let answer = match last.as_ref() {
+            Some((number, value)) if *number > asked => Ok(value.clone()),
+            _ => {
+                let number = self.begun_count.fetch_add(1, Ordering::SeqCst) + 1;
+                self.begun.send_replace(());
+                let answer = read().await;
+                if let Ok(value) = &answer {
+                    *last = Some((number, value.clone()));
+                }
+                answer
+            }
+        };
+        // Anyone who asks from now on asks after this read began: it is no one's any more.
+        if self.asking.load(Ordering::SeqCst) == 1 {
+            *last = None;
         }
-        let number = self.begun_count.fetch_add(1, Ordering::SeqCst) + 1;
-        self.begun.send_replace(());
-        let value = read().await?;
-        *last = Some((number, value.clone()));
-        Ok(value)
+        drop(asking);
+        answer
+    }
+}
+
+/// One caller between its ask and its answer (dropped with it, answered or not).
+struct Asking<'a>(&'a AtomicUsize);
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -132,6 +168,35 @@ mod tests {
         // Later, alone: a read of its own.
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(fresh.get(|| read(Arc::clone(&reads))).await.unwrap(), 5);
+    }
+
+    /// A read is kept only while someone who asked before it began may take it: once every
+    /// caller has its answer, the only copies are theirs.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_is_not_kept_once_every_caller_has_it() {
+        let fresh = Arc::new(Fresh::<Arc<Vec<u8>>>::default());
+        let read = || async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok::<_, ()>(Arc::new(vec![0; 1024]))
+        };
+        let alone = fresh.get(read).await.unwrap();
+        assert_eq!(Arc::strong_count(&alone), 1, "kept after its only caller");
+        let together = futures::future::join_all((0..3).map(|_| {
+            let fresh = Arc::clone(&fresh);
+            async move { fresh.get(read).await.unwrap() }
+        }))
+        .await;
+        // The first began a read; the two that asked while it was under way share the next.
+        assert!(
+            Arc::ptr_eq(&together[1], &together[2]),
+            "callers that asked together share one read"
+        );
+        assert_eq!(Arc::strong_count(&together[0]), 1, "kept after its caller");
+        assert_eq!(Arc::strong_count(&together[1]), 2, "kept after its callers");
+        let failed = fresh.get(|| async { Err::<Arc<Vec<u8>>, ()>(()) }).await;
+        assert!(failed.is_err());
+        let after = fresh.get(read).await.unwrap();
+        assert_eq!(Arc::strong_count(&after), 1);
     }
 
     #[tokio::test(start_paused = true)]
