@@ -309,11 +309,13 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
             });
         }
     }
-    if termination {
-        await_drain_deadline_events(&client).await;
-    }
     if orphans_judged {
         violations.extend(orphans_past_the_bound(&client, &recording).await?);
+    }
+    // Just before the programs stop: a drain deadline can fall due while the orphans are
+    // waited for, and its delete's Event must not be judged missing before it was sent.
+    if termination {
+        await_drain_deadline_events(&client).await;
     }
     for replica in &mut replicas {
         if let Some(mut process) = replica.process.take() {
