@@ -139,6 +139,85 @@ async fn resource_versions_are_global_and_lists_paginate() -> Result<()> {
     Ok(())
 }
 
+/// Every page of a list is of its first page's moment, as etcd serves a continued list: writes
+/// between pages do not show in it, and a watch from the list's version delivers them. A
+/// continue token older than the history is refused (410), as after etcd's compaction.
+#[tokio::test]
+async fn a_continued_list_reads_its_first_pages_moment() -> Result<()> {
+    let sim = bare().await?;
+    let leases: Api<Lease> = Api::namespaced(sim.client(), "default");
+    for name in ["a", "b", "c"] {
+        leases.create(&PostParams::default(), &lease(name)?).await?;
+    }
+    let first = leases.list(&ListParams::default().limit(1)).await?;
+    let version = first.metadata.resource_version.clone().unwrap();
+    let token = first.metadata.continue_.clone().unwrap();
+
+    let relabel = json!({"metadata": {"labels": {"team": "b"}}});
+    leases
+        .patch("b", &PatchParams::default(), &Patch::Merge(&relabel))
+        .await?;
+    leases.delete("c", &DeleteParams::default()).await?;
+    leases.create(&PostParams::default(), &lease("bb")?).await?;
+
+    let mut seen = vec![first.items[0].clone()];
+    let mut params = ListParams::default().limit(1).continue_token(&token);
+    loop {
+        let page = leases.list(&params).await?;
+        ensure!(
+            page.metadata.resource_version.as_deref() == Some(version.as_str()),
+            "every page carries the first page's version: {:?}",
+            page.metadata
+        );
+        seen.extend(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    let described: Vec<(String, String)> = seen
+        .iter()
+        .map(|lease| {
+            let team = lease.metadata.labels.as_ref().and_then(|l| l.get("team"));
+            (
+                lease.metadata.name.clone().unwrap(),
+                team.cloned().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let expected = [("a", "a"), ("b", "a"), ("c", "a")].map(|(n, t)| (n.into(), t.into()));
+    ensure!(described == expected, "{described:?}");
+
+    let mut changes = leases
+        .watch(&WatchParams::default(), &version)
+        .await?
+        .boxed();
+    let mut watched = Vec::new();
+    while watched.len() < 3 {
+        let change = match changes.try_next().await?.context("the watch ended")? {
+            WatchEvent::Modified(l) => format!("modified {}", l.metadata.name.unwrap()),
+            WatchEvent::Deleted(l) => format!("deleted {}", l.metadata.name.unwrap()),
+            WatchEvent::Added(l) => format!("added {}", l.metadata.name.unwrap()),
+            _ => continue,
+        };
+        watched.push(change);
+    }
+    ensure!(
+        watched == ["modified b", "deleted c", "added bb"],
+        "{watched:?}"
+    );
+
+    sim.store().compact();
+    let expired = leases
+        .list(&ListParams::default().limit(1).continue_token(&token))
+        .await;
+    match expired {
+        Err(kube::Error::Api(status)) => ensure!(status.code == 410, "{status:?}"),
+        other => anyhow::bail!("expected 410, got {other:?}"),
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn selectors_filter_lists_including_not_equal() -> Result<()> {
     let sim = bare().await?;

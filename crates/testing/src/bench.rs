@@ -31,7 +31,8 @@ impl Drop for BenchedController {
 impl BenchedController {
     /// Starts `binary` against `kubeconfig` without leader election, quiet, with `flags`
     /// added. `NODEGRACE_BENCH_PROFILER` (`heaptrack -o /tmp/tc`, say) runs it under that
-    /// profiler; where the memory goes is then the profiler's to say.
+    /// profiler; where the memory goes is then the profiler's to say. `NODEGRACE_BENCH_LOG`
+    /// (a file) takes its log at debug level instead, for a run that stalls.
     pub fn start(
         binary: &str,
         metrics_prefix: &'static str,
@@ -50,13 +51,23 @@ impl BenchedController {
             }
             _ => Command::new(binary),
         };
+        let (log_level, log) = match std::env::var_os("NODEGRACE_BENCH_LOG") {
+            Some(path) => ("debug", Some(std::fs::File::create(path)?)),
+            None => ("warn", None),
+        };
+        let output = |log: Option<&std::fs::File>| -> Result<Stdio> {
+            Ok(match log {
+                Some(file) => file.try_clone()?.into(),
+                None => Stdio::null(),
+            })
+        };
         let child = command
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--admin-listen=127.0.0.1:{port}"))
-            .args(["--leader-elect=false", "--log-level=warn"])
+            .args(["--leader-elect=false", &format!("--log-level={log_level}")])
             .args(flags)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(output(log.as_ref())?)
+            .stderr(output(log.as_ref())?)
             .spawn()
             .with_context(|| format!("start {binary}"))?;
         Ok(Self {

@@ -68,23 +68,39 @@ pub fn get(
     ))
 }
 
-/// Continue tokens carry the key the next page starts after, and how many items the pages
-/// before it returned.
-fn encode_continue(key: &ObjectKey, returned: u64) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .encode(serde_json::to_vec(&json!([key.0, key.1, returned])).unwrap_or_default())
+/// Where a list continues: after `key`, `returned` items into it, at `revision` (its first
+/// page's, which every page of it reads).
+struct Continue {
+    key: ObjectKey,
+    returned: u64,
+    revision: u64,
 }
 
-fn decode_continue(token: &str) -> Result<(ObjectKey, u64), ApiError> {
+fn encode_continue(token: &Continue) -> String {
+    let Continue {
+        key: (namespace, name),
+        returned,
+        revision,
+    } = token;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(
+        serde_json::to_vec(&json!([namespace, name, returned, revision])).unwrap_or_default(),
+    )
+}
+
+fn decode_continue(token: &str) -> Result<Continue, ApiError> {
     let invalid = || {
         ApiError::bad_request("continue key is not valid: the token was not issued by this server")
     };
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)
         .map_err(|_| invalid())?;
-    let (namespace, name, returned): (String, String, u64) =
+    let (namespace, name, returned, revision): (String, String, u64, u64) =
         serde_json::from_slice(&bytes).map_err(|_| invalid())?;
-    Ok(((namespace, name), returned))
+    Ok(Continue {
+        key: (namespace, name),
+        returned,
+        revision,
+    })
 }
 
 pub fn list(
@@ -96,16 +112,23 @@ pub fn list(
 ) -> Result<Response, ApiError> {
     let matches = filter(kind, query)?;
     let after = query.get("continue").map(decode_continue).transpose()?;
-    let page = app.store.list(
-        kind,
-        namespace,
-        after.as_ref().map(|(key, _)| key),
-        query.limit()?,
-        &matches,
-    );
+    let limit = query.limit()?;
+    let page = match &after {
+        Some(after) => {
+            app.store
+                .list_at(kind, namespace, &after.key, limit, &matches, after.revision)?
+        }
+        None => app.store.list(kind, namespace, None, limit, &matches),
+    };
     let revision = page.resource_version.to_string();
-    let returned = after.map_or(0, |(_, returned)| returned) + page.items.len() as u64;
-    let next = page.next.as_ref().map(|key| encode_continue(key, returned));
+    let returned = after.map_or(0, |after| after.returned) + page.items.len() as u64;
+    let next = page.next.as_ref().map(|key| {
+        encode_continue(&Continue {
+            key: key.clone(),
+            returned,
+            revision: page.resource_version,
+        })
+    });
     // The etcd3 store counts what is left only for a list without selectors.
     let selected = query.get("labelSelector").is_some_and(|s| !s.is_empty())
         || query.get("fieldSelector").is_some_and(|s| !s.is_empty());

@@ -55,8 +55,9 @@ pub struct Change {
     pub collection: String,
     pub namespace: String,
     pub object: Arc<Value>,
-    /// The object before a modification, so a filtered watch can tell an object leaving its
-    /// set from one entering it (the watch cache keeps prevObject for the same reason).
+    /// The object before a modification or deletion, so a filtered watch can tell an object
+    /// leaving its set from one entering it (the watch cache keeps prevObject for the same
+    /// reason), and a continued list can read the collection as it was.
     pub previous: Option<Arc<Value>>,
     pub resource_version: u64,
 }
@@ -222,41 +223,74 @@ impl Store {
         filter: &dyn Fn(&Value) -> bool,
     ) -> Page {
         let state = self.lock();
-        let resource_version = state.revision;
-        let mut items = Vec::new();
-        let mut next = None;
-        if let Some(objects) = state.collections.get(&kind.key()) {
-            let start = match (after, namespace) {
-                (Some(after), _) => Bound::Excluded(after.clone()),
-                (None, Some(namespace)) => Bound::Included((namespace.to_owned(), String::new())),
-                (None, None) => Bound::Unbounded,
-            };
-            let mut last_key: Option<&ObjectKey> = None;
-            for (key, object) in objects.range((start, Bound::Unbounded)) {
-                if namespace.is_some_and(|namespace| key.0 != namespace) {
-                    break;
-                }
-                if !filter(object) {
-                    continue;
-                }
-                if limit > 0 && items.len() == limit {
-                    next = last_key.cloned();
-                    break;
-                }
-                items.push(Arc::clone(object));
-                last_key = Some(key);
-            }
-        }
-        Page {
-            items,
-            next,
-            resource_version,
-        }
+        let start = match (after, namespace) {
+            (Some(after), _) => Bound::Excluded(after.clone()),
+            (None, Some(namespace)) => Bound::Included((namespace.to_owned(), String::new())),
+            (None, None) => Bound::Unbounded,
+        };
+        let objects = state
+            .collections
+            .get(&kind.key())
+            .into_iter()
+            .flat_map(|objects| objects.range((start.clone(), Bound::Unbounded)));
+        page(objects, namespace, limit, filter, state.revision)
     }
 
-    /// How many objects of the collection (in `namespace`, when given) follow `last`: for a
-    /// list of every namespace, the collection's size less the `returned` items of the pages so
-    /// far, as the pages do not look at the rest.
+    /// [`Self::list`] as the collection was at `revision`: the next page of a list begun then.
+    /// As etcd reads a continued list at its first page's revision, every page of one list
+    /// is of one moment, and a watch from that revision misses nothing; a list whose revision
+    /// the history no longer reaches back to is gone (410), as after etcd's compaction.
+    pub fn list_at(
+        &self,
+        kind: &ResourceType,
+        namespace: Option<&str>,
+        after: &ObjectKey,
+        limit: usize,
+        filter: &dyn Fn(&Value) -> bool,
+        revision: u64,
+    ) -> Result<Page, ApiError> {
+        let state = self.lock();
+        if revision < state.compacted {
+            return Err(ApiError::gone(CONTINUE_TOO_OLD));
+        }
+        let collection = kind.key();
+        // What each object changed since was then: its first change since holds it (none for
+        // one created since). Walked from the newest, so the first change is written last.
+        let mut then: BTreeMap<ObjectKey, Option<Arc<Value>>> = BTreeMap::new();
+        for change in state
+            .history
+            .iter()
+            .rev()
+            .take_while(|change| change.resource_version > revision)
+            .filter(|change| change.collection == collection)
+        {
+            let name = change.object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default();
+            then.insert(
+                (change.namespace.clone(), name.to_owned()),
+                change.previous.clone(),
+            );
+        }
+        let start = || (Bound::Excluded(after.clone()), Bound::Unbounded);
+        let unchanged = state
+            .collections
+            .get(&collection)
+            .into_iter()
+            .flat_map(|objects| objects.range(start()))
+            .filter(|(key, _)| !then.contains_key(*key));
+        let restored = then
+            .range(start())
+            .filter_map(|(key, object)| object.as_ref().map(|object| (key, object)));
+        Ok(page(
+            merged(unchanged, restored),
+            namespace,
+            limit,
+            filter,
+            revision,
+        ))
+    }
+
     pub fn count_after(
         &self,
         kind: &ResourceType,
@@ -465,7 +499,8 @@ impl Store {
     pub fn compact(&self) {
         let mut state = self.lock();
         state.history.clear();
-        state.compacted = state.revision + 1;
+        // A watch from the current version misses nothing: only older ones are too old.
+        state.compacted = state.revision;
     }
 
     /// The collection's objects in one go (for controllers and benchmarks).
@@ -513,9 +548,10 @@ impl Store {
     ) -> Arc<Value> {
         state.revision += 1;
         let revision = state.revision;
-        if let Some(objects) = state.collections.get_mut(&kind.key()) {
-            objects.remove(&key);
-        }
+        let previous = state
+            .collections
+            .get_mut(&kind.key())
+            .and_then(|objects| objects.remove(&key));
         let mut last = last.clone();
         last["metadata"]["resourceVersion"] = Value::String(revision.to_string());
         let last = Arc::new(last);
@@ -524,7 +560,7 @@ impl Store {
             kind,
             key.0,
             ChangeKind::Deleted,
-            (Arc::clone(&last), None),
+            (Arc::clone(&last), previous),
             revision,
         );
         if kind.group == "apiextensions.k8s.io" {
@@ -561,6 +597,56 @@ impl Store {
         // No receivers is fine: nobody is watching.
         let _ = self.inner.changes.send(change);
     }
+}
+
+/// What a continue token from before the history's start gets (the etcd3 store's words).
+const CONTINUE_TOO_OLD: &str = "The provided continue parameter is too old to display a \
+    consistent list result. You can start a new list without the continue parameter.";
+
+/// Up to `limit` of `objects` (in key order, from where the page starts) matching `filter`,
+/// within `namespace` if given.
+fn page<'a>(
+    objects: impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)>,
+    namespace: Option<&str>,
+    limit: usize,
+    filter: &dyn Fn(&Value) -> bool,
+    resource_version: u64,
+) -> Page {
+    let mut items = Vec::new();
+    let mut next = None;
+    let mut last_key: Option<&ObjectKey> = None;
+    for (key, object) in objects {
+        if namespace.is_some_and(|namespace| key.0 != namespace) {
+            break;
+        }
+        if !filter(object) {
+            continue;
+        }
+        if limit > 0 && items.len() == limit {
+            next = last_key.cloned();
+            break;
+        }
+        items.push(Arc::clone(object));
+        last_key = Some(key);
+    }
+    Page {
+        items,
+        next,
+        resource_version,
+    }
+}
+
+/// Two key-ordered sequences of distinct keys as one.
+fn merged<'a>(
+    left: impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)>,
+    right: impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)>,
+) -> impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)> {
+    let (mut left, mut right) = (left.peekable(), right.peekable());
+    std::iter::from_fn(move || match (left.peek(), right.peek()) {
+        (Some((l, _)), Some((r, _))) if r < l => right.next(),
+        (Some(_), _) => left.next(),
+        (None, _) => right.next(),
+    })
 }
 
 fn stored(state: &State, kind: &ResourceType, key: &ObjectKey) -> Result<Arc<Value>, ApiError> {

@@ -172,7 +172,8 @@ pub fn reconcile(store: &Store, timings: Timings, memory: &mut Memory) {
         let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
             continue;
         };
-        if terminated(&pod) {
+        // Most pods name no claim: they are passed over before the store is asked anything.
+        if pod_claims(&pod).is_empty() || terminated(&pod) {
             continue;
         }
         for volume in pod_csi_volumes(store, &pod) {
