@@ -718,3 +718,35 @@ async fn a_cleanup_waiting_for_a_detach_does_not_wake_itself() -> Result<()> {
     );
     gc.stop().await
 }
+
+/// More nodes tainted at once than cleanups run at once: the others wait their turn, and every
+/// node is cleaned.
+#[tokio::test]
+async fn an_outage_of_more_nodes_than_cleanups_at_once_cleans_them_all() -> Result<()> {
+    const NODES: usize = 20;
+    let sim = sim(NODES, world()).await?;
+    let client = sim.client();
+    let names: Vec<String> = (0..NODES).map(|index| format!("node-{index}")).collect();
+    for name in &names {
+        running_pods(&client, name, 2).await?;
+    }
+    let controller = controller(&sim, &["--api-qps=1000", "--api-burst=1000"]).await?;
+    for name in &names {
+        kill(&client, name).await?;
+    }
+    futures::future::try_join_all(names.iter().map(|name| taint(&client, name))).await?;
+    wait_for("every dead node's pods to be force-deleted", || async {
+        for name in &names {
+            if !pod_names(&client, name).await?.is_empty() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
+    .await?;
+    ensure!(
+        controller.counter("pods_force_deleted").await? == (2 * NODES) as u64,
+        "each pod force-deleted once"
+    );
+    controller.stop().await
+}
