@@ -254,8 +254,8 @@ impl Store {
             return Err(ApiError::gone(CONTINUE_TOO_OLD));
         }
         let collection = kind.key();
-        // What each object changed since was then: its first change since holds it (none for
-        // one created since). Walked from the newest, so the first change is written last.
+        // Each object changed since `revision`, as it was then: its first change since holds
+        // it (none for one created since). Walked from the newest, so the first is kept.
         let mut then: BTreeMap<ObjectKey, Option<Arc<Value>>> = BTreeMap::new();
         for change in state
             .history
@@ -291,6 +291,9 @@ impl Store {
         ))
     }
 
+    /// How many objects of the collection (in `namespace`, when given) follow `last`: for a
+    /// list of every namespace, the collection's size less the `returned` items of the pages so
+    /// far, as the pages do not look at the rest.
     pub fn count_after(
         &self,
         kind: &ResourceType,
