@@ -380,3 +380,37 @@ async fn a_conflict_on_the_node_itself_is_retried_not_taken_for_a_namesake() -> 
     );
     Ok(())
 }
+
+/// A caller that marks the changes so far seen is woken by the next change, and not again
+/// for the listing it is about to read.
+#[tokio::test]
+async fn a_watch_marked_seen_wakes_only_for_later_changes() -> Result<()> {
+    use futures::FutureExt;
+    use nodegrace_core::k8s::watched::{WatchCounters, Watched};
+    let (_sim, nodes) = sim_with_node().await?;
+    let watched = Watched::start(
+        nodes.clone(),
+        kube::runtime::watcher::Config::default(),
+        WatchCounters::default(),
+    );
+    watched.synced().await?;
+    let mut unmarked = watched.clone();
+    let mut seen = watched;
+    seen.mark_seen();
+    ensure!(
+        unmarked.changed().now_or_never().is_some(),
+        "the first listing counts as a change until it is seen"
+    );
+    ensure!(
+        seen.changed().now_or_never().is_none(),
+        "nothing changed since it was marked seen"
+    );
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(kube_sim::populate::node("n2"))?,
+        )
+        .await?;
+    tokio::time::timeout(nodegrace_testing::WAIT, seen.changed()).await??;
+    Ok(())
+}

@@ -157,6 +157,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
         liveness_guard,
         liveness_guard_window,
         auto_untaint,
+        clean_node_recheck,
         auto_taint_after,
         fencing,
     } = args;
@@ -188,7 +189,8 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
             &provider_metrics,
             &nodes,
         )?;
-        let attachments = watch_attachments(&cluster.client, &cluster.dirty);
+        let attachment_changes = Arc::new(Dirty::default());
+        let attachments = watch_attachments(&cluster.client, &attachment_changes);
         let heartbeats = Arc::new(Heartbeats::new(tokio::time::Instant::now()));
         // Watched from the start, leader or not: a new leader must already know which kubelets
         // were heard from lately, or it would have to wait a whole window before any cleanup.
@@ -218,6 +220,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
                     liveness_guard,
                     guard_window: liveness_guard_window,
                     auto_untaint,
+                    clean_node_recheck,
                 },
                 attachments,
                 heartbeats,
@@ -225,6 +228,7 @@ pub async fn start(args: Args, stop: CancellationToken) -> Result<Started<anyhow
             }),
             nodes,
             dirty: Arc::clone(&cluster.dirty),
+            attachment_changes,
             auto_taint: auto_taint_after.map(|after| AutoTaint {
                 after,
                 provider: cluster

@@ -67,6 +67,10 @@ impl LiveView {
 pub enum Outcome {
     Finished,
     Wait(Option<Duration>),
+    /// Clean, tainted and down: nothing is left to do until the node or its attachments
+    /// change, or a pod is bound to it anew, which its pod watch no longer needs to stay open
+    /// for (see [`NodeCleanup::close_pods`]).
+    Rest,
 }
 
 /// What was said already, so a pass that finds the same state says nothing new.
@@ -96,7 +100,8 @@ pub struct NodeCleanup {
     /// The Node object this task looks after: a namesake registered under its name is
     /// another task's.
     node: NodeIdentity,
-    pods: Watched<Pod>,
+    /// The watch of the node's pods, while one is open.
+    pods: Mutex<Option<Watched<Pod>>>,
     /// `--fence-after`: the fencing agent, which also powers a clean fenced node on again.
     fencer: Option<Arc<Fencer>>,
     live: Fresh<LiveView>,
@@ -129,25 +134,56 @@ fn trim_pod(pod: &mut Pod) {
 impl NodeCleanup {
     /// Starts watching the pods bound to `node` (and only those).
     pub fn new(shared: Arc<Shared>, node: NodeIdentity, fencer: Option<Arc<Fencer>>) -> Self {
-        let pods = Watched::start_trimmed(
-            Api::all(shared.client.clone()),
-            watcher::Config::default().fields(&format!("spec.nodeName={}", node.name())),
-            WatchCounters::default(),
-            trim_pod,
-        );
-        Self {
+        let cleanup = Self {
             shared,
             node,
-            pods,
+            pods: Mutex::default(),
             fencer,
             live: Fresh::default(),
             said: Mutex::default(),
             deleted: Mutex::default(),
-        }
+        };
+        cleanup.pods();
+        cleanup
     }
 
-    pub fn pods(&self) -> &Watched<Pod> {
-        &self.pods
+    /// The watch of the node's pods, opened anew if it was closed.
+    pub fn pods(&self) -> Watched<Pod> {
+        let mut pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        pods.get_or_insert_with(|| {
+            Watched::start_trimmed(
+                Api::all(self.shared.client.clone()),
+                watcher::Config::default().fields(&format!("spec.nodeName={}", self.node.name())),
+                WatchCounters::default(),
+                trim_pod,
+            )
+        })
+        .clone()
+    }
+
+    /// Closes the pod watch once the caller's clones are gone too. A zone outage leaves
+    /// hundreds of nodes clean and tainted for hours: each open watch holds an HTTP/1.1
+    /// connection of its own, its buffers grown by the first LIST, about 100 KiB a node.
+    /// The deletions the watch has seen through are forgotten with it.
+    pub fn close_pods(&self) {
+        let Some(pods) = self
+            .pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        else {
+            return;
+        };
+        let present: HashSet<String> = pods.state().iter().filter_map(|pod| pod.uid()).collect();
+        let attachments: HashSet<String> = self
+            .attachments()
+            .iter()
+            .filter_map(|attachment| attachment.uid())
+            .collect();
+        self.deleted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|uid| present.contains(uid) || attachments.contains(uid));
     }
 
     pub fn shared(&self) -> &Shared {
@@ -307,7 +343,7 @@ impl NodeCleanup {
     /// The node's pods by what the taint means for each now.
     fn sort(&self, taint: &Taint, since: Timestamp, now: Timestamp) -> Sorted {
         let mut sorted = Sorted::default();
-        for pod in self.pods.state() {
+        for pod in self.pods().state() {
             match pod_verdict(&pod, taint, since, now) {
                 PodVerdict::ForceDelete if self.deleted_by_us(pod.uid()) => {}
                 PodVerdict::ForceDelete => sorted.victims.push(pod),
@@ -392,10 +428,11 @@ impl NodeCleanup {
             );
         }
         match (&self.fencer, view.node.as_deref()) {
-            (Some(fencer), Some(node)) => Ok(Outcome::Wait(
-                fencer.recover(&self.shared, &self.node, node).await?,
-            )),
-            _ => Ok(Outcome::Wait(None)),
+            (Some(fencer), Some(node)) => Ok(fencer
+                .recover(&self.shared, &self.node, node)
+                .await?
+                .map_or(Outcome::Rest, |wait| Outcome::Wait(Some(wait)))),
+            _ => Ok(Outcome::Rest),
         }
     }
 
@@ -419,7 +456,7 @@ impl NodeCleanup {
         // is done with, as the cleanup counted it: it holds the taint no more than it held
         // the cleanup.
         let (left, staying): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) =
-            self.pods.state().into_iter().partition(|pod| {
+            self.pods().state().into_iter().partition(|pod| {
                 matches!(
                     pod_verdict(pod, taint, since, now),
                     PodVerdict::ForceDelete | PodVerdict::ForceDeleteAt(_)

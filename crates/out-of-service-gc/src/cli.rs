@@ -37,6 +37,12 @@ pub struct Args {
     /// to it before (pods that do not tolerate the taint, VolumeAttachments) remains.
     #[arg(long, env = "NODEGRACE_AUTO_UNTAINT", default_value_t = false, action = clap::ArgAction::Set)]
     pub auto_untaint: bool,
+    /// How often a clean node that stays out of service is looked at again for pods bound to
+    /// it since (a duration, e.g. 5m). Its pod watch is closed while it rests; a change of the
+    /// node or of its VolumeAttachments looks at it at once. Only a pod created with its
+    /// spec.nodeName already set bypasses the scheduler and the NoExecute taint to get there.
+    #[arg(long, env = "NODEGRACE_CLEAN_NODE_RECHECK", default_value = "5m", value_parser = duration_flag)]
+    pub clean_node_recheck: Duration,
     /// Taint a node that has been NotReady this long (a duration, e.g. 5m) and is confirmed
     /// powered off in this outage: annotated nodegrace.io/fenced=<RFC 3339 time of the fence,
     /// after the NotReady transition>, or stopped/terminated according to --instance-provider.

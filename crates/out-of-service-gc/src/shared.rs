@@ -41,6 +41,8 @@ pub struct Settings {
     pub liveness_guard: bool,
     pub guard_window: Option<Duration>,
     pub auto_untaint: bool,
+    /// `--clean-node-recheck`.
+    pub clean_node_recheck: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]

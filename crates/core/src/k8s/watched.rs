@@ -170,6 +170,12 @@ where
         self.store.get(&reference)
     }
 
+    /// Counts every change so far as seen by this clone: a caller about to read the whole
+    /// state is not woken again for what it is going to read.
+    pub fn mark_seen(&mut self) {
+        self.changes.borrow_and_update();
+    }
+
     /// Waits for the next change after the last one this clone saw.
     pub async fn changed(&mut self) -> Result<(), WatchEnded> {
         self.changes.changed().await.map_err(|_| WatchEnded)
