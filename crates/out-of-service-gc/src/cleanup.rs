@@ -132,9 +132,9 @@ fn trim_pod(pod: &mut Pod) {
 }
 
 impl NodeCleanup {
-    /// Starts watching the pods bound to `node` (and only those).
+    /// The cleanup of `node`; its pod watch opens with the first [`Self::pods`].
     pub fn new(shared: Arc<Shared>, node: NodeIdentity, fencer: Option<Arc<Fencer>>) -> Self {
-        let cleanup = Self {
+        Self {
             shared,
             node,
             pods: Mutex::default(),
@@ -142,12 +142,10 @@ impl NodeCleanup {
             live: Fresh::default(),
             said: Mutex::default(),
             deleted: Mutex::default(),
-        };
-        cleanup.pods();
-        cleanup
+        }
     }
 
-    /// The watch of the node's pods, opened anew if it was closed.
+    /// The watch of the pods bound to the node (and only those), opened if it is not open.
     pub fn pods(&self) -> Watched<Pod> {
         let mut pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
         pods.get_or_insert_with(|| {

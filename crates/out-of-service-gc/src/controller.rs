@@ -554,7 +554,6 @@ async fn look_after(
             }
         };
         let resting = matches!(passed, Ok(Outcome::Rest));
-        let watched = pods.get_or_insert_with(|| cleanup.pods());
         let timer = nodegrace_core::timers::sleep_or_forever(wait);
         let quiet = tokio::select! {
             () = stop.cancelled() => return node,
