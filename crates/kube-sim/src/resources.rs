@@ -47,6 +47,11 @@ impl ResourceType {
         }
     }
 
+    /// core/v1 pods: the kind the store indexes by node.
+    pub fn is_core_pods(&self) -> bool {
+        self.group.is_empty() && self.plural == "pods"
+    }
+
     /// The store key: one collection per group and plural, whatever the version.
     pub fn key(&self) -> String {
         format!("{}/{}", self.group, self.plural)

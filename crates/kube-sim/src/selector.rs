@@ -224,6 +224,14 @@ impl FieldSelector {
         self.terms.is_empty()
     }
 
+    /// The value an `field=value` term requires, if there is one.
+    pub fn required(&self, field: &str) -> Option<&str> {
+        self.terms
+            .iter()
+            .find(|(name, equal, _)| *equal && name == field)
+            .map(|(_, _, value)| value.as_str())
+    }
+
     pub fn matches(&self, object: &Value) -> bool {
         self.terms
             .iter()

@@ -266,6 +266,72 @@ async fn selectors_filter_lists_including_not_equal() -> Result<()> {
     Ok(())
 }
 
+/// A pod list by `spec.nodeName` is read from the store's node index: it must still answer
+/// as a scan would, through deletions, namespaces, other terms, pages and unbound pods.
+#[tokio::test]
+async fn pods_listed_by_node_follow_their_binding_and_deletion() -> Result<()> {
+    let sim = bare().await?;
+    let namespaces: Api<Namespace> = Api::all(sim.client());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "other"}}))?,
+        )
+        .await?;
+    let pod = |name: &str, node: &str| -> Result<Pod> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"app": name}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}
+        }))?)
+    };
+    let here: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let there: Api<Pod> = Api::namespaced(sim.client(), "other");
+    for (name, node) in [("a", "n1"), ("b", "n1"), ("c", "n2"), ("d", "")] {
+        here.create(&PostParams::default(), &pod(name, node)?)
+            .await?;
+    }
+    there
+        .create(&PostParams::default(), &pod("e", "n1")?)
+        .await?;
+    let all: Api<Pod> = Api::all(sim.client());
+    let names = |list: kube::core::ObjectList<Pod>| {
+        list.items
+            .into_iter()
+            .map(|pod| {
+                format!(
+                    "{}/{}",
+                    pod.metadata.namespace.unwrap_or_default(),
+                    pod.metadata.name.unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let on = |fields: &str| ListParams::default().fields(fields);
+    ensure!(
+        names(all.list(&on("spec.nodeName=n1")).await?) == ["default/a", "default/b", "other/e"]
+    );
+    ensure!(names(here.list(&on("spec.nodeName=n1")).await?) == ["default/a", "default/b"]);
+    ensure!(names(there.list(&on("spec.nodeName=n1")).await?) == ["other/e"]);
+    ensure!(
+        names(all.list(&on("spec.nodeName=n1,metadata.name!=b")).await?)
+            == ["default/a", "other/e"]
+    );
+    ensure!(names(all.list(&on("spec.nodeName=n1").labels("app=b")).await?) == ["default/b"]);
+    ensure!(names(all.list(&on("spec.nodeName=")).await?) == ["default/d"]);
+    ensure!(names(all.list(&on("spec.nodeName=n3")).await?).is_empty());
+    let first = all.list(&on("spec.nodeName=n1").limit(2)).await?;
+    let token = first.metadata.continue_.clone().context("a next page")?;
+    ensure!(names(first) == ["default/a", "default/b"]);
+    let rest = all
+        .list(&on("spec.nodeName=n1").limit(2).continue_token(&token))
+        .await?;
+    ensure!(names(rest) == ["other/e"]);
+    here.delete("a", &DeleteParams::default().grace_period(0))
+        .await?;
+    ensure!(names(all.list(&on("spec.nodeName=n1")).await?) == ["default/b", "other/e"]);
+    Ok(())
+}
+
 #[tokio::test]
 async fn watches_resume_from_history_and_expired_versions_get_410() -> Result<()> {
     let sim = bare().await?;

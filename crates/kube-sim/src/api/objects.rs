@@ -41,6 +41,22 @@ pub fn filter(
     Ok(move |object: &Value| labels.matches(object) && fields.matches(object))
 }
 
+/// The node a pod list is restricted to by its `spec.nodeName=<node>` field selector.
+fn bound_node(kind: &ResourceType, query: &Query) -> Result<Option<String>, ApiError> {
+    if !kind.is_core_pods() {
+        return Ok(None);
+    }
+    let fields = FieldSelector::parse(
+        query.get("fieldSelector").unwrap_or_default(),
+        &kind.group,
+        &kind.plural,
+    )?;
+    Ok(fields
+        .required("spec.nodeName")
+        .filter(|node| !node.is_empty())
+        .map(str::to_owned))
+}
+
 pub fn get(
     app: &App,
     kind: &ResourceType,
@@ -118,7 +134,12 @@ pub fn list(
             app.store
                 .list_at(kind, namespace, &after.key, limit, &matches, after.revision)?
         }
-        None => app.store.list(kind, namespace, None, limit, &matches),
+        None => match bound_node(kind, query)? {
+            Some(node) => app
+                .store
+                .list_pods_on_node(&node, namespace, limit, &matches),
+            None => app.store.list(kind, namespace, None, limit, &matches),
+        },
     };
     let revision = page.resource_version.to_string();
     let returned = after.map_or(0, |after| after.returned) + page.items.len() as u64;

@@ -9,6 +9,7 @@ mod delete;
 pub(crate) mod names;
 mod omit_empty;
 mod pod_defaults;
+mod pods_by_node;
 pub(crate) mod strategy;
 pub mod timestamps;
 pub(crate) mod validation;
@@ -26,6 +27,7 @@ pub use delete::{DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER, Precondi
 
 use crate::error::ApiError;
 use crate::resources::{Registry, ResourceType};
+use pods_by_node::PodsByNode;
 
 /// (namespace, name); the namespace is empty for cluster-scoped objects.
 pub type ObjectKey = (String, String);
@@ -123,6 +125,7 @@ struct Inner {
 struct State {
     revision: u64,
     collections: HashMap<String, BTreeMap<ObjectKey, Arc<Value>>>,
+    pods_by_node: PodsByNode,
     history: VecDeque<Arc<Change>>,
     history_limit: usize,
     /// Versions at or below this are no longer in the history.
@@ -147,6 +150,7 @@ impl Store {
                 state: Mutex::new(State {
                     revision: 1,
                     collections: HashMap::new(),
+                    pods_by_node: PodsByNode::default(),
                     history: VecDeque::new(),
                     history_limit: history_limit.max(1),
                     compacted: 1,
@@ -234,6 +238,32 @@ impl Store {
             .into_iter()
             .flat_map(|objects| objects.range((start.clone(), Bound::Unbounded)));
         page(objects, namespace, limit, filter, state.revision)
+    }
+
+    /// [`Self::list`] of the pods bound to `node`, read from the node's index rather than a
+    /// scan of every pod.
+    pub fn list_pods_on_node(
+        &self,
+        node: &str,
+        namespace: Option<&str>,
+        limit: usize,
+        filter: &dyn Fn(&Value) -> bool,
+    ) -> Page {
+        let state = self.lock();
+        let Some(pods) = state.collections.get(POD_COLLECTION) else {
+            return page(std::iter::empty(), namespace, limit, filter, state.revision);
+        };
+        let on_node = state
+            .pods_by_node
+            .on(node)
+            .skip_while(|key| namespace.is_some_and(|namespace| key.0.as_str() < namespace))
+            .filter_map(|key| pods.get_key_value(key));
+        page(on_node, namespace, limit, filter, state.revision)
+    }
+
+    /// The pods bound to `node` (for the simulated node controllers and kubelets).
+    pub fn pods_on_node(&self, node: &str) -> Vec<Arc<Value>> {
+        self.list_pods_on_node(node, None, 0, &|_| true).items
     }
 
     /// [`Self::list`] as the collection was at `revision`: the next page of a list begun then.
@@ -528,6 +558,11 @@ impl Store {
             .entry(kind.key())
             .or_default()
             .insert(key.clone(), Arc::clone(&object));
+        if kind.is_core_pods() {
+            state
+                .pods_by_node
+                .record(&key, previous.as_deref(), Some(&object));
+        }
         self.record(
             state,
             kind,
@@ -555,6 +590,9 @@ impl Store {
             .collections
             .get_mut(&kind.key())
             .and_then(|objects| objects.remove(&key));
+        if kind.is_core_pods() {
+            state.pods_by_node.record(&key, previous.as_deref(), None);
+        }
         let mut last = last.clone();
         last["metadata"]["resourceVersion"] = Value::String(revision.to_string());
         let last = Arc::new(last);
@@ -601,6 +639,9 @@ impl Store {
         let _ = self.inner.changes.send(change);
     }
 }
+
+/// The store key of core/v1 pods ([`ResourceType::key`]).
+const POD_COLLECTION: &str = "/pods";
 
 /// What a continue token from before the history's start gets (the etcd3 store's words).
 const CONTINUE_TOO_OLD: &str = "The provided continue parameter is too old to display a \

@@ -103,9 +103,7 @@ pub fn reconcile(store: &Store, grace: Duration, memory: &mut Memory) -> Option<
 /// kept, transition time now), with a `NodeNotReady` Warning on the pod.
 fn mark_pods_not_ready(store: &Store, node: &str) {
     let pods = store.kind("", "pods");
-    let on_node = store
-        .list(&pods, None, None, 0, &|pod| pod["spec"]["nodeName"] == node)
-        .items;
+    let on_node = store.pods_on_node(node);
     for pod in on_node {
         let (namespace, name) = (
             pod["metadata"]["namespace"].as_str(),
@@ -227,12 +225,11 @@ fn evict_untolerating(store: &Store, memory: &mut Memory) -> Option<Duration> {
             continue;
         }
         let name = node["metadata"]["name"].as_str().unwrap_or_default();
-        let on_node = store
-            .list(&pods, None, None, 0, &|pod| {
-                pod["spec"]["nodeName"] == name && !pod["metadata"]["deletionTimestamp"].is_string()
-            })
-            .items;
-        for pod in on_node {
+        let on_node = store.pods_on_node(name);
+        let running = on_node
+            .into_iter()
+            .filter(|pod| !pod["metadata"]["deletionTimestamp"].is_string());
+        for pod in running {
             let uid = pod["metadata"]["uid"]
                 .as_str()
                 .unwrap_or_default()

@@ -25,10 +25,7 @@ impl Kubelets {
 
     /// The pods bound to `node`.
     fn bound_to(&self, node: &str) -> Vec<Arc<Value>> {
-        let pods = self.store.kind("", "pods");
-        self.store
-            .list(&pods, None, None, 0, &|pod| pod["spec"]["nodeName"] == node)
-            .items
+        self.store.pods_on_node(node)
     }
 
     /// `node.status.volumesInUse` from the pods bound to `node`: the volumes of those that have
