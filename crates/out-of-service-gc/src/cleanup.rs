@@ -62,14 +62,16 @@ impl LiveView {
     }
 }
 
-/// After a pass: stop looking after the node, or wait (for a change, or at most this long).
+/// After a pass: stop looking after the node, or wait (for a change of its pods or anything
+/// else, or at most this long).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Finished,
     Wait(Option<Duration>),
-    /// Clean, tainted and down: nothing is left to do until the node or its attachments
-    /// change, or a pod is bound to it anew, which its pod watch no longer needs to stay open
-    /// for (see [`NodeCleanup::close_pods`]).
+    /// Nothing is left to do until the node or its attachments change, or a pod is bound to it
+    /// anew, which its pod watch need not stay open for (see [`NodeCleanup::close_pods`]): the
+    /// node is clean, its last attachments are the attach-detach controller's to remove, or it
+    /// is Ready and its taint is the operator's.
     Rest,
 }
 
@@ -315,7 +317,7 @@ impl NodeCleanup {
                 pods: 0,
                 attachments: left,
             });
-            return Ok(Outcome::Wait(None));
+            return Ok(Outcome::Rest);
         }
         self.done(view).await
     }
@@ -752,7 +754,7 @@ impl NodeCleanup {
                  out-of-service taint once it is clean."
                     .to_owned(),
             ));
-            return Ok(Outcome::Wait(None));
+            return Ok(Outcome::Rest);
         }
         let since = ready_since(node);
         // Seen down by this cleanup, or Ready since after the taint (times have whole seconds:
@@ -771,7 +773,7 @@ impl NodeCleanup {
                  taint stays until an operator removes it."
                     .to_owned(),
             ));
-            return Ok(Outcome::Wait(None));
+            return Ok(Outcome::Rest);
         }
         let (pods_left, attachments_left) = self.left_from_before(view, taint, since).await?;
         if pods_left > 0 || attachments_left > 0 {

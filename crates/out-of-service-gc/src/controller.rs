@@ -22,6 +22,7 @@ use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::watched::Watched;
 use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::OUT_OF_SERVICE_TAINT;
@@ -128,6 +129,7 @@ impl Default for Cleanups {
             workers: BTreeMap::new(),
             running: JoinSet::new(),
             turns: Arc::new(Turns {
+                open: Semaphore::new(OPEN_AT_ONCE),
                 first: Semaphore::new(PASSES_AT_ONCE),
                 later: Semaphore::new(PASSES_AT_ONCE),
             }),
@@ -141,11 +143,18 @@ impl Default for Cleanups {
 /// The others wait their turn in a queue, in the order they were tainted.
 const PASSES_AT_ONCE: usize = 16;
 
-/// Two queues of [`PASSES_AT_ONCE`] turns each: the nodes not started yet, and the passes of
-/// the nodes started. In one queue, a started node's next pass (its own deletions seen, its
-/// condition written back) waited behind every node tainted after it, and held its pod watch
-/// open all that while: the open watches grew with the outage, not with the work under way.
+/// Nodes whose pod watch is open at once: a node's cleanup holds one of these from its watch's
+/// opening to its closing, so the watches (a connection and a cache each) are bounded by the
+/// work under way, not by the outage's size. With every node of a 1,000-node outage let start,
+/// about all of them had their watch open at the peak (90 MiB).
+const OPEN_AT_ONCE: usize = 64;
+
+/// Room for [`OPEN_AT_ONCE`] open pod watches, and two queues of [`PASSES_AT_ONCE`] turns:
+/// the nodes not started yet, and the passes of the nodes started. In one queue, a started
+/// node's next pass (its own deletions seen, its condition written back) waited behind every
+/// node tainted after it, and held its pod watch open all that while.
 struct Turns {
+    open: Semaphore,
     first: Semaphore,
     later: Semaphore,
 }
@@ -493,8 +502,9 @@ async fn take_slot<'a>(
 
 /// One node's cleanup task: passes until the node needs nothing more, waiting between them for
 /// a change of its pods, a poke (its node or attachments changed), or a timer. Its pod watch
-/// starts, and each pass runs, in a turn of its own ([`Turns`]). A clean node's
-/// watch closes once it has been quiet for [`LINGER`]; a poke, or `--clean-node-recheck`,
+/// opens in room of its own and each pass runs in a turn of its own ([`Turns`]). A node with
+/// nothing to do for longer than [`LINGER`] rests: its watch closes once quiet for [`LINGER`]
+/// (at once when other nodes wait for room), and a poke, its timer or `--clean-node-recheck`
 /// opens it again.
 async fn look_after(
     cleanup: impl FnOnce() -> NodeCleanup,
@@ -503,6 +513,9 @@ async fn look_after(
     stop: CancellationToken,
     node: NodeIdentity,
 ) -> NodeIdentity {
+    let Some(mut room) = take_slot(&turns.open, &stop).await else {
+        return node;
+    };
     let Some(slot) = take_slot(&turns.first, &stop).await else {
         return node;
     };
@@ -528,15 +541,11 @@ async fn look_after(
         // Boxed: inline, a pass's state (its deletions in flight) sized every waiting task.
         let passed = Box::pin(cleanup.pass()).await;
         drop(slot);
-        let wait = match passed {
+        let outcome = match passed {
             Ok(Outcome::Finished) => return node,
-            Ok(Outcome::Wait(wait)) => {
+            Ok(outcome) => {
                 failures = 0;
-                wait
-            }
-            Ok(Outcome::Rest) => {
-                failures = 0;
-                Some(LINGER)
+                outcome
             }
             Err(error) => {
                 failures = match error {
@@ -553,23 +562,64 @@ async fn look_after(
                 }
             }
         };
-        let resting = matches!(passed, Ok(Outcome::Rest));
-        let timer = nodegrace_core::timers::sleep_or_forever(wait);
+        let due = match outcome {
+            Outcome::Wait(Some(wait)) => Some(Instant::now() + wait),
+            _ => None,
+        };
+        let (timer, rests) = match between(outcome, turns.open.available_permits()) {
+            Between::Watch(wait) => (wait, false),
+            Between::Rest { linger } => (Some(linger), true),
+        };
         let quiet = tokio::select! {
             () = stop.cancelled() => return node,
             changed = watched.changed() => if changed.is_err() { return node } else { false },
             changed = poked.changed() => if changed.is_err() { return node } else { false },
-            () = timer => resting,
+            () = nodegrace_core::timers::sleep_or_forever(timer) => rests,
         };
         if quiet {
             pods = None;
             cleanup.close_pods();
+            drop(room);
+            let until = due.map_or(Instant::now() + recheck, |due| {
+                due.min(Instant::now() + recheck)
+            });
             tokio::select! {
                 () = stop.cancelled() => return node,
                 changed = poked.changed() => if changed.is_err() { return node },
-                () = tokio::time::sleep(recheck) => {}
+                () = tokio::time::sleep_until(until) => {}
             }
+            room = match take_slot(&turns.open, &stop).await {
+                Some(room) => room,
+                None => return node,
+            };
         }
+    }
+}
+
+/// What a node's task does with its pod watch after a pass, with `room_left` watches still
+/// free to open.
+#[derive(Debug, PartialEq, Eq)]
+enum Between {
+    /// Keeps its watch, and its room, for a change of its pods or the next pass due this soon.
+    Watch(Option<Duration>),
+    /// Closes its watch after `linger` without a change, giving its room back; a poke, its due
+    /// time or the recheck opens it again. A node whose next pass is far off (a toleration
+    /// running out, an attachment or a Ready node to wait for) held its room all that while,
+    /// and enough of them would have kept every other node from starting.
+    Rest { linger: Duration },
+}
+
+fn between(outcome: Outcome, room_left: usize) -> Between {
+    let linger = if room_left == 0 {
+        // Others wait for room: it is theirs at once.
+        Duration::ZERO
+    } else {
+        LINGER
+    };
+    match outcome {
+        Outcome::Wait(None) => Between::Watch(None),
+        Outcome::Wait(Some(wait)) if wait <= LINGER => Between::Watch(Some(wait)),
+        Outcome::Wait(Some(_)) | Outcome::Rest | Outcome::Finished => Between::Rest { linger },
     }
 }
 
@@ -581,11 +631,37 @@ const LINGER: Duration = Duration::from_secs(10);
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_node_with_nothing_soon_to_do_gives_its_room_back() {
+        let soon = Duration::from_secs(3);
+        let toleration = Outcome::Wait(Some(Duration::from_secs(300)));
+        assert_eq!(
+            between(Outcome::Wait(Some(soon)), 0),
+            Between::Watch(Some(soon))
+        );
+        assert_eq!(
+            between(Outcome::Wait(Some(LINGER)), 5),
+            Between::Watch(Some(LINGER))
+        );
+        // Waiting for its pods to change needs the watch.
+        assert_eq!(between(Outcome::Wait(None), 0), Between::Watch(None));
+        let lingers = Between::Rest { linger: LINGER };
+        assert_eq!(between(Outcome::Rest, 5), lingers);
+        assert_eq!(between(toleration, 5), lingers);
+        // Other nodes wait for room: no lingering.
+        let at_once = Between::Rest {
+            linger: Duration::ZERO,
+        };
+        assert_eq!(between(Outcome::Rest, 0), at_once);
+        assert_eq!(between(toleration, 0), at_once);
+    }
+
     /// What a resting node's task holds between passes, whatever a pass needs while it runs.
     #[test]
     fn a_cleanup_task_between_passes_is_small() {
         let (_poke, poked) = watch::channel(());
         let turns = Arc::new(Turns {
+            open: Semaphore::new(1),
             first: Semaphore::new(1),
             later: Semaphore::new(1),
         });

@@ -13,8 +13,12 @@
 //! were otherwise a write each. Other series (a failure retried on its backoff) count each
 //! repeat as it comes. The worker takes in what was queued before every write, and writes taints and
 //! conditions ahead of the Events waiting: a rollout's backlog of Events (thousands, seconds
-//! behind) once held every condition back until its nodes were gone. When every [`Reporter`]
-//! is dropped, what is still pending gets [`FLUSH_WINDOW`] to land.
+//! behind) once held every condition back until its nodes were gone. At most
+//! [`MAX_WAITING_EVENTS`] Events wait: one more is dropped, and the log says when the queue
+//! filled and how many it dropped once it has room again, as client-go's broadcaster drops what
+//! its full queue cannot take; an outage's tens of thousands of pod Events once held their
+//! memory until written.
+//! When every [`Reporter`] is dropped, what is still pending gets [`FLUSH_WINDOW`] to land.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
@@ -41,6 +45,8 @@ pub const RETRY_PAUSE: Duration = Duration::from_secs(1);
 pub const FLUSH_WINDOW: Duration = Duration::from_secs(5);
 /// The least time between two writes of one Event series: its count is at most this late.
 pub const SERIES_PACE: Duration = Duration::from_secs(30);
+/// How many Events may wait to be written; client-go's broadcaster queues as many.
+pub const MAX_WAITING_EVENTS: usize = 1_000;
 
 /// Where the writes go: the API server, or a recorder in tests.
 pub trait ReportSink: Send + Sync + 'static {
@@ -263,6 +269,8 @@ struct Pending {
     /// and forgotten nodes take them out as they do the pending ones.
     retry_taints: Vec<TaintWrite>,
     retry_conditions: Vec<(ConditionTarget, Vec<(ConditionSpec, ConditionGuard)>)>,
+    /// Events dropped since the queue was last short of full.
+    dropped_events: u64,
 }
 
 impl Pending {
@@ -317,6 +325,28 @@ impl Pending {
         }
     }
 
+    /// Queues `event`, or drops it when [`MAX_WAITING_EVENTS`] already wait.
+    fn queue_event(&mut self, event: EventReport) {
+        if self.events.len() < MAX_WAITING_EVENTS {
+            self.events.push_back(event);
+            if self.dropped_events > 0 {
+                tracing::warn!(
+                    dropped = std::mem::take(&mut self.dropped_events),
+                    "Events were dropped while the queue was full"
+                );
+            }
+            return;
+        }
+        if self.dropped_events == 0 {
+            tracing::warn!(
+                waiting = MAX_WAITING_EVENTS,
+                reason = %event.reason,
+                "Events come faster than the API server takes them: dropping new ones until the queue has room"
+            );
+        }
+        self.dropped_events += 1;
+    }
+
     fn add(&mut self, write: Write) {
         match write {
             Write::Event(event) => {
@@ -333,7 +363,7 @@ impl Pending {
                     }
                     None => {
                         if let Some(event) = self.pace(event) {
-                            self.events.push_back(event);
+                            self.queue_event(event);
                         }
                     }
                 }
@@ -769,6 +799,31 @@ mod tests {
         assert_eq!(at("conditions n1 A True"), Some(4), "{written:?}");
         assert_eq!(written.len(), 52, "{written:?}");
         assert_eq!(at("event E49"), Some(51), "{written:?}");
+    }
+
+    /// An outage's burst of Events beyond what may wait is dropped, not held in memory until
+    /// written; once the queue has room it takes Events again.
+    #[tokio::test(start_paused = true)]
+    async fn events_beyond_the_waiting_limit_are_dropped() {
+        let sink = Recorder::slow(Duration::from_millis(1));
+        let (reporter, worker) = Reporter::start(sink.clone());
+        for index in 0..MAX_WAITING_EVENTS + 50 {
+            reporter.event(event(&format!("E{index}")));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        reporter.event(event("After"));
+        drop(reporter);
+        worker.wait().await;
+        let written = sink.written();
+        assert_eq!(
+            written.len(),
+            MAX_WAITING_EVENTS + 1,
+            "{:?}",
+            written.last()
+        );
+        let last_kept = format!("event E{}", MAX_WAITING_EVENTS - 1);
+        assert_eq!(written[MAX_WAITING_EVENTS - 1], last_kept);
+        assert_eq!(written[MAX_WAITING_EVENTS], "event After");
     }
 
     /// A thousand nodes that begin to wait at once are a few writes of one Event's count, not
