@@ -562,10 +562,7 @@ async fn look_after(
                 }
             }
         };
-        let due = match outcome {
-            Outcome::Wait(Some(wait)) => Some(Instant::now() + wait),
-            _ => None,
-        };
+        let passed_at = Instant::now();
         let (timer, rests) = match between(outcome, turns.open.available_permits()) {
             Between::Watch(wait) => (wait, false),
             Between::Rest { linger } => (Some(linger), true),
@@ -580,19 +577,30 @@ async fn look_after(
             pods = None;
             cleanup.close_pods();
             drop(room);
-            let until = due.map_or(Instant::now() + recheck, |due| {
-                due.min(Instant::now() + recheck)
-            });
+            let until = rest_until(outcome, passed_at, recheck);
             tokio::select! {
                 () = stop.cancelled() => return node,
                 changed = poked.changed() => if changed.is_err() { return node },
-                () = tokio::time::sleep_until(until) => {}
+                () = nodegrace_core::timers::sleep_until_or_forever(until) => {}
             }
             room = match take_slot(&turns.open, &stop).await {
                 Some(room) => room,
                 None => return node,
             };
         }
+    }
+}
+
+/// When a resting node's next pass is due at the latest: its own wait's end, or the recheck
+/// from now. A wait or recheck past any `Instant` (a toleration of years) is no deadline.
+fn rest_until(outcome: Outcome, passed_at: Instant, recheck: Duration) -> Option<Instant> {
+    let due = match outcome {
+        Outcome::Wait(Some(wait)) => passed_at.checked_add(wait),
+        _ => None,
+    };
+    match (due, Instant::now().checked_add(recheck)) {
+        (Some(due), Some(recheck)) => Some(due.min(recheck)),
+        (due, recheck) => due.or(recheck),
     }
 }
 
@@ -654,6 +662,22 @@ mod tests {
         };
         assert_eq!(between(Outcome::Rest, 0), at_once);
         assert_eq!(between(toleration, 0), at_once);
+    }
+
+    #[test]
+    fn a_resting_node_is_due_at_its_wait_or_the_recheck_and_a_wait_of_years_is_no_deadline() {
+        let now = Instant::now();
+        let recheck = Duration::from_secs(300);
+        let toleration = Outcome::Wait(Some(Duration::from_secs(60)));
+        assert_eq!(
+            rest_until(toleration, now, recheck),
+            Some(now + Duration::from_secs(60))
+        );
+        let later = rest_until(Outcome::Rest, now, recheck).expect("a recheck");
+        assert!(later >= now + recheck);
+        let years = Outcome::Wait(Some(Duration::MAX));
+        assert!(rest_until(years, now, recheck).is_some_and(|due| due >= now + recheck));
+        assert_eq!(rest_until(years, now, Duration::MAX), None);
     }
 
     /// What a resting node's task holds between passes, whatever a pass needs while it runs.
