@@ -17,8 +17,8 @@
 //! [`MAX_WAITING_EVENTS`] Events wait: one more is dropped, and the log says when the queue
 //! filled and how many it dropped once it has room again, as client-go's broadcaster drops what
 //! its full queue cannot take; an outage's tens of thousands of pod Events once held their
-//! memory until written.
-//! When every [`Reporter`] is dropped, what is still pending gets [`FLUSH_WINDOW`] to land.
+//! memory until written. When every [`Reporter`] is dropped, what is still pending gets
+//! [`FLUSH_WINDOW`] to land.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
