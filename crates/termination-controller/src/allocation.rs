@@ -16,9 +16,11 @@ use nodegrace_core::k8s::api_errors::status_code;
 use crate::api::{Grant, NodeDisruptionBudget};
 use crate::budget::SpecError;
 use crate::budget_index::BudgetIndex;
+use crate::fresh_nodes::BudgetNode;
 use crate::grants::{
-    Budgets, Rules, Units, budget_numbers, count_started, covering, covers, facts, status_for,
+    Budgets, Rules, Units, budget_numbers, count_started, covering, covers, status_for,
 };
+use crate::member::Member;
 use crate::waits::Refusal;
 use crate::waits::Verdict;
 
@@ -38,9 +40,9 @@ pub struct Allocation {
 /// finalizer, not yet cordoned), the oldest deletion first: a node takes units only when every
 /// budget covering it can give one, so a node blocked on one budget takes nothing from another
 /// (the next node in line gets it). A NotReady node takes no unit (it is not available anyway).
-pub fn allocate(
+pub fn allocate<N: Member>(
     budgets: &[Arc<NodeDisruptionBudget>],
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     now: Timestamp,
 ) -> Allocation {
     let own = own_nodes(budgets, nodes);
@@ -51,14 +53,22 @@ pub fn allocate(
 /// the nodes waiting for grants. Every later look a pass takes at a budget then costs the
 /// budget's size, not the cluster's, and each node's facts are read once per pass. The
 /// budgets' numbers and statuses over these are what they are over all of the nodes.
-#[derive(Default)]
-struct OwnNodes {
-    by_budget: HashMap<String, Vec<Arc<Node>>>,
+struct OwnNodes<N> {
+    by_budget: HashMap<String, Vec<Arc<N>>>,
     /// Deleting, held by our finalizer, not yet cordoned.
-    waiting: Vec<Arc<Node>>,
+    waiting: Vec<Arc<N>>,
 }
 
-fn own_nodes(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<Node>]) -> OwnNodes {
+impl<N> Default for OwnNodes<N> {
+    fn default() -> Self {
+        Self {
+            by_budget: HashMap::new(),
+            waiting: Vec::new(),
+        }
+    }
+}
+
+fn own_nodes<N: Member>(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<N>]) -> OwnNodes<N> {
     let mut own = OwnNodes {
         by_budget: budgets
             .iter()
@@ -67,7 +77,7 @@ fn own_nodes(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<Node>]) -> OwnN
         waiting: Vec::new(),
     };
     for node in nodes {
-        let facts = facts(node);
+        let facts = node.facts();
         if facts.awaits_grants && !facts.disrupting {
             own.waiting.push(Arc::clone(node));
         }
@@ -94,7 +104,7 @@ fn indexed_own(
     budgets: &[Arc<NodeDisruptionBudget>],
     index: &BudgetIndex,
     get: impl Fn(&str) -> Option<Arc<Node>>,
-) -> OwnNodes {
+) -> OwnNodes<Node> {
     index.read(|covered, waiting| {
         let mut own = OwnNodes::default();
         for budget in budgets {
@@ -112,7 +122,7 @@ fn indexed_own(
                 .into_iter()
                 .filter_map(|name| get(name))
                 .filter(|node| {
-                    let facts = facts(node);
+                    let facts = node.facts();
                     let granted = budget
                         .status
                         .as_ref()
@@ -126,7 +136,7 @@ fn indexed_own(
             .iter()
             .filter_map(|name| get(name))
             .filter(|node| {
-                let facts = facts(node);
+                let facts = node.facts();
                 facts.awaits_grants && !facts.disrupting
             })
             .collect();
@@ -134,17 +144,17 @@ fn indexed_own(
     })
 }
 
-fn own_of<'a>(own: &'a OwnNodes, budget: &NodeDisruptionBudget) -> &'a [Arc<Node>] {
+fn own_of<'a, N>(own: &'a OwnNodes<N>, budget: &NodeDisruptionBudget) -> &'a [Arc<N>] {
     own.by_budget.get(budget.name()).map_or(&[], Vec::as_slice)
 }
 
 /// [`allocate`] with the budgets' numbers counted over `own`, but only the waiting nodes
 /// `judged` picks granted or refused.
-fn allocate_among(
+fn allocate_among<N: Member>(
     budgets: &[Arc<NodeDisruptionBudget>],
-    own: &OwnNodes,
+    own: &OwnNodes<N>,
     now: Timestamp,
-    judged: impl Fn(&Node) -> bool,
+    judged: impl Fn(&N) -> bool,
 ) -> Allocation {
     let mut allocation = Allocation::default();
     let mut left: HashMap<&str, Result<Units, SpecError>> = budgets
@@ -157,22 +167,15 @@ fn allocate_among(
             (budget.name(), state)
         })
         .collect();
-    let mut waiters: Vec<&Arc<Node>> = own.waiting.iter().filter(|node| judged(node)).collect();
+    let mut waiters: Vec<&Arc<N>> = own.waiting.iter().filter(|node| judged(node)).collect();
     waiters.sort_by(|a, b| {
-        (
-            &a.metadata.deletion_timestamp.as_ref().map(|time| time.0),
-            &a.metadata.name,
-        )
-            .cmp(&(
-                &b.metadata.deletion_timestamp.as_ref().map(|time| time.0),
-                &b.metadata.name,
-            ))
+        (a.deletion_asked(), a.facts().name).cmp(&(b.deletion_asked(), b.facts().name))
     });
     for node in waiters {
-        let facts = facts(node);
+        let facts = node.facts();
         let missing: Vec<Arc<NodeDisruptionBudget>> = covering(budgets, &facts)
             .into_iter()
-            .filter(|budget| !budget.has_granted(node))
+            .filter(|budget| !budget.has_granted(node.as_ref()))
             .collect();
         let refusal = missing.iter().find_map(|budget| {
             let refusal = match left.get(budget.name())? {
@@ -182,7 +185,7 @@ fn allocate_among(
             };
             Some((budget.name().to_owned(), refusal))
         });
-        let uid = node.metadata.uid.clone().unwrap_or_default();
+        let uid = node.uid().unwrap_or_default().to_owned();
         if let Some((budget, refusal)) = refusal {
             allocation
                 .waiting
@@ -244,7 +247,7 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
     });
     let by_cache = allocate_among(&cached, &cached_own, now, |_| true);
     let moved = moved_budgets(&cached, &cached_own, &by_cache, now);
-    let mut fresh_own = OwnNodes::default();
+    let mut fresh_own = OwnNodes::<BudgetNode>::default();
     let allocation = if moved.is_empty() {
         by_cache
     } else {
@@ -258,15 +261,15 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
         // Only the nodes every budget covering them was read fresh for are judged again; any
         // other keeps the cache's verdict and is granted nothing this pass. Every fresh node
         // counts in its budgets' numbers.
-        let whole = |node: &Node| {
-            covering(&cached, &facts(node))
+        let whole = |node: &BudgetNode| {
+            covering(&cached, &node.facts())
                 .iter()
                 .all(|budget| moved.contains(budget.name()))
         };
         let mut again = allocate_among(&moving, &fresh_own, now, whole);
         let mut waiting = by_cache.waiting;
         for node in fresh.iter().filter(|node| whole(node)) {
-            if let Some(uid) = node.metadata.uid.as_deref() {
+            if let Some(uid) = node.uid() {
                 waiting.remove(uid);
             }
         }
@@ -288,12 +291,10 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
             let more = started.remove(budget.name()).unwrap_or_default();
             count_started(&budget, status, more, now);
         }
-        let own = if fresh_own.by_budget.contains_key(budget.name()) {
-            &fresh_own
-        } else {
-            &cached_own
+        let status = match fresh_own.by_budget.get(budget.name()) {
+            Some(fresh) => status_for(&updated, fresh, now),
+            None => status_for(&updated, own_of(&cached_own, &budget), now),
         };
-        let status = status_for(&updated, own_of(own, &budget), now);
         refreshed
             .allowed
             .push((budget.name().to_owned(), status.disruptions_allowed));
@@ -329,7 +330,7 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
 /// every budget covering a node granted, so that node is judged whole.
 fn moved_budgets(
     budgets: &[Arc<NodeDisruptionBudget>],
-    own: &OwnNodes,
+    own: &OwnNodes<Node>,
     allocation: &Allocation,
     now: Timestamp,
 ) -> HashSet<String> {
@@ -354,7 +355,7 @@ fn moved_budgets(
         .collect();
     // Only waiting nodes are granted.
     for node in own.waiting.iter().filter(|_| !granted.is_empty()) {
-        let facts = facts(node);
+        let facts = node.facts();
         if granted.contains(facts.name) {
             moved.extend(
                 covering(budgets, &facts)
@@ -501,6 +502,22 @@ mod tests {
         assert!(allocation.waiting.contains_key("uid-second"));
     }
 
+    /// [`allocate`] over cached Nodes, which must allocate as it does over a fresh read's
+    /// [`BudgetNode`]s of the same nodes.
+    fn allocated_alike(
+        budgets: &[Arc<NodeDisruptionBudget>],
+        nodes: &[Arc<Node>],
+        now: Timestamp,
+    ) -> Allocation {
+        let read: Vec<Arc<BudgetNode>> = nodes
+            .iter()
+            .map(|node| Arc::new(BudgetNode::from((**node).clone())))
+            .collect();
+        let allocation = allocate(budgets, nodes, now);
+        assert_eq!(allocate(budgets, &read, now), allocation);
+        allocation
+    }
+
     #[test]
     fn units_go_to_the_oldest_deletions_and_a_blocked_node_takes_none() {
         let now: Timestamp = "2026-11-23T10:10:00Z".parse().unwrap();
@@ -512,7 +529,7 @@ mod tests {
             node("d", true, false),
             node("e", true, false),
         ];
-        let allocation = allocate(&[named("pool", &pool)], &nodes, now);
+        let allocation = allocated_alike(&[named("pool", &pool)], &nodes, now);
         assert_eq!(granted_nodes(&allocation, "pool"), ["old", "middle"]);
         assert!(matches!(
             allocation.waiting.get("uid-young"),
@@ -536,7 +553,7 @@ mod tests {
             "gpus",
             &json!({"selector": {"matchLabels": {"gpu": "x"}}, "maxUnavailable": 0}),
         );
-        let allocation = allocate(&[gpus, named("pool", &pool)], &held, now);
+        let allocation = allocated_alike(&[gpus, named("pool", &pool)], &held, now);
         assert_eq!(granted_nodes(&allocation, "pool"), ["middle", "young"]);
         assert!(matches!(
             allocation.waiting.get("uid-old"),
@@ -547,10 +564,10 @@ mod tests {
         // must stay); an invalid budget holds its nodes.
         let mut down = nodes.clone();
         down[1] = deleted_at(&node("old", false, true), "2026-11-23T10:01:00Z");
-        let allocation = allocate(&[named("pool", &pool)], &down, now);
+        let allocation = allocated_alike(&[named("pool", &pool)], &down, now);
         assert_eq!(granted_nodes(&allocation, "pool"), ["old", "middle"]);
         let invalid = named("pool", &json!({"selector": {"matchLabels": {"pool": "a"}}}));
-        let allocation = allocate(&[invalid], &nodes, now);
+        let allocation = allocated_alike(&[invalid], &nodes, now);
         assert!(allocation.grants.is_empty());
         assert!(matches!(
             allocation.waiting.get("uid-old"),
@@ -571,6 +588,6 @@ mod tests {
         assert_eq!(status.conditions[0].status, "False");
         assert_eq!(status.conditions[0].reason, "InvalidSpec");
         assert!(status.conditions[0].message.contains("exactly one"));
-        assert!(covers(&budget, &facts(&node("a", true, false))));
+        assert!(covers(&budget, &node("a", true, false).facts()));
     }
 }

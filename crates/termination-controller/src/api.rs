@@ -3,11 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
+
+use crate::member::Member;
 
 /// Holds a managed Node until its machine is terminated.
 pub const FINALIZER: &str = "nodegrace.io/termination";
@@ -152,14 +153,12 @@ impl Grant {
     /// Whether this grant is for `node` (name already matched). A grant written before grants
     /// carried a UID (a bare time) counts for a node created before it was given: a namesake
     /// registered later cannot have been its subject.
-    pub fn is_for(&self, node: &Node) -> bool {
+    pub fn is_for(&self, node: &impl Member) -> bool {
         match &self.uid {
-            Some(uid) => node.metadata.uid.as_deref() == Some(uid.as_str()),
+            Some(uid) => node.uid() == Some(uid.as_str()),
             None => node
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .is_some_and(|created| created.0 <= self.granted_at.0),
+                .created()
+                .is_some_and(|created| created <= self.granted_at.0),
         }
     }
 }
@@ -198,10 +197,9 @@ impl NodeDisruptionBudget {
     }
 
     /// Whether this budget has granted `node` (this Node object, not a namesake).
-    pub fn has_granted(&self, node: &Node) -> bool {
-        let name = node.metadata.name.as_deref().unwrap_or_default();
+    pub fn has_granted(&self, node: &impl Member) -> bool {
         self.grants()
-            .and_then(|grants| grants.get(name))
+            .and_then(|grants| grants.get(node.facts().name))
             .is_some_and(|grant| grant.is_for(node))
     }
 }

@@ -11,7 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
 use crate::api::NodeDisruptionBudget;
-use crate::grants::{covers, facts};
+use crate::grants::covers;
+use crate::member::Member;
 
 /// Shared by the leader's loop, which keeps it, and the granting pass, which reads it.
 #[derive(Debug, Default)]
@@ -59,7 +60,7 @@ impl BudgetIndex {
             let all = cached.as_deref().unwrap_or_default();
             let picked = all
                 .iter()
-                .filter(|node| covers(budget, &facts(node)))
+                .filter(|node| covers(budget, &node.facts()))
                 .map(|node| node.name_any())
                 .collect();
             index
@@ -78,7 +79,7 @@ impl BudgetIndex {
         budgets: &[Arc<NodeDisruptionBudget>],
     ) {
         let mut index = self.lock();
-        let facts = node.map(facts);
+        let facts = node.map(Member::facts);
         let waiting = facts
             .as_ref()
             .is_some_and(|facts| facts.awaits_grants && !facts.disrupting);

@@ -3,7 +3,7 @@
 //! was made on: of two writers (two controllers, two nodes, later the webhook) deciding on the
 //! same version, one gets a 409, re-reads, and sees the unit taken.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,14 +15,12 @@ use kube::api::PostParams;
 use kube::core::Selector;
 use nodegrace_core::clock::Clock;
 use nodegrace_core::k8s::api_errors::status_code;
-use nodegrace_core::k8s::nodes::{Readiness, readiness, taints};
 use nodegrace_core::k8s::watched::Watched;
 
-use crate::api::{
-    DISRUPTED_TAINT, FINALIZER, Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus,
-};
+use crate::api::{Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus};
 use crate::budget::{Limit, NodeFacts, Numbers, SpecError, numbers, selects};
 use crate::fresh_nodes::{FreshNodes, Nodes};
+use crate::member::Member;
 use crate::waits::{Refusal, Verdict, Waits};
 use crate::windows::{Gate, Windows};
 
@@ -37,27 +35,6 @@ const CHECK_JOINS_A_READ_WITHIN: Duration = Duration::from_millis(300);
 const CONFLICT_RETRIES: usize = 5;
 
 pub const CONDITION: &str = "DisruptionAllowed";
-
-pub fn facts(node: &Node) -> NodeFacts<'_> {
-    static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
-    let deleting = node.metadata.deletion_timestamp.is_some();
-    NodeFacts {
-        name: node.metadata.name.as_deref().unwrap_or_default(),
-        labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
-        ready: readiness(node) == Readiness::Ready,
-        deleting,
-        awaits_grants: deleting
-            && node
-                .metadata
-                .finalizers
-                .iter()
-                .flatten()
-                .any(|finalizer| finalizer == FINALIZER),
-        disrupting: taints(node)
-            .iter()
-            .any(|taint| taint.key == DISRUPTED_TAINT && taint.effect == "NoSchedule"),
-    }
-}
 
 /// Whether `budget` covers `node`. A budget whose selector cannot be read covers every node:
 /// it fails closed, and its condition says what to fix.
@@ -185,7 +162,7 @@ impl Budgets {
     /// The budgets covering `node` that have all granted it (by name), or `None` while one
     /// has not: the cache's answer, which the leader's allocation writes.
     pub fn granted(&self, node: &Node) -> Option<Vec<String>> {
-        let covering = self.covering(&facts(node));
+        let covering = self.covering(&node.facts());
         covering
             .iter()
             .all(|budget| budget.has_granted(node))
@@ -205,7 +182,7 @@ impl Budgets {
     /// Takes the grants `node` still lacks, in name order, stopping at the first budget that
     /// refuses (the grants already taken are kept: the node is next in line for them).
     pub async fn acquire(&self, node: &Node) -> Result<Verdict, kube::Error> {
-        let facts = facts(node);
+        let facts = node.facts();
         let mut budgets = Vec::new();
         for budget in self.covering(&facts) {
             if !budget.has_granted(node)
@@ -273,7 +250,7 @@ impl Budgets {
                 .await?
                 .iter()
             {
-                if seen.insert(node.metadata.uid.clone()) {
+                if seen.insert(node.uid().map(str::to_owned)) {
                     nodes.push(Arc::clone(node));
                 }
             }
@@ -299,7 +276,7 @@ impl Budgets {
     /// ([`Budgets::release`]) and the node waits again. A NotReady node is granted whatever
     /// the numbers, so it never is.
     pub async fn overspent(&self, node: &Node) -> Result<Option<(String, Numbers)>, kube::Error> {
-        let facts = facts(node);
+        let facts = node.facts();
         if !facts.ready {
             return Ok(None);
         }
@@ -470,13 +447,13 @@ impl Budgets {
 }
 
 /// The verdict of `budgets` for `node`, over `nodes`, taking nothing.
-pub fn verdict(
+pub fn verdict<N: Member>(
     budgets: &[Arc<NodeDisruptionBudget>],
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     node: &Node,
     now: Timestamp,
 ) -> Verdict {
-    let facts = facts(node);
+    let facts = node.facts();
     let mut granted = Vec::new();
     for budget in covering(budgets, &facts) {
         if let Some(refusal) = refusal(&budget, node, &facts, nodes, now) {
@@ -516,11 +493,11 @@ pub(crate) fn covering(
 }
 
 /// Why `budget` would not grant `node` now; `None` when it has or would.
-fn refusal(
+fn refusal<N: Member>(
     budget: &NodeDisruptionBudget,
-    node: &Node,
+    node: &impl Member,
     facts: &NodeFacts<'_>,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     now: Timestamp,
 ) -> Option<Refusal> {
     if budget.has_granted(node) {
@@ -553,14 +530,14 @@ pub(crate) fn count_started(
     }
 }
 
-pub(crate) fn budget_numbers(
+pub(crate) fn budget_numbers<N: Member>(
     budget: &NodeDisruptionBudget,
     limit: Limit,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
 ) -> Numbers {
     let selected: Vec<(NodeFacts<'_>, bool)> = nodes
         .iter()
-        .map(|node| (facts(node), budget.has_granted(node)))
+        .map(|node| (node.facts(), budget.has_granted(node.as_ref())))
         .filter(|(facts, _)| covers(budget, facts))
         .collect();
     numbers(
@@ -571,16 +548,16 @@ pub(crate) fn budget_numbers(
 
 /// The status `budget` should have: grants of gone nodes (and unused expired ones) dropped,
 /// numbers recomputed, the condition set (its transition time kept while it holds).
-pub fn status_for(
+pub fn status_for<N: Member>(
     budget: &NodeDisruptionBudget,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     now: Timestamp,
 ) -> NodeDisruptionBudgetStatus {
     let old = budget.status.clone().unwrap_or_default();
-    let by_name: HashMap<&str, &Node> = nodes
+    let by_name: HashMap<&str, &N> = nodes
         .iter()
         .filter_map(|node| {
-            let name = node.metadata.name.as_deref()?;
+            let name = node.facts().name;
             old.disrupted_nodes
                 .contains_key(name)
                 .then_some((name, node.as_ref()))
@@ -594,9 +571,9 @@ pub fn status_for(
             .filter(|(name, grant)| {
                 by_name
                     .get(name.as_str())
-                    .filter(|node| grant.is_for(node))
+                    .filter(|node| grant.is_for(**node))
                     .is_some_and(|node| {
-                        node.metadata.deletion_timestamp.is_some()
+                        node.deletion_asked().is_some()
                             || now.duration_since(grant.granted_at.0).unsigned_abs()
                                 < UNUSED_GRANT_EXPIRY
                     })
@@ -660,6 +637,7 @@ pub fn status_for(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::api::FINALIZER;
     use serde_json::json;
 
     pub(crate) fn node(name: &str, ready: bool, deleting: bool) -> Arc<Node> {

@@ -42,6 +42,7 @@ pub mod explain;
 pub mod fresh_nodes;
 pub mod grants;
 pub mod hooks;
+pub mod member;
 pub mod metrics;
 pub mod plan;
 pub mod queues;

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::api::FINALIZER;
 use crate::grants::Budgets;
+use crate::member::Member;
 use crate::metrics::Metrics;
 use crate::shared::Settings;
 use crate::waits::Verdict;
@@ -143,7 +144,7 @@ impl Admission {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         let taken: Vec<String> = self
             .budgets
-            .covering(&crate::grants::facts(node))
+            .covering(&node.facts())
             .into_iter()
             .map(|budget| budget.name().to_owned())
             .take_while(|budget| budget != refusing)
