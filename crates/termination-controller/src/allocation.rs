@@ -4,7 +4,7 @@
 //! (one update per budget). A node's own calls (a grant at admission, the check before its
 //! cordon) are [`Budgets`]'.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use jiff::Timestamp;
@@ -15,7 +15,7 @@ use nodegrace_core::k8s::api_errors::status_code;
 
 use crate::api::{Grant, NodeDisruptionBudget};
 use crate::budget::SpecError;
-use crate::budget_index::BudgetIndex;
+use crate::budget_index::{BudgetIndex, IndexedNode};
 use crate::fresh_nodes::BudgetNode;
 use crate::grants::{
     Budgets, Rules, Units, budget_numbers, count_started, covering, covers, status_for,
@@ -96,49 +96,58 @@ fn own_nodes<N: Member>(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<N>])
     own
 }
 
-/// [`own_nodes`] from the index: each budget's nodes, those it granted and the waiting ones
-/// looked up by name (`get`), each checked as `own_nodes` checks it. A pass costs the budgets'
-/// sizes and the waiting nodes, not the cluster's: in a cluster of 10,000 whose pool of 5,000
-/// rolls, half the nodes; with a budget per pool, a pool's.
+/// [`own_nodes`] from the index: each budget's nodes with their facts read once per watch
+/// event, and the nodes a budget granted whose labels have since left its selector looked up
+/// by name (`get`), each checked as `own_nodes` checks it. A pass costs the budgets' sizes and
+/// the waiting nodes, not the cluster's: in a cluster of 10,000 whose pool of 5,000 rolls,
+/// half the nodes; with a budget per pool, a pool's.
 fn indexed_own(
     budgets: &[Arc<NodeDisruptionBudget>],
     index: &BudgetIndex,
     get: impl Fn(&str) -> Option<Arc<Node>>,
-) -> OwnNodes<Node> {
+) -> OwnNodes<IndexedNode> {
     index.read(|covered, waiting| {
         let mut own = OwnNodes::default();
         for budget in budgets {
-            let granted = budget
-                .status
-                .iter()
-                .flat_map(|status| status.disrupted_nodes.keys());
-            let names: BTreeSet<&String> = covered
-                .get(budget.name())
+            let covered = covered.get(budget.name());
+            let granted = || {
+                budget
+                    .status
+                    .iter()
+                    .flat_map(|status| status.disrupted_nodes.keys())
+            };
+            let is_granted = |name: &str| {
+                budget
+                    .status
+                    .as_ref()
+                    .is_some_and(|status| status.disrupted_nodes.contains_key(name))
+            };
+            // The cache may hold a newer selector than the index picked by (the loop syncs it
+            // next): a node it no longer covers counts only if granted.
+            let mut nodes: Vec<Arc<IndexedNode>> = covered
                 .into_iter()
-                .flatten()
-                .chain(granted)
-                .collect();
-            let nodes = names
-                .into_iter()
-                .filter_map(|name| get(name))
+                .flat_map(BTreeMap::values)
                 .filter(|node| {
                     let facts = node.facts();
-                    let granted = budget
-                        .status
-                        .as_ref()
-                        .is_some_and(|status| status.disrupted_nodes.contains_key(facts.name));
-                    granted || covers(budget, &facts)
+                    covers(budget, &facts) || is_granted(facts.name)
                 })
+                .cloned()
                 .collect();
+            nodes.extend(
+                granted()
+                    .filter(|name| !covered.is_some_and(|covered| covered.contains_key(*name)))
+                    .filter_map(|name| get(name))
+                    .map(|node| Arc::new(IndexedNode::new(node))),
+            );
             own.by_budget.insert(budget.name().to_owned(), nodes);
         }
         own.waiting = waiting
-            .iter()
-            .filter_map(|name| get(name))
+            .values()
             .filter(|node| {
                 let facts = node.facts();
                 facts.awaits_grants && !facts.disrupting
             })
+            .cloned()
             .collect();
         own
     })
@@ -328,9 +337,9 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
 
 /// The budgets a pass moves, by name: those that would grant a node or drop a grant, and
 /// every budget covering a node granted, so that node is judged whole.
-fn moved_budgets(
+fn moved_budgets<N: Member>(
     budgets: &[Arc<NodeDisruptionBudget>],
-    own: &OwnNodes<Node>,
+    own: &OwnNodes<N>,
     allocation: &Allocation,
     now: Timestamp,
 ) -> HashSet<String> {
@@ -400,8 +409,22 @@ mod tests {
         Arc::new(node)
     }
 
-    fn names(nodes: &[Arc<Node>]) -> Vec<String> {
-        let mut names: Vec<String> = nodes.iter().map(|node| node.name_any()).collect();
+    /// Each node's name and what the budgets read of it, by name.
+    fn names<N: Member>(nodes: &[Arc<N>]) -> Vec<(String, bool, bool, bool, bool, Option<String>)> {
+        let mut names: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                let facts = node.facts();
+                (
+                    facts.name.to_owned(),
+                    facts.ready,
+                    facts.deleting,
+                    facts.awaits_grants,
+                    facts.disrupting,
+                    node.uid().map(str::to_owned),
+                )
+            })
+            .collect();
         names.sort();
         names
     }
@@ -454,13 +477,13 @@ mod tests {
         let index = BudgetIndex::default();
         index.sync_budgets(&budgets, || nodes.clone());
         for node in &nodes {
-            index.node_changed(&node.name_any(), Some(node), &budgets);
+            index.node_changed(&node.name_any(), Some(Arc::clone(node)), &budgets);
         }
         assert_indexed_as_scanned(&budgets, &index, &nodes);
 
         // other joins the gpus; a2 goes.
         nodes[3] = labelled("other", &json!({"gpu": "x"}), true);
-        index.node_changed("other", Some(&nodes[3]), &budgets);
+        index.node_changed("other", Some(Arc::clone(&nodes[3])), &budgets);
         nodes.remove(1);
         index.node_changed("a2", None, &budgets);
         assert_indexed_as_scanned(&budgets, &index, &nodes);

@@ -182,7 +182,7 @@ impl<'a> Leading<'a> {
             let mut fractions_moved = false;
             for name in self.dirty.take() {
                 let node = shared.nodes.get(None, &name);
-                index.node_changed(&name, node.as_deref(), &indexed_budgets);
+                index.node_changed(&name, node.clone(), &indexed_budgets);
                 fractions_moved |= self.node_changed(&name, node);
             }
             if fractions_moved {

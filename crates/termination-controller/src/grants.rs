@@ -3,7 +3,7 @@
 //! was made on: of two writers (two controllers, two nodes, later the webhook) deciding on the
 //! same version, one gets a 409, re-reads, and sees the unit taken.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -535,9 +535,28 @@ pub(crate) fn budget_numbers<N: Member>(
     limit: Limit,
     nodes: &[Arc<N>],
 ) -> Numbers {
+    numbers_under(budget, budget.grants(), limit, nodes)
+}
+
+/// [`budget_numbers`] as if the budget's grants were `grants`.
+fn numbers_under<N: Member>(
+    budget: &NodeDisruptionBudget,
+    grants: Option<&BTreeMap<String, Grant>>,
+    limit: Limit,
+    nodes: &[Arc<N>],
+) -> Numbers {
+    let granted = |node: &N, name: &str| {
+        grants
+            .and_then(|grants| grants.get(name))
+            .is_some_and(|grant| grant.is_for(node))
+    };
     let selected: Vec<(NodeFacts<'_>, bool)> = nodes
         .iter()
-        .map(|node| (node.facts(), budget.has_granted(node.as_ref())))
+        .map(|node| {
+            let facts = node.facts();
+            let granted = granted(node, facts.name);
+            (facts, granted)
+        })
         .filter(|(facts, _)| covers(budget, facts))
         .collect();
     numbers(
@@ -553,7 +572,8 @@ pub fn status_for<N: Member>(
     nodes: &[Arc<N>],
     now: Timestamp,
 ) -> NodeDisruptionBudgetStatus {
-    let old = budget.status.clone().unwrap_or_default();
+    let no_status = NodeDisruptionBudgetStatus::default();
+    let old = budget.status.as_ref().unwrap_or(&no_status);
     let by_name: HashMap<&str, &N> = nodes
         .iter()
         .filter_map(|node| {
@@ -582,13 +602,9 @@ pub fn status_for<N: Member>(
             .collect(),
         ..NodeDisruptionBudgetStatus::default()
     };
-    let pruned = NodeDisruptionBudget {
-        status: Some(status.clone()),
-        ..budget.clone()
-    };
     let (state, reason, message) = match Rules::of(budget, now) {
         Ok(rules) => {
-            let numbers = budget_numbers(&pruned, rules.limit, nodes);
+            let numbers = numbers_under(budget, Some(&status.disrupted_nodes), rules.limit, nodes);
             if let Some(windows) = &rules.windows {
                 status.active_window = windows.record(old.active_window.as_ref(), 0, now);
                 status.next_window = windows.next_start(now).map(|next| Time(next.timestamp()));

@@ -25,11 +25,10 @@ pub trait Member {
 
 impl Member for Node {
     fn facts(&self) -> NodeFacts<'_> {
-        static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
         let deleting = self.metadata.deletion_timestamp.is_some();
         NodeFacts {
             name: self.metadata.name.as_deref().unwrap_or_default(),
-            labels: self.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+            labels: labels_of(self),
             ready: readiness(self) == Readiness::Ready,
             deleting,
             awaits_grants: deleting
@@ -56,4 +55,10 @@ impl Member for Node {
     fn deletion_asked(&self) -> Option<Timestamp> {
         self.metadata.deletion_timestamp.as_ref().map(|time| time.0)
     }
+}
+
+/// `node`'s labels; none is an empty set.
+pub fn labels_of(node: &Node) -> &BTreeMap<String, String> {
+    static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+    node.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
 }
