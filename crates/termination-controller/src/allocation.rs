@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::PostParams;
 use nodegrace_core::k8s::api_errors::status_code;
 
-use crate::api::{Grant, NodeDisruptionBudget};
+use crate::api::{Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus};
 use crate::budget::SpecError;
 use crate::budget_index::{BudgetIndex, IndexedNode};
 use crate::fresh_nodes::BudgetNode;
@@ -255,7 +255,7 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
         budgets.nodes.get(None, name)
     });
     let by_cache = allocate_among(&cached, &cached_own, now, |_| true);
-    let moved = moved_budgets(&cached, &cached_own, &by_cache, now);
+    let (moved, mut by_cache_statuses) = moved_budgets(&cached, &cached_own, &by_cache, now);
     let mut fresh_own = OwnNodes::<BudgetNode>::default();
     let allocation = if moved.is_empty() {
         by_cache
@@ -293,16 +293,23 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
     } = allocation;
     let mut refreshed = Refreshed::default();
     for budget in cached {
-        let mut updated = (*budget).clone();
-        if let Some(new) = grants.remove(budget.name()) {
-            let status = updated.status.get_or_insert_with(Default::default);
-            status.disrupted_nodes.extend(new);
-            let more = started.remove(budget.name()).unwrap_or_default();
-            count_started(&budget, status, more, now);
-        }
-        let status = match fresh_own.by_budget.get(budget.name()) {
-            Some(fresh) => status_for(&updated, fresh, now),
-            None => status_for(&updated, own_of(&cached_own, &budget), now),
+        let new_grants = grants.remove(budget.name());
+        let status = match (fresh_own.by_budget.get(budget.name()), new_grants) {
+            (Some(fresh), new_grants) => {
+                let mut updated = (*budget).clone();
+                if let Some(new) = new_grants {
+                    let status = updated.status.get_or_insert_with(Default::default);
+                    status.disrupted_nodes.extend(new);
+                    let more = started.remove(budget.name()).unwrap_or_default();
+                    count_started(&budget, status, more, now);
+                }
+                status_for(&updated, fresh, now)
+            }
+            // Not read fresh, so it granted nothing: its status is the one the cache gave.
+            (None, _) => match by_cache_statuses.remove(budget.name()) {
+                Some(status) => status,
+                None => status_for(&budget, own_of(&cached_own, &budget), now),
+            },
         };
         refreshed
             .allowed
@@ -317,7 +324,10 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
         if budget.status.as_ref() == Some(&status) {
             continue;
         }
-        updated.status = Some(status);
+        let updated = NodeDisruptionBudget {
+            status: Some(status),
+            ..(*budget).clone()
+        };
         match budgets
             .api
             .replace_status(budget.name(), &PostParams::default(), &updated)
@@ -336,26 +346,27 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
 }
 
 /// The budgets a pass moves, by name: those that would grant a node or drop a grant, and
-/// every budget covering a node granted, so that node is judged whole.
+/// every budget covering a node granted, so that node is judged whole. With each budget's
+/// status as the cache gives it (by name), which is the one written for a budget not moved.
 fn moved_budgets<N: Member>(
     budgets: &[Arc<NodeDisruptionBudget>],
     own: &OwnNodes<N>,
     allocation: &Allocation,
     now: Timestamp,
-) -> HashSet<String> {
-    let mut moved: HashSet<String> = budgets
-        .iter()
-        .filter(|budget| {
-            let kept = status_for(budget, own_of(own, budget), now)
-                .disrupted_nodes
-                .len();
-            budget
-                .status
-                .as_ref()
-                .is_some_and(|status| status.disrupted_nodes.len() > kept)
-        })
-        .map(|budget| budget.name().to_owned())
-        .collect();
+) -> (HashSet<String>, HashMap<String, NodeDisruptionBudgetStatus>) {
+    let mut moved = HashSet::new();
+    let mut statuses = HashMap::new();
+    for budget in budgets {
+        let status = status_for(budget, own_of(own, budget), now);
+        if budget
+            .status
+            .as_ref()
+            .is_some_and(|old| old.disrupted_nodes.len() > status.disrupted_nodes.len())
+        {
+            moved.insert(budget.name().to_owned());
+        }
+        statuses.insert(budget.name().to_owned(), status);
+    }
     let granted: HashSet<&str> = allocation
         .grants
         .values()
@@ -373,7 +384,7 @@ fn moved_budgets<N: Member>(
             );
         }
     }
-    moved
+    (moved, statuses)
 }
 
 #[cfg(test)]

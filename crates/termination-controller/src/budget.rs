@@ -174,17 +174,31 @@ pub fn numbers<'a>(
     let mut available = 0;
     for (node, granted) in nodes {
         expected += 1;
-        let disrupted = granted || node.disrupting || (node.deleting && !node.awaits_grants);
-        if node.ready && !disrupted {
+        if available_unless_granted(node) && !granted {
             available += 1;
         }
     }
-    let desired = limit.desired_available(expected);
-    Numbers {
-        expected,
-        available,
-        desired,
-        allowed: (available - desired).max(0),
+    Numbers::counted(limit, expected, available)
+}
+
+/// Whether a node the budget selects counts as available, unless the budget granted it: Ready,
+/// not cordoned by us, and not being deleted other than through our grants.
+pub fn available_unless_granted(node: &NodeFacts<'_>) -> bool {
+    let deleted_around_us = node.deleting && !node.awaits_grants;
+    node.ready && !node.disrupting && !deleted_around_us
+}
+
+impl Numbers {
+    /// A budget's numbers with `limit`, from how many nodes it selects and how many of them
+    /// are available.
+    pub fn counted(limit: Limit, expected: i32, available: i32) -> Self {
+        let desired = limit.desired_available(expected);
+        Self {
+            expected,
+            available,
+            desired,
+            allowed: (available - desired).max(0),
+        }
     }
 }
 

@@ -25,12 +25,13 @@ use serde::Deserialize;
 
 use crate::budget::NodeFacts;
 use crate::member::Member;
+use crate::nodes_read::NodesRead;
 
 /// Nodes per page (client-go's informers list 500 at a time too).
 const PAGE: u32 = 500;
 
 /// One read's nodes, as the budgets read them.
-pub type Nodes = Arc<[Arc<BudgetNode>]>;
+pub type Nodes = Arc<NodesRead>;
 
 pub struct FreshNodes {
     client: kube::Client,
@@ -105,7 +106,7 @@ impl FreshNodes {
             );
             match page.metadata.continue_.filter(|token| !token.is_empty()) {
                 Some(token) => params = params.continue_token(&token),
-                None => return Ok(nodes.into()),
+                None => return Ok(Arc::new(NodesRead::new(nodes))),
             }
         }
     }

@@ -21,6 +21,7 @@ use crate::api::{Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus};
 use crate::budget::{Limit, NodeFacts, Numbers, SpecError, numbers, selects};
 use crate::fresh_nodes::{FreshNodes, Nodes};
 use crate::member::Member;
+use crate::nodes_read::NodesRead;
 use crate::waits::{Refusal, Verdict, Waits};
 use crate::windows::{Gate, Windows};
 
@@ -255,7 +256,7 @@ impl Budgets {
                 }
             }
         }
-        Ok(nodes.into())
+        Ok(Arc::new(NodesRead::new(nodes)))
     }
 
     async fn fresh_nodes_selected(
@@ -289,7 +290,7 @@ impl Budgets {
             let nodes = self
                 .fresh_nodes_joining(&budget, CHECK_JOINS_A_READ_WITHIN)
                 .await?;
-            let numbers = budget_numbers(&budget, limit, &nodes);
+            let numbers = nodes.numbers(&budget, limit);
             if numbers.available < numbers.desired {
                 return Ok(Some((budget.name().to_owned(), numbers)));
             }

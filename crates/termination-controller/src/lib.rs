@@ -44,6 +44,7 @@ pub mod grants;
 pub mod hooks;
 pub mod member;
 pub mod metrics;
+pub mod nodes_read;
 pub mod plan;
 pub mod queues;
 pub mod shared;
