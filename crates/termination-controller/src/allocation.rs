@@ -294,8 +294,13 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
     let mut refreshed = Refreshed::default();
     for budget in cached {
         let new_grants = grants.remove(budget.name());
-        let status = match (fresh_own.by_budget.get(budget.name()), new_grants) {
-            (Some(fresh), new_grants) => {
+        let fresh = fresh_own.by_budget.get(budget.name());
+        let status = match (fresh, new_grants) {
+            // Not read fresh and granting nothing: the status the cache gave it.
+            (None, None) => by_cache_statuses
+                .remove(budget.name())
+                .unwrap_or_else(|| status_for(&budget, own_of(&cached_own, &budget), now)),
+            (fresh, new_grants) => {
                 let mut updated = (*budget).clone();
                 if let Some(new) = new_grants {
                     let status = updated.status.get_or_insert_with(Default::default);
@@ -303,13 +308,11 @@ pub async fn refresh_statuses(budgets: &Budgets) -> Result<Refreshed, kube::Erro
                     let more = started.remove(budget.name()).unwrap_or_default();
                     count_started(&budget, status, more, now);
                 }
-                status_for(&updated, fresh, now)
+                match fresh {
+                    Some(fresh) => status_for(&updated, fresh, now),
+                    None => status_for(&updated, own_of(&cached_own, &budget), now),
+                }
             }
-            // Not read fresh, so it granted nothing: its status is the one the cache gave.
-            (None, _) => match by_cache_statuses.remove(budget.name()) {
-                Some(status) => status,
-                None => status_for(&budget, own_of(&cached_own, &budget), now),
-            },
         };
         refreshed
             .allowed
