@@ -198,10 +198,15 @@ impl NodeDisruptionBudget {
 
     /// Whether this budget has granted `node` (this Node object, not a namesake).
     pub fn has_granted(&self, node: &impl Member) -> bool {
-        self.grants()
-            .and_then(|grants| grants.get(node.facts().name))
-            .is_some_and(|grant| grant.is_for(node))
+        granted_in(self.grants(), node)
     }
+}
+
+/// Whether `grants` (a budget's, by node name) hold one for `node`, this Node object.
+pub fn granted_in(grants: Option<&BTreeMap<String, Grant>>, node: &impl Member) -> bool {
+    grants
+        .and_then(|grants| grants.get(node.facts().name))
+        .is_some_and(|grant| grant.is_for(node))
 }
 
 /// What the drain does with the pods a NodeDrainRule selects, on the nodes it selects.

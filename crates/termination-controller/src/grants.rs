@@ -17,7 +17,7 @@ use nodegrace_core::clock::Clock;
 use nodegrace_core::k8s::api_errors::status_code;
 use nodegrace_core::k8s::watched::Watched;
 
-use crate::api::{Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus};
+use crate::api::{Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus, granted_in};
 use crate::budget::{Limit, NodeFacts, Numbers, SpecError, numbers, selects};
 use crate::fresh_nodes::{FreshNodes, Nodes};
 use crate::member::Member;
@@ -546,17 +546,11 @@ fn numbers_under<N: Member>(
     limit: Limit,
     nodes: &[Arc<N>],
 ) -> Numbers {
-    let granted = |node: &N, name: &str| {
-        grants
-            .and_then(|grants| grants.get(name))
-            .is_some_and(|grant| grant.is_for(node))
-    };
     let selected: Vec<(NodeFacts<'_>, bool)> = nodes
         .iter()
         .map(|node| {
             let facts = node.facts();
-            let granted = granted(node, facts.name);
-            (facts, granted)
+            (facts, granted_in(grants, node.as_ref()))
         })
         .filter(|(facts, _)| covers(budget, facts))
         .collect();
