@@ -15,7 +15,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -25,6 +24,7 @@ use nodegrace_core::admin::{Readiness, ReadinessGate};
 use nodegrace_core::cli::{CommonArgs, KubeArgs};
 use nodegrace_core::dirty::Dirty;
 use nodegrace_core::k8s::client::{self, ClientError};
+use nodegrace_core::k8s::node_identity::NodeObject;
 use nodegrace_core::k8s::reporter::{ApiSink, Flushed, Reporter};
 use nodegrace_core::k8s::watched::{WatchCounters, WatchEnded, Watched};
 use nodegrace_core::program::{self, Started};
@@ -226,14 +226,14 @@ impl Connected {
     }
 
     /// Every node, trimmed by `trim`; each change marks the node's name in [`Self::dirty`].
-    pub fn watch_nodes(&self, trim: fn(&mut Node)) -> Watched<Node> {
+    pub fn watch_nodes<K: NodeObject>(&self, trim: fn(&mut K)) -> Watched<K> {
         let dirty = Arc::clone(&self.dirty);
         Watched::start_observed(
             Api::all(self.client.clone()),
             watcher::Config::default(),
             WatchCounters::default(),
             trim,
-            move |node: &Node| dirty.mark(node.metadata.name.as_deref().unwrap_or_default()),
+            move |node: &K| dirty.mark(node.meta().name.as_deref().unwrap_or_default()),
         )
     }
 

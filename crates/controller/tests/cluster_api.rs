@@ -19,7 +19,7 @@ use serde_json::json;
 
 /// The providerID as the controller reads it from a Node Cluster API registered.
 fn node(provider_id: &str) -> Result<ProviderId> {
-    let node = serde_json::from_value(json!({
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
         "metadata": {"name": "worker", "annotations": node_annotations("default", "workers-0")},
         "spec": {"providerID": provider_id},
     }))?;

@@ -300,7 +300,7 @@ async fn a_patch_by_uid_lands_on_its_node_and_never_on_a_namesake() -> Result<()
     let client = nodes.clone().into_client();
     let first = identity_of_n1(&nodes).await?;
     let with = first
-        .patch_finalizer(&client, FINALIZER, true)
+        .patch_finalizer::<Node>(&client, FINALIZER, true)
         .await?
         .expect("n1 is this node");
     ensure!(
@@ -313,7 +313,7 @@ async fn a_patch_by_uid_lands_on_its_node_and_never_on_a_namesake() -> Result<()
         .await?;
     ensure!(
         first
-            .patch_finalizer(&client, FINALIZER, false)
+            .patch_finalizer::<Node>(&client, FINALIZER, false)
             .await?
             .is_some(),
         "the release lands on the deleting node itself"
@@ -323,9 +323,13 @@ async fn a_patch_by_uid_lands_on_its_node_and_never_on_a_namesake() -> Result<()
     })
     .await?;
     register_n1(&nodes).await?;
-    let added = first.patch_finalizer(&client, FINALIZER, true).await?;
+    let added = first
+        .patch_finalizer::<Node>(&client, FINALIZER, true)
+        .await?;
     ensure!(added.is_none(), "a namesake took the finalizer: {added:?}");
-    let marked = first.annotate(&client, "nodegrace.io/mark", "x").await?;
+    let marked = first
+        .annotate::<Node>(&client, "nodegrace.io/mark", "x")
+        .await?;
     ensure!(
         marked.is_none(),
         "a namesake took the annotation: {marked:?}"
@@ -358,7 +362,9 @@ async fn a_conflict_on_the_node_itself_is_retried_not_taken_for_a_namesake() -> 
         rate: 1.0,
         failure: kube_sim::faults::FailureKind::Conflict,
     });
-    let refused = node.annotate(&client, "nodegrace.io/mark", "x").await;
+    let refused = node
+        .annotate::<Node>(&client, "nodegrace.io/mark", "x")
+        .await;
     ensure!(
         matches!(&refused, Err(kube::Error::Api(status)) if status.code == 409),
         "{refused:?}"
@@ -369,7 +375,9 @@ async fn a_conflict_on_the_node_itself_is_retried_not_taken_for_a_namesake() -> 
         "a conflict is tried again: {patches} patch(es)"
     );
     sim.faults().clear();
-    let marked = node.annotate(&client, "nodegrace.io/mark", "x").await?;
+    let marked = node
+        .annotate::<Node>(&client, "nodegrace.io/mark", "x")
+        .await?;
     ensure!(
         marked.is_some_and(|node| node
             .metadata

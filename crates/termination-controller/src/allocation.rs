@@ -8,10 +8,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::PostParams;
 use nodegrace_core::k8s::api_errors::status_code;
+use nodegrace_core::k8s::cached_node::CachedNode;
 
 use crate::api::{Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus};
 use crate::budget::SpecError;
@@ -104,7 +104,7 @@ fn own_nodes<N: Member>(budgets: &[Arc<NodeDisruptionBudget>], nodes: &[Arc<N>])
 fn indexed_own(
     budgets: &[Arc<NodeDisruptionBudget>],
     index: &BudgetIndex,
-    get: impl Fn(&str) -> Option<Arc<Node>>,
+    get: impl Fn(&str) -> Option<Arc<CachedNode>>,
 ) -> OwnNodes<IndexedNode> {
     index.read(|covered, waiting| {
         let mut own = OwnNodes::default();
@@ -397,7 +397,7 @@ mod tests {
     use kube::ResourceExt;
     use serde_json::json;
 
-    fn deleted_at(node: &Node, at: &str) -> Arc<Node> {
+    fn deleted_at(node: &CachedNode, at: &str) -> Arc<CachedNode> {
         let mut node = node.clone();
         node.metadata.deletion_timestamp = Some(Time(at.parse().unwrap()));
         Arc::new(node)
@@ -417,7 +417,7 @@ mod tests {
             .unwrap_or_default()
     }
 
-    fn labelled(name: &str, labels: &serde_json::Value, deleting: bool) -> Arc<Node> {
+    fn labelled(name: &str, labels: &serde_json::Value, deleting: bool) -> Arc<CachedNode> {
         let mut node = (*node(name, true, deleting)).clone();
         node.metadata.labels = serde_json::from_value(labels.clone()).unwrap();
         Arc::new(node)
@@ -447,7 +447,7 @@ mod tests {
     fn assert_indexed_as_scanned(
         budgets: &[Arc<NodeDisruptionBudget>],
         index: &BudgetIndex,
-        nodes: &[Arc<Node>],
+        nodes: &[Arc<CachedNode>],
     ) {
         let scanned = own_nodes(budgets, nodes);
         let indexed = indexed_own(budgets, index, |name| {
@@ -524,7 +524,7 @@ mod tests {
             node("down", false, false),
             node("up", true, false),
         ];
-        let only_second = |node: &Node| node.metadata.name.as_deref() == Some("second");
+        let only_second = |node: &CachedNode| node.metadata.name.as_deref() == Some("second");
         let budgets = [named("pool", &pool)];
         let own = own_nodes(&budgets, &nodes);
         let allocation = allocate_among(&budgets, &own, now, only_second);
@@ -543,7 +543,7 @@ mod tests {
     /// [`BudgetNode`]s of the same nodes.
     fn allocated_alike(
         budgets: &[Arc<NodeDisruptionBudget>],
-        nodes: &[Arc<Node>],
+        nodes: &[Arc<CachedNode>],
         now: Timestamp,
     ) -> Allocation {
         let read: Vec<Arc<BudgetNode>> = nodes

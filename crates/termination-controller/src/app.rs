@@ -14,13 +14,15 @@ use nodegrace_controller::instances::Metered;
 use nodegrace_core::admin::ReadinessGate;
 use nodegrace_core::backoff::Backoff;
 use nodegrace_core::clock::{Clock, SystemClock};
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::watched::{WatchCounters, Watched};
-use nodegrace_core::k8s::{client, nodes, volumes};
+use nodegrace_core::k8s::{client, volumes};
 use nodegrace_core::program::Started;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{NodeDisruptionBudget, NodeDrainRule};
 use crate::cli::{Args, Command, PlanArgs, PlanFormat, ReleaseNodesArgs, WebhookArgs};
+use crate::conditions::MAINTENANCE_PLANNED;
 use crate::controller::Controller;
 use crate::fresh_nodes::FreshNodes;
 use crate::grants::Budgets;
@@ -137,6 +139,22 @@ fn trim_budget(pdb: &mut PodDisruptionBudget) {
     if let Some(status) = pdb.status.as_mut() {
         status.disrupted_pods = None;
         status.conditions = None;
+    }
+}
+
+/// Of a node's conditions, the controller reads Ready (NotReady nodes, budgets) and its own
+/// `MaintenancePlanned` (set False once a waiting node is granted); a kubelet posts five more,
+/// some 1 KiB a node with their messages.
+fn trim_node(node: &mut CachedNode) {
+    node.metadata.managed_fields = None;
+    if let Some(conditions) = node
+        .status
+        .as_mut()
+        .and_then(|status| status.conditions.as_mut())
+    {
+        conditions.retain(|condition| {
+            condition.type_ == "Ready" || condition.type_ == MAINTENANCE_PLANNED
+        });
     }
 }
 
@@ -302,7 +320,7 @@ async fn lead(cluster: Connected, parts: Parts) -> Result<()> {
         clock,
     } = parts;
     let evictions = cluster.client_without_retries().await?;
-    let nodes = cluster.watch_nodes(nodes::trim_for_cache);
+    let nodes = cluster.watch_nodes(trim_node);
     let ndbs = cluster.watch_all(trim_ndb);
     let pdbs = cluster.watch_all(trim_budget);
     let drain_rules = drain_rules(&cluster.client).await;

@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
+use nodegrace_core::k8s::cached_node::CachedNode;
 
 use crate::api::NodeDisruptionBudget;
 use crate::budget::NodeFacts;
@@ -26,14 +26,14 @@ pub type Covered = HashMap<String, BTreeMap<String, Arc<IndexedNode>>>;
 /// A cached Node (the cache's own copy, shared, not cloned) with its budget facts read.
 #[derive(Debug)]
 pub struct IndexedNode {
-    node: Arc<Node>,
+    node: Arc<CachedNode>,
     ready: bool,
     awaits_grants: bool,
     disrupting: bool,
 }
 
 impl IndexedNode {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub fn new(node: Arc<CachedNode>) -> Self {
         let NodeFacts {
             ready,
             awaits_grants,
@@ -96,7 +96,7 @@ impl BudgetIndex {
     pub fn sync_budgets(
         &self,
         budgets: &[Arc<NodeDisruptionBudget>],
-        all_nodes: impl FnOnce() -> Vec<Arc<Node>>,
+        all_nodes: impl FnOnce() -> Vec<Arc<CachedNode>>,
     ) {
         let mut index = self.lock();
         let present = |name: &String| budgets.iter().any(|budget| budget.name_any() == *name);
@@ -138,7 +138,7 @@ impl BudgetIndex {
     pub fn node_changed(
         &self,
         name: &str,
-        node: Option<Arc<Node>>,
+        node: Option<Arc<CachedNode>>,
         budgets: &[Arc<NodeDisruptionBudget>],
     ) {
         let node = node.map(|node| Arc::new(IndexedNode::new(node)));

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{DeleteParams, Preconditions};
 use nodegrace_controller::assembly::Lead;
 use nodegrace_core::dirty::Dirty;
 use nodegrace_core::error_chain::Chain;
 use nodegrace_core::k8s::api_errors::status_code;
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::conditions::node_condition;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::NodeIdentity;
@@ -88,7 +88,7 @@ struct Leading<'a> {
     /// the budgets and the tasks look at ([`NodeShape`]) from one of anything else (heartbeats,
     /// images, addresses), which wakes nothing. The cache's own objects, shared, not copies: a
     /// copy of every node's shape cost a 10,000-node cluster some 8 MiB.
-    seen: HashMap<String, Arc<Node>>,
+    seen: HashMap<String, Arc<CachedNode>>,
     waiting: WaitingRoom,
     terminations: Terminations,
     finalizers: FinalizerWrites,
@@ -121,7 +121,7 @@ struct FinalizerWrites {
 
 impl FinalizerWrites {
     /// Forgets the landed writes of the Node objects named `name` other than `current`.
-    fn forget_landed(&mut self, name: &str, current: Option<&Node>) {
+    fn forget_landed(&mut self, name: &str, current: Option<&CachedNode>) {
         let stale: Vec<NodeIdentity> = self
             .landed
             .range(NodeIdentity::all_named(name))
@@ -243,7 +243,7 @@ impl<'a> Leading<'a> {
 
     /// A node the watch reported changed: its shape, its task, its finalizer, its timer.
     /// Returns whether the NotReady fractions may have moved.
-    fn node_changed(&mut self, name: &str, current: Option<Arc<Node>>) -> bool {
+    fn node_changed(&mut self, name: &str, current: Option<Arc<CachedNode>>) -> bool {
         // A landed finalizer write of an earlier Node of this name is not this one's.
         self.finalizers.forget_landed(name, current.as_deref());
         let Some(node) = current else {
@@ -271,7 +271,7 @@ impl<'a> Leading<'a> {
             }
         }
         let readiness_moved = before_shape.map(|before| before.ready) != Some(shape.ready);
-        if let Some(identity) = NodeIdentity::of(&node) {
+        if let Some(identity) = NodeIdentity::of(node.as_ref()) {
             if ours(&node) {
                 self.start_termination(identity.clone());
             } else {
@@ -336,7 +336,7 @@ impl<'a> Leading<'a> {
 
     /// Adds our finalizer to a managed node that lacks it, or removes it from a node no
     /// longer managed.
-    fn keep_finalizer(&mut self, node: &Node, identity: NodeIdentity) {
+    fn keep_finalizer(&mut self, node: &CachedNode, identity: NodeIdentity) {
         let add = self.shared.settings.manages(node);
         let finalizers = &mut self.finalizers;
         if add == has_finalizer(node) {
@@ -360,7 +360,7 @@ impl<'a> Leading<'a> {
             .spawn(async move { set_finalizer(&client, identity, add).await });
     }
 
-    fn schedule_not_ready(&mut self, node: &Node, identity: NodeIdentity) {
+    fn schedule_not_ready(&mut self, node: &CachedNode, identity: NodeIdentity) {
         let Some(timeout) = self.shared.settings.not_ready_timeout else {
             return;
         };
@@ -453,7 +453,7 @@ fn granted_uids(shared: &Shared) -> Vec<String> {
 }
 
 /// When a managed, not deleting node that is NotReady reaches the timeout.
-fn not_ready_due(node: &Node, timeout: Duration, managed: bool) -> Option<Timestamp> {
+fn not_ready_due(node: &CachedNode, timeout: Duration, managed: bool) -> Option<Timestamp> {
     if !managed || node.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -475,7 +475,7 @@ enum NotReadyCheck {
     Held,
 }
 
-async fn delete_not_ready(shared: &Shared, node: &Node) -> NotReadyCheck {
+async fn delete_not_ready(shared: &Shared, node: &CachedNode) -> NotReadyCheck {
     let Some(timeout) = shared.settings.not_ready_timeout else {
         return NotReadyCheck::Done;
     };
@@ -484,7 +484,7 @@ async fn delete_not_ready(shared: &Shared, node: &Node) -> NotReadyCheck {
         return NotReadyCheck::Done;
     }
     let name = node.metadata.name.as_deref().unwrap_or_default();
-    let managed: Vec<Arc<Node>> = shared
+    let managed: Vec<Arc<CachedNode>> = shared
         .nodes
         .state()
         .into_iter()
@@ -507,7 +507,7 @@ async fn delete_not_ready(shared: &Shared, node: &Node) -> NotReadyCheck {
         ));
         return NotReadyCheck::Held;
     }
-    let api: Api<Node> = Api::all(shared.client.clone());
+    let api: Api<CachedNode> = Api::all(shared.client.clone());
     let params = DeleteParams {
         // The object judged NotReady, unchanged since: a node that reported again (or a
         // namesake) after the cache's view is not deleted on that view.
@@ -545,7 +545,10 @@ async fn set_finalizer(
     node: NodeIdentity,
     add: bool,
 ) -> (NodeIdentity, bool) {
-    match node.patch_finalizer(client, FINALIZER, add).await {
+    match node
+        .patch_finalizer::<CachedNode>(client, FINALIZER, add)
+        .await
+    {
         Ok(written) => (node, written.is_some()),
         Err(error) => {
             tracing::warn!(node = %node, error = %Chain(&error), "could not update the node's finalizer; retried on its next change");
@@ -643,7 +646,7 @@ struct NodeShape<'a> {
 }
 
 impl<'a> NodeShape<'a> {
-    fn of(node: &'a Node) -> Self {
+    fn of(node: &'a CachedNode) -> Self {
         let spec = node.spec.as_ref();
         Self {
             uid: node.metadata.uid.as_deref(),

@@ -10,13 +10,12 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
-use kube::runtime::watcher;
 use nodegrace_core::k8s::api_errors::status_code;
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::events::{EventReport, object_reference};
 use nodegrace_core::k8s::node_identity::NodeIdentity;
 use nodegrace_core::k8s::nodes::node_reference;
 use nodegrace_core::k8s::selectors::pdbs_for_pod;
-use nodegrace_core::k8s::watched::{WatchCounters, Watched};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -24,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::drain_rules::{NO_LABELS, NodeRules, Source};
 use crate::explain::{budget_blocks, grouped};
 use crate::metrics::{CodeLabel, ReasonLabel};
+use crate::node_pods::NodePods;
 use crate::queues::{BudgetView, Outcome, Queue, QueueKey};
 use crate::shared::Shared;
 use crate::step::{Halt, Step};
@@ -103,7 +103,8 @@ pub struct Drain {
     shared: Arc<Shared>,
     node: NodeIdentity,
     deadline: Option<Timestamp>,
-    pods: Watched<Pod>,
+    /// Boxed: a drain started before the cordon waits in its task's state.
+    pods: Box<NodePods>,
     /// Pods (by UID) seen before a fresh read found the node still this Node object: they
     /// were bound to it, not to a namesake (a pod is bound only to a node that exists, and
     /// names are unique, so a pod of a namesake seen before the read means the read finds
@@ -141,12 +142,11 @@ impl std::fmt::Debug for Drain {
 impl Drain {
     /// Starts watching the node's pods; `deleted` is when the node's deletion was asked.
     pub fn start(shared: Arc<Shared>, node: NodeIdentity, deleted: Option<Timestamp>) -> Self {
-        let pods = Watched::start_trimmed(
-            Api::<Pod>::all(shared.client.clone()),
-            watcher::Config::default().fields(&format!("spec.nodeName={}", node.name())),
-            WatchCounters::default(),
+        let pods = Box::new(NodePods::new(
+            Api::all(shared.client.clone()),
+            node.name(),
             trim_pod,
-        );
+        ));
         let deadline = shared
             .settings
             .drain_timeout
@@ -199,9 +199,9 @@ impl Drain {
             .collect()
     }
 
-    /// Waits until the node's pods are listed; returns their UIDs, for [`Drain::confirm`].
+    /// Lists the node's pods; returns their UIDs, for [`Drain::confirm`].
     pub async fn listed(&mut self) -> Step<Vec<String>> {
-        self.pods.synced().await?;
+        self.pods.listed().await?;
         Ok(self.pods.state().iter().map(|pod| uid(pod)).collect())
     }
 
@@ -215,10 +215,11 @@ impl Drain {
     /// to this Node object; [`Halt::NodeGone`] when the node is gone or replaced. The drain acts on this
     /// snapshot only: a pod the watch delivers after it waits for the next confirmation.
     async fn confirmed_pods(&mut self) -> Step<Vec<Arc<Pod>>> {
+        self.pods.catch_up();
         let pods = self.pods.state();
         if pods.iter().any(|pod| !self.confirmed.contains(&uid(pod))) {
             self.node
-                .read(&self.shared.client)
+                .read::<CachedNode>(&self.shared.client)
                 .await?
                 .ok_or(Halt::NodeGone)?;
             self.confirmed.extend(pods.iter().map(|pod| uid(pod)));
@@ -237,9 +238,8 @@ impl Drain {
     ) -> Step {
         tokio::select! {
             () = stop.cancelled() => return Err(Halt::Stopped),
-            synced = self.pods.synced() => synced?,
+            listed = self.pods.listed() => listed?,
         }
-        let mut pod_changes = self.pods.clone();
         loop {
             self.node.cached(&self.shared.nodes).ok_or(Halt::NodeGone)?;
             let pods = self.confirmed_pods().await?;
@@ -257,7 +257,7 @@ impl Drain {
             tokio::select! {
                 () = stop.cancelled() => return Err(Halt::Stopped),
                 changed = wake.changed() => if changed.is_err() { return Err(Halt::Stopped) },
-                changed = pod_changes.changed() => changed?,
+                () = self.pods.changed() => {}
                 Some(answer) = self.requests.join_next() => {
                     if let Ok(answer) = answer {
                         self.answered(answer);

@@ -16,11 +16,12 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
+use k8s_openapi::api::core::v1::{NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Time};
 use kube::Api;
 use kube::api::ListParams;
 use nodegrace_core::fresh::Fresh;
+use nodegrace_core::k8s::cached_node::{CachedNode, CachedNodeSpec, CachedNodeStatus};
 use serde::Deserialize;
 
 use crate::budget::NodeFacts;
@@ -47,7 +48,7 @@ impl std::fmt::Debug for FreshNodes {
 }
 
 impl FreshNodes {
-    pub fn new(api: Api<Node>) -> Self {
+    pub fn new(api: Api<CachedNode>) -> Self {
         Self {
             request: kube::core::Request::new(api.resource_url()),
             client: api.into_client(),
@@ -102,7 +103,7 @@ impl FreshNodes {
             nodes.extend(
                 page.items
                     .into_iter()
-                    .map(|node| Arc::new(BudgetNode::from(Node::from(node)))),
+                    .map(|node| Arc::new(BudgetNode::from(CachedNode::from(node)))),
             );
             match page.metadata.continue_.filter(|token| !token.is_empty()) {
                 Some(token) => params = params.continue_token(&token),
@@ -156,7 +157,7 @@ struct Condition {
     status: String,
 }
 
-impl From<BudgetFields> for Node {
+impl From<BudgetFields> for CachedNode {
     fn from(node: BudgetFields) -> Self {
         let metadata = node.metadata;
         Self {
@@ -169,11 +170,11 @@ impl From<BudgetFields> for Node {
                 finalizers: metadata.finalizers,
                 ..ObjectMeta::default()
             },
-            spec: node.spec.map(|spec| NodeSpec {
+            spec: node.spec.map(|spec| CachedNodeSpec {
                 taints: spec.taints,
-                ..NodeSpec::default()
+                ..CachedNodeSpec::default()
             }),
-            status: node.status.map(|status| NodeStatus {
+            status: node.status.map(|status| CachedNodeStatus {
                 // The budgets read readiness alone: a pass then finds it at the first look.
                 conditions: status.conditions.map(|conditions| {
                     conditions
@@ -186,7 +187,6 @@ impl From<BudgetFields> for Node {
                         })
                         .collect()
                 }),
-                ..NodeStatus::default()
             }),
         }
     }
@@ -206,8 +206,8 @@ pub struct BudgetNode {
     disrupting: bool,
 }
 
-impl From<Node> for BudgetNode {
-    fn from(node: Node) -> Self {
+impl From<CachedNode> for BudgetNode {
+    fn from(node: CachedNode) -> Self {
         let NodeFacts {
             ready,
             awaits_grants,
@@ -366,7 +366,7 @@ mod tests {
                 "nodeInfo": {"kubeletVersion": "v1.33.0"},
             },
         });
-        let whole: Node = serde_json::from_value(value.clone()).unwrap();
+        let whole: CachedNode = serde_json::from_value(value.clone()).unwrap();
         let page: Page = serde_json::from_value(serde_json::json!({
             "metadata": {"resourceVersion": "42"}, "items": [value],
         }))
@@ -374,7 +374,7 @@ mod tests {
         let parsed = page
             .items
             .into_iter()
-            .map(|node| BudgetNode::from(Node::from(node)))
+            .map(|node| BudgetNode::from(CachedNode::from(node)))
             .next()
             .unwrap();
         assert_eq!(parsed.facts(), whole.facts());

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Api;
 use kube::api::PostParams;
 use kube::core::Selector;
 use nodegrace_core::clock::Clock;
 use nodegrace_core::k8s::api_errors::status_code;
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::watched::Watched;
 
 use crate::api::{Grant, NodeDisruptionBudget, NodeDisruptionBudgetStatus, granted_in};
@@ -141,7 +141,7 @@ impl Units {
 pub struct Budgets {
     pub api: Api<NodeDisruptionBudget>,
     pub cache: Watched<NodeDisruptionBudget>,
-    pub nodes: Watched<Node>,
+    pub nodes: Watched<CachedNode>,
     /// The fresh reads every grant (and every grant dropped) is decided on.
     pub fresh: Arc<FreshNodes>,
     /// Grant times, expiries and maintenance windows are read off this clock.
@@ -162,7 +162,7 @@ impl Budgets {
 
     /// The budgets covering `node` that have all granted it (by name), or `None` while one
     /// has not: the cache's answer, which the leader's allocation writes.
-    pub fn granted(&self, node: &Node) -> Option<Vec<String>> {
+    pub fn granted(&self, node: &CachedNode) -> Option<Vec<String>> {
         let covering = self.covering(&node.facts());
         covering
             .iter()
@@ -182,7 +182,7 @@ impl Budgets {
 
     /// Takes the grants `node` still lacks, in name order, stopping at the first budget that
     /// refuses (the grants already taken are kept: the node is next in line for them).
-    pub async fn acquire(&self, node: &Node) -> Result<Verdict, kube::Error> {
+    pub async fn acquire(&self, node: &CachedNode) -> Result<Verdict, kube::Error> {
         let facts = node.facts();
         let mut budgets = Vec::new();
         for budget in self.covering(&facts) {
@@ -276,7 +276,10 @@ impl Budgets {
     /// between the read the grant was decided on and now. Such a grant is given back
     /// ([`Budgets::release`]) and the node waits again. A NotReady node is granted whatever
     /// the numbers, so it never is.
-    pub async fn overspent(&self, node: &Node) -> Result<Option<(String, Numbers)>, kube::Error> {
+    pub async fn overspent(
+        &self,
+        node: &CachedNode,
+    ) -> Result<Option<(String, Numbers)>, kube::Error> {
         let facts = node.facts();
         if !facts.ready {
             return Ok(None);
@@ -299,7 +302,7 @@ impl Budgets {
     }
 
     /// The verdict [`Budgets::acquire`] would reach now, taking nothing (dry runs, plans).
-    pub fn verdict(&self, node: &Node) -> Verdict {
+    pub fn verdict(&self, node: &CachedNode) -> Verdict {
         verdict(
             &self.cache.state(),
             &self.nodes.state(),
@@ -310,7 +313,7 @@ impl Budgets {
 
     /// Gives back `node`'s grants from `budgets` (an admission that took some but was then
     /// refused by another budget). Best effort: an unused grant also expires by itself.
-    pub async fn release(&self, node: &Node, budgets: &[String]) -> Result<(), kube::Error> {
+    pub async fn release(&self, node: &CachedNode, budgets: &[String]) -> Result<(), kube::Error> {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         for budget_name in budgets {
             let Some(cached) = self.cache.get(None, budget_name) else {
@@ -368,7 +371,7 @@ impl Budgets {
     }
 
     /// [`Self::release`] of one budget on a read of it, retried on conflicts.
-    async fn release_read(&self, node: &Node, budget_name: &str) -> Result<(), kube::Error> {
+    async fn release_read(&self, node: &CachedNode, budget_name: &str) -> Result<(), kube::Error> {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         for _ in 0..CONFLICT_RETRIES {
             let mut budget = self.api.get_status(budget_name).await?;
@@ -395,7 +398,7 @@ impl Budgets {
     async fn grant(
         &self,
         cached: &NodeDisruptionBudget,
-        node: &Node,
+        node: &CachedNode,
         facts: &NodeFacts<'_>,
     ) -> Result<Option<Refusal>, kube::Error> {
         let mut budget = cached.clone();
@@ -451,7 +454,7 @@ impl Budgets {
 pub fn verdict<N: Member>(
     budgets: &[Arc<NodeDisruptionBudget>],
     nodes: &[Arc<N>],
-    node: &Node,
+    node: &CachedNode,
     now: Timestamp,
 ) -> Verdict {
     let facts = node.facts();
@@ -651,7 +654,7 @@ pub(crate) mod tests {
     use crate::api::FINALIZER;
     use serde_json::json;
 
-    pub(crate) fn node(name: &str, ready: bool, deleting: bool) -> Arc<Node> {
+    pub(crate) fn node(name: &str, ready: bool, deleting: bool) -> Arc<CachedNode> {
         let mut value = json!({
             "metadata": {"name": name, "uid": format!("uid-{name}"), "labels": {"pool": "a"},
                 "creationTimestamp": "2026-11-23T09:00:00Z"},
@@ -720,13 +723,13 @@ pub(crate) mod tests {
     #[test]
     fn status_numbers_follow_the_definitions() {
         let now: Timestamp = "2026-11-23T10:10:00Z".parse().unwrap();
-        let cordoned = |node: Arc<Node>| {
+        let cordoned = |node: Arc<CachedNode>| {
             let mut node = (*node).clone();
             node.spec.get_or_insert_with(Default::default).taints =
                 Some(vec![crate::tiers::disrupted_taint()]);
             Arc::new(node)
         };
-        let without_our_finalizer = |node: Arc<Node>| {
+        let without_our_finalizer = |node: Arc<CachedNode>| {
             let mut node = (*node).clone();
             node.metadata.finalizers = Some(vec!["other.io/hold".to_owned()]);
             Arc::new(node)

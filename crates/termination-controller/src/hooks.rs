@@ -2,7 +2,7 @@
 //! step by an annotation of their own, and let it go by removing it — Cluster API's
 //! `pre-drain.delete.hook.machine.cluster.x-k8s.io/<name>` and `pre-terminate…` contract.
 
-use k8s_openapi::api::core::v1::Node;
+use nodegrace_core::k8s::cached_node::CachedNode;
 
 use crate::api::{PRE_DRAIN_HOOK_PREFIX, PRE_TERMINATE_HOOK_PREFIX};
 use crate::conditions::Reason;
@@ -41,7 +41,7 @@ impl Stage {
 }
 
 /// The names of the hooks holding `node` at `stage`, sorted.
-pub fn pending(node: &Node, stage: Stage) -> Vec<String> {
+pub fn pending(node: &CachedNode, stage: Stage) -> Vec<String> {
     let mut names: Vec<String> = node
         .metadata
         .annotations
@@ -67,15 +67,16 @@ mod tests {
 
     #[test]
     fn hooks_are_read_per_stage_by_their_annotation_prefix() {
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": "n", "annotations": {
-            "pre-drain.nodegrace.io/rook": "",
-            "pre-drain.nodegrace.io/backup": "until the snapshot is done",
-            "pre-terminate.nodegrace.io/lb": "",
-            "pre-drain.nodegrace.io/": "a prefix alone names no hook",
-            "nodegrace.io/other": "",
-            "pre-drain.delete.hook.machine.cluster.x-k8s.io/capi": "",
-        }}}))
-        .unwrap();
+        let node: CachedNode =
+            serde_json::from_value(json!({"metadata": {"name": "n", "annotations": {
+                "pre-drain.nodegrace.io/rook": "",
+                "pre-drain.nodegrace.io/backup": "until the snapshot is done",
+                "pre-terminate.nodegrace.io/lb": "",
+                "pre-drain.nodegrace.io/": "a prefix alone names no hook",
+                "nodegrace.io/other": "",
+                "pre-drain.delete.hook.machine.cluster.x-k8s.io/capi": "",
+            }}}))
+            .unwrap();
         assert_eq!(pending(&node, Stage::PreDrain), ["backup", "rook"]);
         assert_eq!(pending(&node, Stage::PreTerminate), ["lb"]);
         assert!(is_hook("pre-terminate.nodegrace.io/lb"));

@@ -44,6 +44,7 @@ pub mod grants;
 pub mod hooks;
 pub mod member;
 pub mod metrics;
+pub mod node_pods;
 pub mod nodes_read;
 pub mod plan;
 pub mod queues;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::nodes::{Readiness, readiness, taints};
 
 use crate::api::{DISRUPTED_TAINT, FINALIZER};
@@ -23,7 +23,7 @@ pub trait Member {
     fn deletion_asked(&self) -> Option<Timestamp>;
 }
 
-impl Member for Node {
+impl Member for CachedNode {
     fn facts(&self) -> NodeFacts<'_> {
         let deleting = self.metadata.deletion_timestamp.is_some();
         NodeFacts {
@@ -58,7 +58,7 @@ impl Member for Node {
 }
 
 /// `node`'s labels; none is an empty set.
-pub fn labels_of(node: &Node) -> &BTreeMap<String, String> {
+pub fn labels_of(node: &CachedNode) -> &BTreeMap<String, String> {
     static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
     node.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
 }

@@ -115,7 +115,7 @@ impl Deref for NodesRead {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::Node;
+    use nodegrace_core::k8s::cached_node::CachedNode;
     use serde_json::json;
 
     use super::*;
@@ -128,7 +128,7 @@ mod tests {
     fn read() -> NodesRead {
         let nodes = (0..40)
             .map(|i| {
-                let mut node: Node =
+                let mut node: CachedNode =
                     (*node(&format!("n{}", i % 30), i % 3 != 0, i % 2 == 0)).clone();
                 if i >= 30 {
                     node.metadata.uid = Some(format!("namesake-{i}"));

@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::ListParams;
 use kube::{Api, Client};
 use nodegrace_controller::InstanceProviderKind;
 use nodegrace_controller::instances::cluster_api::{MACHINE_ANNOTATION, NAMESPACE_ANNOTATION};
 use nodegrace_core::k8s::api_errors::status_code;
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::selectors::pdbs_for_pod;
 use serde::Serialize;
 
@@ -31,14 +32,14 @@ use crate::waits::Verdict;
 /// Everything a plan is made from.
 #[derive(Debug, Clone)]
 pub struct Cluster {
-    pub node: Node,
+    pub node: CachedNode,
     pub pods_on_node: Vec<Pod>,
     /// Pods of the namespaces the node's pods are in: a budget's other pods tell how long a
     /// replacement takes to become Ready.
     pub namespace_pods: Vec<Pod>,
     pub pdbs: Vec<PodDisruptionBudget>,
     pub ndbs: Vec<Arc<NodeDisruptionBudget>>,
-    pub nodes: Vec<Arc<Node>>,
+    pub nodes: Vec<Arc<CachedNode>>,
     pub drain_rules: Vec<Arc<NodeDrainRule>>,
     /// The labels of the namespaces the node's pods are in.
     pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
@@ -46,7 +47,7 @@ pub struct Cluster {
 
 /// Reads what a plan for `node` needs.
 pub async fn gather(client: &Client, node: &str) -> anyhow::Result<Cluster> {
-    let nodes_api: Api<Node> = Api::all(client.clone());
+    let nodes_api: Api<CachedNode> = Api::all(client.clone());
     let Some(found) = nodes_api
         .get_opt(node)
         .await
@@ -168,7 +169,7 @@ pub struct MachineEnd {
 }
 
 /// What the controller, run with `provider`, does with `node`'s machine.
-pub fn machine_end(node: &Node, provider: InstanceProviderKind) -> MachineEnd {
+pub fn machine_end(node: &CachedNode, provider: InstanceProviderKind) -> MachineEnd {
     let provider_id = node
         .spec
         .as_ref()
@@ -748,7 +749,7 @@ mod machine_tests {
 
     #[test]
     fn the_plan_names_the_provider_and_what_happens_to_the_machine() {
-        let node: Node = serde_json::from_value(json!({
+        let node: CachedNode = serde_json::from_value(json!({
             "metadata": {"name": "n1", "annotations": {
                 "cluster.x-k8s.io/machine": "workers-7",
                 "cluster.x-k8s.io/cluster-namespace": "capi",
@@ -771,7 +772,7 @@ mod machine_tests {
         assert!(capi.starts_with("Machine capi/workers-7 deleted"), "{capi}");
         let redfish = machine_end(&node, InstanceProviderKind::Redfish).outcome;
         assert!(redfish.contains("ForceOff"), "{redfish}");
-        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n2"}})).unwrap();
+        let bare: CachedNode = serde_json::from_value(json!({"metadata": {"name": "n2"}})).unwrap();
         let held = machine_end(&bare, InstanceProviderKind::Aws).outcome;
         assert!(held.contains("no spec.providerID"), "{held}");
     }

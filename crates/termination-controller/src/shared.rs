@@ -4,12 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use governor::DefaultDirectRateLimiter;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use nodegrace_controller::instances::InstanceProvider;
 use nodegrace_core::backoff::Backoff;
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::reporter::Reporter;
 use nodegrace_core::k8s::selectors::selects_node;
 use nodegrace_core::k8s::watched::Watched;
@@ -39,7 +40,7 @@ pub struct Settings {
 
 impl Settings {
     /// Whether the controller manages `node` (adds its finalizer).
-    pub fn manages(&self, node: &Node) -> bool {
+    pub fn manages(&self, node: &CachedNode) -> bool {
         selects_node(&self.node_selector, node)
     }
 }
@@ -53,7 +54,7 @@ pub struct Shared {
     pub metrics: Metrics,
     pub settings: Settings,
     /// Every node, as watched. The budgets are handed the same cache.
-    pub nodes: Watched<Node>,
+    pub nodes: Watched<CachedNode>,
     pub budgets: Budgets,
     pub pdbs: Watched<PodDisruptionBudget>,
     pub drain_rules: Watched<NodeDrainRule>,

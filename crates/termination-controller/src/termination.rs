@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use nodegrace_controller::instances::{
     InstanceError, InstanceProvider, InstanceState, NodeMachine, ProviderId,
 };
 use nodegrace_core::backoff::{Backoff, Retry};
 use nodegrace_core::error_chain::Chain;
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::conditions::ConditionSpec;
 use nodegrace_core::k8s::events::EventReport;
 use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
@@ -58,7 +58,7 @@ enum Look {
     /// A provider call failed: the machine's backoff says when to look again.
     Failed,
     /// The provider accepted a terminate request just now; the node as marked.
-    Requested(Box<Node>),
+    Requested(Box<CachedNode>),
     /// A request is in progress.
     Waiting,
     /// The provider does not know the machine, not yet for the whole confirmation.
@@ -95,7 +95,7 @@ pub struct NodeTermination {
 /// How a wait for hooks ended.
 enum Cleared {
     /// A fresh read found none.
-    Read(Box<Node>),
+    Read(Box<CachedNode>),
     /// The cache's view has none; the next step's own fresh read confirms it.
     Unconfirmed,
     /// `--hook-timeout` passed: the steps go on whatever hooks remain.
@@ -118,7 +118,7 @@ impl NodeTermination {
     }
 
     /// The node as cached, if it is still this Node object.
-    fn current(&self) -> Option<Arc<Node>> {
+    fn current(&self) -> Option<Arc<CachedNode>> {
         self.node.cached(&self.shared.nodes)
     }
 
@@ -207,7 +207,7 @@ impl NodeTermination {
         // once never gets it). Only where it was set: a write per node would cost every rollout
         // a status request per node for a condition most nodes never had.
         if std::mem::take(&mut self.told_planned)
-            || has_condition(&node, MAINTENANCE_PLANNED, "True")
+            || has_condition(node.as_ref(), MAINTENANCE_PLANNED, "True")
         {
             let only_if_true = ConditionGuard::OnlyReplacing("True");
             self.fixed_condition(
@@ -229,7 +229,7 @@ impl NodeTermination {
                 let hooks = Box::pin(self.await_hooks(Stage::PreDrain, wake, false, stop)).await?;
                 let timed_out = matches!(hooks, Cleared::TimedOut);
                 let mut listed = None;
-                if readiness(&node) == Readiness::Ready {
+                if readiness(node.as_ref()) == Readiness::Ready {
                     let mut drain =
                         Drain::start(Arc::clone(&self.shared), self.node.clone(), deleted);
                     listed = Some(Box::pin(drain.listed()).await?);
@@ -279,7 +279,7 @@ impl NodeTermination {
     /// sees granted ([`crate::waiting_room`]); a grant given back since, or given back here
     /// on a fresh read, returns the node to the waiting room. A node already cordoned has begun
     /// its disruption and counts as disrupted everywhere.
-    async fn granted(&mut self) -> Step<Arc<Node>> {
+    async fn granted(&mut self) -> Step<Arc<CachedNode>> {
         let node = self.current().ok_or(Halt::NodeGone)?;
         if !ours(&node) {
             return Err(Halt::NotOurs);
@@ -303,7 +303,7 @@ impl NodeTermination {
 
     /// Whether a grant of `budgets` was given back: on a fresh read, one of them is now
     /// over-spent with this node counted (a node of it turned NotReady since the grant).
-    async fn gave_back_overspent(&mut self, node: &Node, budgets: &[String]) -> Step<bool> {
+    async fn gave_back_overspent(&mut self, node: &CachedNode, budgets: &[String]) -> Step<bool> {
         let Some((budget, numbers)) = Box::pin(self.shared.budgets.overspent(node)).await? else {
             return Ok(false);
         };
@@ -426,7 +426,7 @@ impl NodeTermination {
 
     /// Why the drain can be skipped: the node is NotReady and its machine already stopped or
     /// terminated, so no pod of it runs, and no kubelet will ever confirm an eviction.
-    async fn stopped_machine(&self, node: &Node) -> Option<String> {
+    async fn stopped_machine(&self, node: &CachedNode) -> Option<String> {
         if readiness(node) == Readiness::Ready {
             return None;
         }
@@ -580,12 +580,16 @@ impl NodeTermination {
     /// Two schedules: the polls of a machine on its way out (200 ms doubling to 15 s, begun
     /// again by each accepted request), and the failures' backoff ([`PROVIDER_FAILURES`]),
     /// kept by the task across a restart of the steps, which nothing cuts short.
-    async fn terminate_instance(&mut self, stop: &CancellationToken, fresh: Option<Node>) -> Step {
+    async fn terminate_instance(
+        &mut self,
+        stop: &CancellationToken,
+        fresh: Option<CachedNode>,
+    ) -> Step {
         let Some(provider) = self.shared.provider.clone() else {
             return Ok(());
         };
         let mut polls = 0;
-        let mut last_read: Option<Node> = None;
+        let mut last_read: Option<CachedNode> = None;
         // The hooks' fresh read serves as this step's first, unless a backoff makes it old.
         let mut fresh = fresh;
         loop {
@@ -660,7 +664,7 @@ impl NodeTermination {
         &mut self,
         provider: &dyn InstanceProvider,
         id: &ProviderId,
-        node: &Node,
+        node: &CachedNode,
         read_this_round: bool,
     ) -> Step<Look> {
         let state = provider.state(id).await;
@@ -714,7 +718,7 @@ impl NodeTermination {
 
     /// Whether a terminate request is due: none was made, or the last is older than
     /// `--terminate-resend-after`.
-    fn resend_due(&self, node: &Node) -> bool {
+    fn resend_due(&self, node: &CachedNode) -> bool {
         let resend = self.shared.settings.terminate_resend_after;
         requested_at(node)
             .is_none_or(|at| Timestamp::now().duration_since(at).unsigned_abs() >= resend)
@@ -782,7 +786,7 @@ impl NodeTermination {
 
     /// Marks the request on this Node object (a patch by its UID: no read). Returns the
     /// node as marked.
-    async fn mark_requested(&self) -> Step<Box<Node>> {
+    async fn mark_requested(&self) -> Step<Box<CachedNode>> {
         let now = Timestamp::now().to_string();
         self.node
             .annotate(&self.shared.client, TERMINATE_REQUESTED, &now)
@@ -800,16 +804,17 @@ pub async fn remove_finalizer(
     client: &kube::Client,
     node: &NodeIdentity,
 ) -> Result<(), kube::Error> {
-    node.patch_finalizer(client, FINALIZER, false).await?;
+    node.patch_finalizer::<CachedNode>(client, FINALIZER, false)
+        .await?;
     Ok(())
 }
 
 /// Deleting, with our finalizer.
-pub fn ours(node: &Node) -> bool {
+pub fn ours(node: &CachedNode) -> bool {
     node.metadata.deletion_timestamp.is_some() && has_finalizer(node)
 }
 
-pub fn has_finalizer(node: &Node) -> bool {
+pub fn has_finalizer(node: &CachedNode) -> bool {
     node.metadata
         .finalizers
         .iter()
@@ -817,7 +822,7 @@ pub fn has_finalizer(node: &Node) -> bool {
         .any(|finalizer| finalizer == FINALIZER)
 }
 
-pub fn cordoned(node: &Node) -> bool {
+pub fn cordoned(node: &CachedNode) -> bool {
     let spec = node.spec.as_ref();
     let unschedulable = spec.and_then(|spec| spec.unschedulable) == Some(true);
     let tainted = has_taint(node, &disrupted_taint());
@@ -829,7 +834,7 @@ pub fn cordoned(node: &Node) -> bool {
     unschedulable && tainted && excluded
 }
 
-fn requested_at(node: &Node) -> Option<Timestamp> {
+fn requested_at(node: &CachedNode) -> Option<Timestamp> {
     node.metadata
         .annotations
         .as_ref()?

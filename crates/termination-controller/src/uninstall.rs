@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use nodegrace_core::k8s::api_errors::status_code;
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::node_identity::NodeIdentity;
 
 use crate::termination::{has_finalizer, remove_finalizer};
@@ -32,7 +33,7 @@ pub struct Release {
 /// removes the finalizer from every node that has it. Returns the nodes released.
 pub async fn release_nodes(client: &kube::Client, release: &Release) -> Result<Vec<String>> {
     stop_controller(client, release).await?;
-    let nodes: Api<Node> = Api::all(client.clone());
+    let nodes: Api<CachedNode> = Api::all(client.clone());
     let mut released = Vec::new();
     for node in nodes.list(&ListParams::default()).await?.items {
         if !has_finalizer(&node) {

@@ -14,6 +14,7 @@ mod controller;
 mod drain_rules;
 mod fuzz;
 mod hooks;
+mod node_pods;
 mod plan;
 mod providers;
 mod safety;

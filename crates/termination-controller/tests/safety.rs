@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::{KubeSim, WorldOptions};
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_testing::proxy::Proxy;
 use serde_json::json;
 use termination_controller::api::{DISRUPTED_TAINT, FINALIZER, NodeDisruptionBudget};
@@ -720,7 +721,7 @@ async fn a_grant_is_decided_on_a_fresh_read_never_on_a_cache_left_behind() -> Re
             WatchCounters::default(),
         ),
         nodes: Watched::start(
-            Api::<Node>::all(elsewhere.client()),
+            Api::<CachedNode>::all(elsewhere.client()),
             watcher::Config::default(),
             WatchCounters::default(),
         ),
@@ -733,7 +734,9 @@ async fn a_grant_is_decided_on_a_fresh_read_never_on_a_cache_left_behind() -> Re
     };
     budgets.cache.synced().await?;
     budgets.nodes.synced().await?;
-    let verdict = budgets.acquire(&nodes.get("node-1").await?).await?;
+    let verdict = budgets
+        .acquire(&CachedNode::from(nodes.get("node-1").await?))
+        .await?;
     ensure!(
         matches!(&verdict, Verdict::Waiting { budget, .. } if budget == "workers"),
         "node-1 was granted while node-2 is disrupted: {verdict:?}"

@@ -26,7 +26,7 @@ pub use sim::SimInstances;
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::Node;
+use nodegrace_core::k8s::nodes::NodeFields;
 
 /// A node's `spec.providerID`, e.g. `aws:///eu-west-1a/i-0abc` or `sim:///node-1`, with the
 /// name of the node it was read from (an `exec` provider's command gets both).
@@ -45,27 +45,25 @@ const KEPT_ANNOTATIONS: &str = "cluster.x-k8s.io/";
 impl ProviderId {
     /// The machine of `node`; an error names the missing field, since nothing can be
     /// terminated without it.
-    pub fn of(node: &Node) -> Result<Self, InstanceError> {
-        node.spec
-            .as_ref()
-            .and_then(|spec| spec.provider_id.as_deref())
+    pub fn of(node: &impl NodeFields) -> Result<Self, InstanceError> {
+        node.provider_id()
             .filter(|id| !id.trim().is_empty())
             .map(|id| Self {
                 id: id.to_owned(),
-                node: node.metadata.name.clone(),
+                node: node.meta().name.clone(),
                 node_annotations: BTreeMap::new(),
             })
             .map(|id| id.with_annotations_of(node))
             .ok_or_else(|| InstanceError::NoProviderId {
-                node: node.metadata.name.clone().unwrap_or_default(),
+                node: node.meta().name.clone().unwrap_or_default(),
             })
     }
 
     /// The id with the annotations of `node` a provider finds machines by.
     #[must_use]
-    pub fn with_annotations_of(self, node: &Node) -> Self {
+    pub fn with_annotations_of(self, node: &impl NodeFields) -> Self {
         let node_annotations = node
-            .metadata
+            .meta()
             .annotations
             .iter()
             .flatten()
@@ -303,6 +301,7 @@ pub trait InstanceProvider: Send + Sync + std::fmt::Debug {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
 
     #[test]

@@ -1,8 +1,8 @@
 //! The machine of one Node object: a provider is asked about, or told to terminate, only the
 //! machine the very Node a piece of work began on named.
 
-use k8s_openapi::api::core::v1::Node;
 use nodegrace_core::k8s::node_identity::NodeIdentity;
+use nodegrace_core::k8s::nodes::NodeFields;
 
 use super::{InstanceError, ProviderId};
 
@@ -12,11 +12,11 @@ pub trait NodeMachine {
     /// the work began, else the one `fresh` (a read of this very Node) carries — the API server
     /// lets a providerID be set once, never changed. `fresh` being a namesake is an error, not
     /// a machine: a namesake's machine is never this work's to ask about or terminate.
-    fn machine(&self, fresh: &Node) -> Result<ProviderId, InstanceError>;
+    fn machine(&self, fresh: &impl NodeFields) -> Result<ProviderId, InstanceError>;
 }
 
 impl NodeMachine for NodeIdentity {
-    fn machine(&self, fresh: &Node) -> Result<ProviderId, InstanceError> {
+    fn machine(&self, fresh: &impl NodeFields) -> Result<ProviderId, InstanceError> {
         if !self.is(fresh) {
             return Err(InstanceError::NotThisNode {
                 node: self.to_string(),
@@ -34,6 +34,7 @@ impl NodeMachine for NodeIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
 
     fn node(name: &str, uid: Option<&str>) -> Node {

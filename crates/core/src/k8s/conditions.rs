@@ -8,6 +8,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
+use crate::k8s::nodes::NodeFields;
+
 /// The condition to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConditionSpec {
@@ -74,11 +76,8 @@ fn condition_entry(condition: &ConditionSpec, transition: Timestamp) -> serde_js
 }
 
 /// The node's condition of `type_`.
-pub fn node_condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
-    node.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .and_then(|conditions| conditions.iter().find(|c| c.type_ == type_))
+pub fn node_condition<'a>(node: &'a impl NodeFields, type_: &str) -> Option<&'a NodeCondition> {
+    node.conditions().iter().find(|c| c.type_ == type_)
 }
 
 /// When a condition is written.

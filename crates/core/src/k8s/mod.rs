@@ -2,6 +2,7 @@
 //! semantics exactly as Kubernetes defines them, and safe writes to nodes and pods.
 
 pub mod api_errors;
+pub mod cached_node;
 pub mod client;
 pub mod conditions;
 pub mod events;

@@ -6,13 +6,30 @@
 //! about or terminated only under the providerID of this very object (nodegrace-controller's
 //! `NodeMachine`) — so the wrong act cannot be written.
 
+use std::fmt::Debug;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
+use kube::{Api, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::k8s::api_errors::status_code;
+use crate::k8s::nodes::NodeFields;
 use crate::k8s::watched::Watched;
+
+/// A Node as a program reads and writes it: whole (`Node`), or as a cache of thousands keeps
+/// it ([`crate::k8s::cached_node::CachedNode`]). Writes are JSON patches of what changed, so
+/// a form that lacks fields never drops them.
+pub trait NodeObject:
+    NodeFields + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static
+{
+}
+
+impl<K> NodeObject for K where
+    K: NodeFields + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static
+{
+}
 
 /// How many conflicting writes an update absorbs before giving up for now.
 const CONFLICT_RETRIES: usize = 5;
@@ -55,11 +72,11 @@ impl Ord for NodeIdentity {
 
 /// What an update through [`NodeIdentity::update`] did.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Updated {
+pub enum Updated<K = Node> {
     /// Written; the node as the API server returned it.
-    Written(Box<Node>),
+    Written(Box<K>),
     /// Nothing to change; the node as read.
-    Unchanged(Box<Node>),
+    Unchanged(Box<K>),
     /// No Node with this UID exists any more: it is gone, or a namesake took its name.
     Gone,
 }
@@ -75,15 +92,15 @@ pub enum UpdateError {
 impl NodeIdentity {
     /// The identity of `node`; `None` for an object without a UID (never stored by an API
     /// server, so nothing to act on).
-    pub fn of(node: &Node) -> Option<Self> {
+    pub fn of(node: &impl NodeFields) -> Option<Self> {
+        let metadata = node.meta();
         Some(Self {
-            name: node.metadata.name.clone()?,
-            uid: node.metadata.uid.clone().filter(|uid| !uid.is_empty())?,
+            name: metadata.name.clone()?,
+            uid: metadata.uid.clone().filter(|uid| !uid.is_empty())?,
             provider_id: node
-                .spec
-                .as_ref()
-                .and_then(|spec| spec.provider_id.clone())
-                .filter(|id| !id.trim().is_empty()),
+                .provider_id()
+                .filter(|id| !id.trim().is_empty())
+                .map(str::to_owned),
         })
     }
 
@@ -119,21 +136,27 @@ impl NodeIdentity {
     }
 
     /// Whether `node` is this very object (not a namesake).
-    pub fn is(&self, node: &Node) -> bool {
-        node.metadata.uid.as_deref() == Some(self.uid.as_str())
-            && node.metadata.name.as_deref() == Some(self.name.as_str())
+    pub fn is(&self, node: &impl Resource) -> bool {
+        let metadata = node.meta();
+        metadata.uid.as_deref() == Some(self.uid.as_str())
+            && metadata.name.as_deref() == Some(self.name.as_str())
     }
 
     /// The node as `cache` holds it, if it is still this Node object. A cache drops or
     /// replaces an object only after the API server did, so `None` is final.
-    pub fn cached(&self, cache: &Watched<Node>) -> Option<Arc<Node>> {
-        cache.get(None, &self.name).filter(|node| self.is(node))
+    pub fn cached<K: NodeObject>(&self, cache: &Watched<K>) -> Option<Arc<K>> {
+        cache
+            .get(None, &self.name)
+            .filter(|node| self.is(node.as_ref()))
     }
 
     /// A fresh read (a quorum read, never a cache): the node, or `None` when it is gone or a
     /// namesake has taken its name.
-    pub async fn read(&self, client: &kube::Client) -> Result<Option<Node>, kube::Error> {
-        let api: Api<Node> = Api::all(client.clone());
+    pub async fn read<K: NodeObject>(
+        &self,
+        client: &kube::Client,
+    ) -> Result<Option<K>, kube::Error> {
+        let api: Api<K> = Api::all(client.clone());
         Ok(api.get_opt(&self.name).await?.filter(|node| self.is(node)))
     }
 
@@ -142,13 +165,13 @@ impl NodeIdentity {
     /// resourceVersion read: a namesake is never written, a concurrent writer costs a re-read
     /// (never its change), and fields this program's API types do not know are left as they
     /// are (a whole-object update would drop them).
-    pub async fn update(
+    pub async fn update<K: NodeObject>(
         &self,
         client: &kube::Client,
-        mut change: impl FnMut(&mut Node) -> bool,
-    ) -> Result<Updated, UpdateError> {
+        mut change: impl FnMut(&mut K) -> bool,
+    ) -> Result<Updated<K>, UpdateError> {
         for _ in 0..CONFLICT_RETRIES {
-            let Some(node) = self.read(client).await? else {
+            let Some(node) = self.read::<K>(client).await? else {
                 return Ok(Updated::Gone);
             };
             let Some(operations) = self.operations(&node, &mut change)? else {
@@ -171,10 +194,10 @@ impl NodeIdentity {
 
     /// The JSON patch that makes `node` what `change` makes of it, its first operations
     /// testing the UID and the resourceVersion read; `None` when `change` changes nothing.
-    fn operations(
+    fn operations<K: NodeObject>(
         &self,
-        node: &Node,
-        change: &mut impl FnMut(&mut Node) -> bool,
+        node: &K,
+        change: &mut impl FnMut(&mut K) -> bool,
     ) -> Result<Option<Vec<serde_json::Value>>, kube::Error> {
         let mut changed = node.clone();
         if !change(&mut changed) {
@@ -185,7 +208,7 @@ impl NodeIdentity {
         let mut operations = vec![
             serde_json::json!({"op": "test", "path": "/metadata/uid", "value": self.uid}),
             serde_json::json!({"op": "test", "path": "/metadata/resourceVersion",
-                "value": node.metadata.resource_version}),
+                "value": node.meta().resource_version}),
         ];
         let difference = serde_json::to_value(json_patch::diff(&before, &after))
             .map_err(kube::Error::SerdeError)?;
@@ -199,12 +222,12 @@ impl NodeIdentity {
     /// strategic merge patch, which merges the finalizer list on the server (other
     /// finalizers, and a concurrent change of them, are kept), naming this object's UID (a
     /// namesake refuses it). `None` when the node is gone or a namesake holds its name.
-    pub async fn patch_finalizer(
+    pub async fn patch_finalizer<K: NodeObject>(
         &self,
         client: &kube::Client,
         finalizer: &str,
         present: bool,
-    ) -> Result<Option<Node>, kube::Error> {
+    ) -> Result<Option<K>, kube::Error> {
         let list = if present {
             "finalizers"
         } else {
@@ -217,23 +240,23 @@ impl NodeIdentity {
 
     /// Sets annotation `key` to `value` on this Node object without reading it (a merge patch
     /// naming its UID). `None` when the node is gone or a namesake holds its name.
-    pub async fn annotate(
+    pub async fn annotate<K: NodeObject>(
         &self,
         client: &kube::Client,
         key: &str,
         value: &str,
-    ) -> Result<Option<Node>, kube::Error> {
+    ) -> Result<Option<K>, kube::Error> {
         let patch = serde_json::json!({"metadata": {"uid": self.uid, "annotations": {key: value}}});
         self.patch_by_uid(client, &kube::api::Patch::Merge(patch))
             .await
     }
 
-    async fn patch_by_uid(
+    async fn patch_by_uid<K: NodeObject>(
         &self,
         client: &kube::Client,
         patch: &kube::api::Patch<serde_json::Value>,
-    ) -> Result<Option<Node>, kube::Error> {
-        let api: Api<Node> = Api::all(client.clone());
+    ) -> Result<Option<K>, kube::Error> {
+        let api: Api<K> = Api::all(client.clone());
         let mut tries = 0;
         loop {
             tries += 1;
@@ -247,7 +270,7 @@ impl NodeIdentity {
                 // nothing else, but a conflict can be the server's own: only a read tells
                 // which, and this Node still there is tried again.
                 Err(error) if matches!(status_code(&error), Some(409 | 422)) => {
-                    if self.read(client).await?.is_none() {
+                    if self.read::<K>(client).await?.is_none() {
                         return Ok(None);
                     }
                     if tries >= CONFLICT_RETRIES {
@@ -259,11 +282,11 @@ impl NodeIdentity {
         }
     }
 
-    async fn patch(
+    async fn patch<K: NodeObject>(
         &self,
         client: &kube::Client,
         operations: &[serde_json::Value],
-    ) -> Result<Node, kube::Error> {
+    ) -> Result<K, kube::Error> {
         let body = serde_json::to_vec(operations).map_err(kube::Error::SerdeError)?;
         let request = http::Request::patch(format!("/api/v1/nodes/{}", self.name))
             .header(http::header::CONTENT_TYPE, "application/json-patch+json")

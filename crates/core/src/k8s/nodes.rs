@@ -1,7 +1,9 @@
 //! Node facts every program asks: is it Ready, does it carry a taint, and how an Event or a
 //! reference names it.
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, ObjectReference, Taint};
+
+use crate::k8s::cached_node::CachedNode;
 
 /// The Ready condition's status, as the node lifecycle controller and kubectl read it: a node
 /// without a Ready condition has not reported yet and counts as Unknown.
@@ -12,12 +14,90 @@ pub enum Readiness {
     Unknown,
 }
 
-pub fn readiness(node: &Node) -> Readiness {
+/// What the programs read of a Node's spec and status, whether they hold it whole (a fresh
+/// read) or as a cache of thousands keeps it ([`CachedNode`]).
+pub trait NodeFields: kube::Resource<DynamicType = ()> {
+    fn conditions(&self) -> &[NodeCondition];
+    fn taints(&self) -> &[Taint];
+    /// The taints of an object about to be written, made present if they were not.
+    fn taints_mut(&mut self) -> &mut Vec<Taint>;
+    fn unschedulable(&self) -> bool;
+    fn provider_id(&self) -> Option<&str>;
+}
+
+impl NodeFields for Node {
+    fn conditions(&self) -> &[NodeCondition] {
+        self.status
+            .as_ref()
+            .and_then(|status| status.conditions.as_deref())
+            .unwrap_or_default()
+    }
+
+    fn taints(&self) -> &[Taint] {
+        self.spec
+            .as_ref()
+            .and_then(|spec| spec.taints.as_deref())
+            .unwrap_or_default()
+    }
+
+    fn taints_mut(&mut self) -> &mut Vec<Taint> {
+        self.spec
+            .get_or_insert_with(Default::default)
+            .taints
+            .get_or_insert_with(Vec::new)
+    }
+
+    fn unschedulable(&self) -> bool {
+        self.spec
+            .as_ref()
+            .and_then(|spec| spec.unschedulable)
+            .unwrap_or(false)
+    }
+
+    fn provider_id(&self) -> Option<&str> {
+        self.spec.as_ref()?.provider_id.as_deref()
+    }
+}
+
+impl NodeFields for CachedNode {
+    fn conditions(&self) -> &[NodeCondition] {
+        self.status
+            .as_ref()
+            .and_then(|status| status.conditions.as_deref())
+            .unwrap_or_default()
+    }
+
+    fn taints(&self) -> &[Taint] {
+        self.spec
+            .as_ref()
+            .and_then(|spec| spec.taints.as_deref())
+            .unwrap_or_default()
+    }
+
+    fn taints_mut(&mut self) -> &mut Vec<Taint> {
+        self.spec
+            .get_or_insert_with(Default::default)
+            .taints
+            .get_or_insert_with(Vec::new)
+    }
+
+    fn unschedulable(&self) -> bool {
+        self.spec
+            .as_ref()
+            .and_then(|spec| spec.unschedulable)
+            .unwrap_or(false)
+    }
+
+    fn provider_id(&self) -> Option<&str> {
+        self.spec.as_ref()?.provider_id.as_deref()
+    }
+}
+
+pub fn readiness(node: &impl NodeFields) -> Readiness {
     let status = node
-        .status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
+        .conditions()
+        .iter()
+        .find(|c| c.type_ == "Ready")
         .map(|ready| ready.status.as_str());
     match status {
         Some("True") => Readiness::Ready,
@@ -26,28 +106,20 @@ pub fn readiness(node: &Node) -> Readiness {
     }
 }
 
-pub fn taints(node: &Node) -> &[Taint] {
-    node.spec
-        .as_ref()
-        .and_then(|spec| spec.taints.as_deref())
-        .unwrap_or_default()
+pub fn taints(node: &impl NodeFields) -> &[Taint] {
+    node.taints()
 }
 
 /// The first taint with `key`, whatever its value and effect.
-pub fn taint_with_key<'a>(node: &'a Node, key: &str) -> Option<&'a Taint> {
-    taints(node).iter().find(|taint| taint.key == key)
+pub fn taint_with_key<'a>(node: &'a impl NodeFields, key: &str) -> Option<&'a Taint> {
+    node.taints().iter().find(|taint| taint.key == key)
 }
 
 /// Whether the node has a condition of `type_` with `status`.
-pub fn has_condition(node: &Node, type_: &str, status: &str) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == type_ && c.status == status)
-        })
+pub fn has_condition(node: &impl NodeFields, type_: &str, status: &str) -> bool {
+    node.conditions()
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == status)
 }
 
 /// Drops from a cached Node what no controller of ours reads (managedFields, the image list,

@@ -10,8 +10,7 @@
 
 use std::sync::Arc;
 
-use crate::k8s::nodes::{Readiness, readiness};
-use k8s_openapi::api::core::v1::Node;
+use crate::k8s::nodes::{NodeFields, Readiness, readiness};
 
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
@@ -48,27 +47,27 @@ impl std::fmt::Display for Partition {
     }
 }
 
-fn zone(node: &Node) -> Option<&str> {
-    node.metadata
+fn zone(node: &impl NodeFields) -> Option<&str> {
+    node.meta()
         .labels
         .as_ref()?
         .get(ZONE_LABEL)
         .map(String::as_str)
 }
 
-fn not_ready(node: &Node) -> bool {
+fn not_ready(node: &impl NodeFields) -> bool {
     readiness(node) != Readiness::Ready
 }
 
-fn check<'a>(
-    nodes: impl Iterator<Item = &'a Arc<Node>>,
+fn check<'a, N: NodeFields + 'a>(
+    nodes: impl Iterator<Item = &'a Arc<N>>,
     fraction: f64,
     zone: Option<&str>,
 ) -> Option<Partition> {
     let (mut total, mut down) = (0, 0);
     for node in nodes {
         total += 1;
-        down += usize::from(not_ready(node));
+        down += usize::from(not_ready(node.as_ref()));
     }
     // Rounded up, as Karpenter scales its 20 %: one dead node of three is still repaired.
     #[allow(
@@ -87,13 +86,17 @@ fn check<'a>(
 
 /// Whether acting on `node` for being NotReady is held: too many of the `managed` nodes, or of
 /// its zone's, are NotReady.
-pub fn partitioned(managed: &[Arc<Node>], node: &Node, fraction: f64) -> Option<Partition> {
+pub fn partitioned<N: NodeFields>(
+    managed: &[Arc<N>],
+    node: &N,
+    fraction: f64,
+) -> Option<Partition> {
     check(managed.iter(), fraction, None).or_else(|| {
         let zone = zone(node)?;
         check(
             managed
                 .iter()
-                .filter(|other| self::zone(other) == Some(zone)),
+                .filter(|other| self::zone(other.as_ref()) == Some(zone)),
             fraction,
             Some(zone),
         )
@@ -103,6 +106,7 @@ pub fn partitioned(managed: &[Arc<Node>], node: &Node, fraction: f64) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
 
     fn node(ready: bool, zone: Option<&str>) -> Arc<Node> {

@@ -100,9 +100,9 @@ pub fn parse_selector(text: &str) -> Result<LabelSelector, String> {
 /// everything; callers decide what a missing (null) selector means.
 /// Whether `selector` selects `node` by its labels (a selector that cannot be read selects
 /// nothing).
-pub fn selects_node(selector: &LabelSelector, node: &k8s_openapi::api::core::v1::Node) -> bool {
+pub fn selects_node(selector: &LabelSelector, node: &impl kube::Resource) -> bool {
     let empty = BTreeMap::new();
-    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+    let labels = node.meta().labels.as_ref().unwrap_or(&empty);
     selector_matches(selector, labels).unwrap_or(false)
 }
 

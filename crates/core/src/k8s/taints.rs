@@ -7,6 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::PostParams;
 
+use crate::k8s::nodes::NodeFields;
+
 /// Conflicts are normal on a busy node (the kubelet and controllers write it too); a handful of
 /// attempts is plenty, and a bound keeps a pathological fight from spinning forever.
 const ATTEMPTS: usize = 8;
@@ -44,12 +46,8 @@ pub async fn remove_taint(
 
 /// Puts `taint` on `node` (an object about to be written) unless one of its key and effect is
 /// there. Returns whether it was added.
-pub fn put_taint(node: &mut Node, taint: &Taint) -> bool {
-    let taints = node
-        .spec
-        .get_or_insert_with(Default::default)
-        .taints
-        .get_or_insert_with(Vec::new);
+pub fn put_taint(node: &mut impl NodeFields, taint: &Taint) -> bool {
+    let taints = node.taints_mut();
     if taints.iter().any(|t| same_taint(t, taint)) {
         return false;
     }
@@ -58,7 +56,7 @@ pub fn put_taint(node: &mut Node, taint: &Taint) -> bool {
 }
 
 /// Whether `node` carries a taint of `taint`'s key and effect.
-pub fn has_taint(node: &Node, taint: &Taint) -> bool {
+pub fn has_taint(node: &impl NodeFields, taint: &Taint) -> bool {
     crate::k8s::nodes::taints(node)
         .iter()
         .any(|t| same_taint(t, taint))

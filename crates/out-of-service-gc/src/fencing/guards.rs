@@ -234,7 +234,7 @@ impl Fencer {
         Ok(marked
             .items
             .iter()
-            .filter(|node| !identity.is(node))
+            .filter(|node| !identity.is(*node))
             .count())
     }
 }

@@ -6,7 +6,7 @@
 //! do not allow; `queue` admits it with a warning and the controller holds the node until
 //! they do. A dry run takes nothing.
 
-use k8s_openapi::api::core::v1::Node;
+use nodegrace_core::k8s::cached_node::CachedNode;
 use serde_json::json;
 
 use crate::api::FINALIZER;
@@ -59,7 +59,7 @@ impl Admission {
     }
 
     /// A managed node is born with the finalizer, so it is held from its first moment.
-    fn create(&self, node: &Node) -> Answer {
+    fn create(&self, node: &CachedNode) -> Answer {
         if !self.settings.manages(node) {
             return Answer::allow();
         }
@@ -140,7 +140,7 @@ impl Admission {
     }
 
     /// A refused DELETE keeps none of the grants it took from the budgets before `refusing`.
-    async fn give_back(&self, node: &Node, refusing: &str) {
+    async fn give_back(&self, node: &CachedNode, refusing: &str) {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         let taken: Vec<String> = self
             .budgets

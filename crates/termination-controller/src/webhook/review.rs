@@ -7,6 +7,7 @@ use base64::Engine;
 use k8s_openapi::api::core::v1::Node;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionReview, Operation};
+use nodegrace_core::k8s::cached_node::CachedNode;
 use serde_json::{Value, json};
 
 /// The largest body read: a review carries a Node twice at most (object and oldObject), and
@@ -22,7 +23,7 @@ pub struct NodeReview {
     pub uid: String,
     pub operation: NodeOperation,
     /// The node being created, or the one being deleted.
-    pub node: Node,
+    pub node: CachedNode,
     pub dry_run: bool,
 }
 
@@ -111,6 +112,9 @@ pub fn decode(body: &[u8]) -> Result<Decoded, BadReview> {
     };
     let node = serde_json::to_value(object)
         .and_then(serde_json::from_value::<Node>)
+        // Parsed whole, so a malformed field anywhere is refused; kept as the controller
+        // keeps every node.
+        .map(CachedNode::from)
         .map_err(|error| format!("request.{field} is not a valid v1 Node: {error}"));
     Ok(match node {
         Ok(node) => Decoded::Review(Box::new(NodeReview {
