@@ -1,6 +1,6 @@
 //! Draining one node: tier by tier, each PodDisruptionBudget's pods through their queue, woken
-//! by the node's pods (a watch of that node only), the budgets' status, the answers and the
-//! queues' timers.
+//! by the node's pods (listed once, then watched from that list while the drain waits:
+//! [`crate::node_pods`]), the budgets' status, the answers and the queues' timers.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -105,6 +105,8 @@ pub struct Drain {
     deadline: Option<Timestamp>,
     /// Boxed: a drain started before the cordon waits in its task's state.
     pods: Box<NodePods>,
+    /// The node's pods were listed this many times before the cordon ([`Drain::confirm`]).
+    lists_before_cordon: u32,
     /// Pods (by UID) seen before a fresh read found the node still this Node object: they
     /// were bound to it, not to a namesake (a pod is bound only to a node that exists, and
     /// names are unique, so a pod of a namesake seen before the read means the read finds
@@ -161,6 +163,7 @@ impl Drain {
             node,
             deadline,
             pods,
+            lists_before_cordon: 0,
             confirmed: HashSet::new(),
             queues: HashMap::new(),
             evicted: HashSet::new(),
@@ -209,6 +212,18 @@ impl Drain {
     /// to this Node object: the cordon's read serves, and the drain needs no read of its own.
     pub fn confirm(&mut self, listed: Vec<String>) {
         self.confirmed.extend(listed);
+        self.lists_before_cordon = self.pods.lists();
+    }
+
+    /// Whether the pods seen include every pod bound before the cordon. A list from before
+    /// it may lack one bound just before it, which its watch (started only when the drain
+    /// first waits) has not delivered yet. A list after the cordon has them, and so does a
+    /// watch that delivered what this drain did after it (an eviction, a deletion): a watch
+    /// delivers in order.
+    fn seen_past_cordon(&self) -> bool {
+        self.pods.lists() > self.lists_before_cordon
+            || !self.evicted.is_empty()
+            || !self.deleted_at_deadline.is_empty()
     }
 
     /// The node's pods as the cache holds them now, each confirmed by a fresh read to be bound
@@ -247,7 +262,11 @@ impl Drain {
                 return Err(Halt::Stopped);
             }
             let next_timer = match self.look(pods) {
-                Look::Done => return Ok(()),
+                Look::Done if self.seen_past_cordon() => return Ok(()),
+                Look::Done => {
+                    self.pods.list().await?;
+                    continue;
+                }
                 Look::Wait { waiting, timer } => {
                     report(&waiting);
                     timer

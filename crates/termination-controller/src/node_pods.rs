@@ -37,6 +37,8 @@ pub struct NodePods {
     version: Option<String>,
     events: Option<BoxStream<'static, kube::Result<WatchEvent<Pod>>>>,
     retry: Retry,
+    /// Lists made so far: a drain tells a view from before its cordon from one after.
+    lists: u32,
 }
 
 impl std::fmt::Debug for NodePods {
@@ -62,6 +64,7 @@ impl NodePods {
             version: None,
             events: None,
             retry: Retry::default(),
+            lists: 0,
         }
     }
 
@@ -78,7 +81,13 @@ impl NodePods {
             .map(|pod| (key(&pod), self.trimmed(pod)))
             .collect();
         self.version = list.metadata.resource_version;
+        self.lists += 1;
         Ok(())
+    }
+
+    /// How many lists were made so far.
+    pub fn lists(&self) -> u32 {
+        self.lists
     }
 
     /// Lists the pods unless they are listed already.

@@ -25,73 +25,46 @@ pub trait NodeFields: kube::Resource<DynamicType = ()> {
     fn provider_id(&self) -> Option<&str>;
 }
 
-impl NodeFields for Node {
-    fn conditions(&self) -> &[NodeCondition] {
-        self.status
-            .as_ref()
-            .and_then(|status| status.conditions.as_deref())
-            .unwrap_or_default()
-    }
+/// A `Node` and a [`CachedNode`] hold these fields under the same paths.
+macro_rules! node_fields {
+    ($($node:ty),*) => {$(
+        impl NodeFields for $node {
+            fn conditions(&self) -> &[NodeCondition] {
+                self.status
+                    .as_ref()
+                    .and_then(|status| status.conditions.as_deref())
+                    .unwrap_or_default()
+            }
 
-    fn taints(&self) -> &[Taint] {
-        self.spec
-            .as_ref()
-            .and_then(|spec| spec.taints.as_deref())
-            .unwrap_or_default()
-    }
+            fn taints(&self) -> &[Taint] {
+                self.spec
+                    .as_ref()
+                    .and_then(|spec| spec.taints.as_deref())
+                    .unwrap_or_default()
+            }
 
-    fn taints_mut(&mut self) -> &mut Vec<Taint> {
-        self.spec
-            .get_or_insert_with(Default::default)
-            .taints
-            .get_or_insert_with(Vec::new)
-    }
+            fn taints_mut(&mut self) -> &mut Vec<Taint> {
+                self.spec
+                    .get_or_insert_with(Default::default)
+                    .taints
+                    .get_or_insert_with(Vec::new)
+            }
 
-    fn unschedulable(&self) -> bool {
-        self.spec
-            .as_ref()
-            .and_then(|spec| spec.unschedulable)
-            .unwrap_or(false)
-    }
+            fn unschedulable(&self) -> bool {
+                self.spec
+                    .as_ref()
+                    .and_then(|spec| spec.unschedulable)
+                    .unwrap_or(false)
+            }
 
-    fn provider_id(&self) -> Option<&str> {
-        self.spec.as_ref()?.provider_id.as_deref()
-    }
+            fn provider_id(&self) -> Option<&str> {
+                self.spec.as_ref()?.provider_id.as_deref()
+            }
+        }
+    )*};
 }
 
-impl NodeFields for CachedNode {
-    fn conditions(&self) -> &[NodeCondition] {
-        self.status
-            .as_ref()
-            .and_then(|status| status.conditions.as_deref())
-            .unwrap_or_default()
-    }
-
-    fn taints(&self) -> &[Taint] {
-        self.spec
-            .as_ref()
-            .and_then(|spec| spec.taints.as_deref())
-            .unwrap_or_default()
-    }
-
-    fn taints_mut(&mut self) -> &mut Vec<Taint> {
-        self.spec
-            .get_or_insert_with(Default::default)
-            .taints
-            .get_or_insert_with(Vec::new)
-    }
-
-    fn unschedulable(&self) -> bool {
-        self.spec
-            .as_ref()
-            .and_then(|spec| spec.unschedulable)
-            .unwrap_or(false)
-    }
-
-    fn provider_id(&self) -> Option<&str> {
-        self.spec.as_ref()?.provider_id.as_deref()
-    }
-}
+node_fields!(Node, CachedNode);
 
 pub fn readiness(node: &impl NodeFields) -> Readiness {
     let status = node
