@@ -108,3 +108,57 @@ async fn the_pods_listed_are_watched_from_the_list_on() -> Result<()> {
     until_seen(&mut node_pods, &["c", "d", "e"]).await?;
     Ok(())
 }
+
+/// The controller's pod lists so far.
+fn pod_lists(sim: &kube_sim::KubeSim) -> u64 {
+    sim.requests()
+        .of("nodegrace-termination-controller")
+        .iter()
+        .filter(|(kind, _)| kind.verb == "list" && kind.resource == "pods")
+        .map(|(_, count)| count)
+        .sum()
+}
+
+/// A drain lists the node's pods before its cordon and watches them only once it waits. A pod
+/// bound after that list and before the cordon, on a node with nothing else to drain, is
+/// still evicted: a drain done on a view from before its cordon lists again.
+#[tokio::test]
+async fn a_pod_bound_between_the_list_and_the_cordon_is_evicted() -> Result<()> {
+    let sim = common::sim(2).await?;
+    let client = sim.client();
+    let _controller = common::managing(&sim, &[]).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    // Every request takes 400 ms: the cordon (a read, then a write) lands 800 ms after the list.
+    sim.faults().set_latency(Duration::from_millis(400));
+    let lists_before = pod_lists(&sim);
+    common::delete_node(&client, "node-1").await?;
+    common::wait_for("the drain's list of node-1's pods", || async {
+        Ok(pod_lists(&sim) > lists_before)
+    })
+    .await?;
+    pod(&pods, "late", "node-1").await?;
+    let node = nodes.get("node-1").await?;
+    ensure!(
+        node.spec.and_then(|spec| spec.unschedulable) != Some(true),
+        "the cordon landed before the pod was bound: the history is not the one tested"
+    );
+    sim.faults().set_latency(Duration::ZERO);
+    common::wait_for("node-1 released", || async {
+        common::node_gone(&client, "node-1").await
+    })
+    .await?;
+    common::event_seen(&client, "late", "Evicted").await?;
+    let evictions: u64 = sim
+        .requests()
+        .of("nodegrace-termination-controller")
+        .iter()
+        .filter(|(kind, _)| kind.subresource == "eviction")
+        .map(|(_, count)| count)
+        .sum();
+    ensure!(
+        evictions == 1,
+        "one eviction, of the pod bound before the cordon: {evictions}"
+    );
+    Ok(())
+}
