@@ -5,15 +5,16 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube_sim::{KubeSim, SimOptions, WorldOptions};
+use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::conditions::{
     ConditionChange, ConditionSpec, upsert_conditions_of, upsert_node_condition,
     upsert_node_conditions,
 };
 use nodegrace_core::k8s::events::{EventPublisher, EventReport};
-use nodegrace_core::k8s::node_identity::NodeIdentity;
+use nodegrace_core::k8s::node_identity::{NodeIdentity, Updated};
 use nodegrace_core::k8s::nodes::{node_reference, taint_with_key};
 use nodegrace_core::k8s::reporter::{ApiSink, ConditionGuard, Reporter};
-use nodegrace_core::k8s::taints::{add_taint, remove_taint};
+use nodegrace_core::k8s::taints::{add_taint, put_taint, remove_taint};
 use nodegrace_testing::wait_for;
 
 async fn sim_with_node() -> Result<(KubeSim, Api<Node>)> {
@@ -420,5 +421,44 @@ async fn a_watch_marked_seen_wakes_only_for_later_changes() -> Result<()> {
         )
         .await?;
     tokio::time::timeout(nodegrace_testing::WAIT, seen.changed()).await??;
+    Ok(())
+}
+
+/// A node held as a `CachedNode` (its metadata, providerID, taints, cordon and conditions) is
+/// written back as a patch of what it changed: what it does not hold (the node's info, its
+/// capacity) stays as the API server had it.
+#[tokio::test]
+async fn a_cached_node_written_back_keeps_what_it_does_not_hold() -> Result<()> {
+    let (_sim, nodes) = sim_with_node().await?;
+    let client = nodes.clone().into_client();
+    let before = nodes.get("n1").await?;
+    let status = before
+        .status
+        .clone()
+        .context("a registered node has a status")?;
+    ensure!(status.node_info.is_some() && status.capacity.is_some());
+    let taint = Taint {
+        key: "nodegrace.io/test".to_owned(),
+        effect: "NoSchedule".to_owned(),
+        ..Taint::default()
+    };
+    let updated = identity_of_n1(&nodes)
+        .await?
+        .update(&client, |node: &mut CachedNode| {
+            node.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
+            put_taint(node, &taint)
+        })
+        .await?;
+    ensure!(matches!(updated, Updated::Written(_)), "{updated:?}");
+    let after = nodes.get("n1").await?;
+    let mut expected_spec = before.spec.clone().unwrap_or_default();
+    expected_spec.unschedulable = Some(true);
+    expected_spec
+        .taints
+        .get_or_insert_with(Vec::new)
+        .push(taint.clone());
+    ensure!(after.spec == Some(expected_spec), "spec: {:?}", after.spec);
+    ensure!(after.status == before.status, "status: {:?}", after.status);
+    ensure!(after.metadata.labels == before.metadata.labels);
     Ok(())
 }

@@ -142,7 +142,8 @@ impl std::fmt::Debug for Drain {
 }
 
 impl Drain {
-    /// Starts watching the node's pods; `deleted` is when the node's deletion was asked.
+    /// The drain of `node`, whose pods are read when it first needs them; `deleted` is when
+    /// the node's deletion was asked.
     pub fn start(shared: Arc<Shared>, node: NodeIdentity, deleted: Option<Timestamp>) -> Self {
         let pods = Box::new(NodePods::new(
             Api::all(shared.client.clone()),
