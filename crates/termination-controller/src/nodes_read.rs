@@ -34,6 +34,10 @@ struct Count {
     expected: i32,
     /// The selected nodes that are available unless the budget granted them, by name.
     available: Vec<Arc<BudgetNode>>,
+    /// How many of those the budget's version (by resourceVersion) granted: the hundreds of
+    /// cordons sharing a read mostly check one version of the budget, whose grants number
+    /// the rollout's disruptions, and need not each look every grant up.
+    granted: Mutex<Option<(String, usize)>>,
 }
 
 impl NodesRead {
@@ -49,24 +53,7 @@ impl NodesRead {
     /// cost of its grants once the read has been counted for it.
     pub fn numbers(&self, budget: &NodeDisruptionBudget, limit: Limit) -> Numbers {
         let count = self.count_for(budget);
-        // Each selected node the budget granted (a grant is by name, and for one Node
-        // object): a read joined from several can hold namesakes.
-        let granted: usize = budget
-            .grants()
-            .into_iter()
-            .flatten()
-            .map(|(name, grant)| {
-                let start = count
-                    .available
-                    .partition_point(|node| node.facts().name < name.as_str());
-                count.available[start..]
-                    .iter()
-                    .take_while(|node| node.facts().name == name.as_str())
-                    .filter(|node| grant.is_for(node.as_ref()))
-                    .count()
-            })
-            .sum();
-        let available = count.available.len() - granted;
+        let available = count.available.len() - count.granted(budget);
         Numbers::counted(
             limit,
             count.expected,
@@ -99,9 +86,44 @@ impl NodesRead {
             selector: budget.spec.selector.clone(),
             expected,
             available,
+            granted: Mutex::default(),
         });
         counts.insert(name.to_owned(), Arc::clone(&count));
         count
+    }
+}
+
+impl Count {
+    /// How many of the available nodes `budget` granted: each selected node it granted (a
+    /// grant is by name, and for one Node object; a read joined from several can hold
+    /// namesakes), counted once per version of the budget.
+    fn granted(&self, budget: &NodeDisruptionBudget) -> usize {
+        let version = budget.metadata.resource_version.as_deref();
+        let mut known = self.granted.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((counted, granted)) = known.as_ref()
+            && Some(counted.as_str()) == version
+        {
+            return *granted;
+        }
+        let granted = budget
+            .grants()
+            .into_iter()
+            .flatten()
+            .map(|(name, grant)| {
+                let start = self
+                    .available
+                    .partition_point(|node| node.facts().name < name.as_str());
+                self.available[start..]
+                    .iter()
+                    .take_while(|node| node.facts().name == name.as_str())
+                    .filter(|node| grant.is_for(node.as_ref()))
+                    .count()
+            })
+            .sum();
+        if let Some(version) = version {
+            *known = Some((version.to_owned(), granted));
+        }
+        granted
     }
 }
 
@@ -169,6 +191,7 @@ mod tests {
             &serde_json::Value::Object(grants),
         );
         budget.metadata.name = Some("pool".to_owned());
+        budget.metadata.resource_version = Some("1".to_owned());
         budget
     }
 
@@ -186,7 +209,9 @@ mod tests {
                 budget.spec.selector
             );
         }
+        // A newer version of the budget, with fewer grants, is counted anew.
         let mut fewer = granting("a");
+        fewer.metadata.resource_version = Some("2".to_owned());
         if let Some(status) = fewer.status.as_mut() {
             status.disrupted_nodes.retain(|name, _| name.ends_with('1'));
         }

@@ -384,7 +384,22 @@ impl Pending {
                 self.taints.push_back(new);
             }
             Write::Forget(node, taken) => {
-                self.conditions.retain(|old, _| old.name != node);
+                // A rollout forgets each of its thousands of nodes while the others' conditions
+                // wait: a look at the node's own range, not at every node's.
+                let first = ConditionTarget {
+                    name: node.clone(),
+                    uid: None,
+                };
+                let forgotten: Vec<ConditionTarget> = self
+                    .conditions
+                    .range(first..)
+                    .map(|(target, _)| target)
+                    .take_while(|target| target.name == node)
+                    .cloned()
+                    .collect();
+                for target in forgotten {
+                    self.conditions.remove(&target);
+                }
                 self.taints.retain(|old| old.node != node);
                 self.retry_conditions.retain(|(old, _)| old.name != node);
                 self.retry_taints.retain(|old| old.node != node);
@@ -692,7 +707,8 @@ mod tests {
         let sink = Recorder::default();
         let (reporter, worker) = Reporter::start(sink.clone());
         // The worker first runs when this test awaits: everything below is pending at once.
-        for (node, type_) in [("n1", "A"), ("n2", "A"), ("n1", "B")] {
+        // n20 sorts right after n2's wishes: forgetting n2 leaves it.
+        for (node, type_) in [("n1", "A"), ("n2", "A"), ("n1", "B"), ("n20", "A")] {
             reporter.condition(
                 node,
                 ConditionSpec::new(type_, "True", "R", "m"),
@@ -715,7 +731,11 @@ mod tests {
         worker.wait().await;
         assert_eq!(
             sink.written(),
-            ["conditions n1 A True B True", "conditions n2@u2 C True"]
+            [
+                "conditions n1 A True B True",
+                "conditions n2@u2 C True",
+                "conditions n20 A True"
+            ]
         );
     }
 
