@@ -15,7 +15,7 @@ use crate::plan::PriorityGroup;
 use crate::summary::{GroupEnd, GroupResult, ShutdownSummary};
 
 /// KEP-5683's well-known condition: True while a graceful node shutdown is in progress.
-pub const CONDITION_TYPE: &str = "GracefulNodeShutdownInProgress";
+pub use nodegrace_core::k8s::node_shutdown::SHUTDOWN_IN_PROGRESS_CONDITION as CONDITION_TYPE;
 /// The name before KEP-5683, still written (with the same status) for dashboards and alerts
 /// built on it; dropped in the release after next.
 pub const DEPRECATED_CONDITION_TYPE: &str = "GracefulShutdown";

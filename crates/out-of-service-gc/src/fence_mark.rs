@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 
 use crate::api::{DO_NOT_FENCE_ANNOTATION, FENCE_LABEL, FENCE_SINCE_ANNOTATION, FENCED_ANNOTATION};
 
@@ -58,13 +59,11 @@ pub struct Mark {
 
 /// The fence step `node` carries, if any. An unknown label value reads as `Fencing`: something
 /// is under way, and nothing is powered off or on again on a guess.
-pub fn mark(node: &Node) -> Option<Mark> {
-    let word = node.metadata.labels.as_ref()?.get(FENCE_LABEL)?;
+pub fn mark(node: &impl ResourceExt) -> Option<Mark> {
+    let word = node.labels().get(FENCE_LABEL)?;
     let since = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(FENCE_SINCE_ANNOTATION))
+        .annotations()
+        .get(FENCE_SINCE_ANNOTATION)
         .and_then(|text| text.parse().ok());
     Some(Mark {
         step: Step::parse(word).unwrap_or(Step::Fencing),

@@ -5,7 +5,7 @@ use nodegrace_core::k8s::conditions::ConditionSpec;
 
 use crate::leases::{Holder, describe};
 
-pub const CONDITION_TYPE: &str = "ShutdownInhibited";
+pub use nodegrace_core::k8s::node_shutdown::SHUTDOWN_INHIBITED_CONDITION as CONDITION_TYPE;
 
 /// What to do with the block lock.
 #[derive(Debug, Clone, PartialEq, Eq)]

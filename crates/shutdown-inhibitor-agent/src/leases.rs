@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+pub use nodegrace_core::k8s::node_shutdown::{Activity, activity};
 use nodegrace_core::k8s::selectors::selector_matches;
 
 /// The namespace the kubelets' heartbeat Leases live in; never an inhibitor.
@@ -35,39 +36,6 @@ impl Scope {
         namespace != NODE_LEASE_NAMESPACE
             && (self.namespaces.is_empty() || self.namespaces.contains(namespace))
             && selector_matches(&self.selector, &labels).unwrap_or(false)
-    }
-}
-
-/// What one Lease says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Activity {
-    /// No holder: does not block.
-    Free,
-    /// A holder but no acquireTime: an incomplete acquisition that does not block (and is
-    /// reported, since the holder probably believes it blocks).
-    Incomplete {
-        holder: String,
-    },
-    Active {
-        holder: String,
-        acquired: Timestamp,
-    },
-}
-
-pub fn activity(lease: &Lease) -> Activity {
-    let spec = lease.spec.as_ref();
-    let holder = spec
-        .and_then(|s| s.holder_identity.clone())
-        .unwrap_or_default();
-    if holder.is_empty() {
-        return Activity::Free;
-    }
-    match spec.and_then(|s| s.acquire_time.as_ref()) {
-        Some(acquired) => Activity::Active {
-            holder,
-            acquired: acquired.0,
-        },
-        None => Activity::Incomplete { holder },
     }
 }
 

@@ -104,22 +104,33 @@ impl WaitingRoom {
     }
 }
 
+/// How a waiting node's conditions name the budget they wait for: `NodeDisruptionBudget
+/// <name>: <why>`.
+const WAITED_BUDGET: &str = "NodeDisruptionBudget ";
+
+/// The budget named by a `Terminating` or `MaintenancePlanned` message of a waiting node (what
+/// `kubectl nodegrace` shows as its blocker).
+pub fn waited_budget(message: &str) -> Option<&str> {
+    let (name, _) = message.strip_prefix(WAITED_BUDGET)?.split_once(':')?;
+    Some(name)
+}
+
 /// The reason of `MaintenancePlanned` and the messages of it and of `Terminating`, without the
 /// budget's numbers: those change with every node that comes or goes, and the budget's status
 /// has them.
 fn wait_conditions(budget: &str, refusal: &Refusal) -> (Reason, String, String) {
     let planned = match refusal {
         Refusal::Exhausted(_) => {
-            format!("NodeDisruptionBudget {budget}: too few of its nodes are available now")
+            format!("{WAITED_BUDGET}{budget}: too few of its nodes are available now")
         }
-        Refusal::Invalid(_) => format!("NodeDisruptionBudget {budget}: the budget is invalid"),
+        Refusal::Invalid(_) => format!("{WAITED_BUDGET}{budget}: the budget is invalid"),
         Refusal::OutsideWindows { .. } | Refusal::WindowSpent { .. } => {
-            format!("NodeDisruptionBudget {budget}: {refusal}")
+            format!("{WAITED_BUDGET}{budget}: {refusal}")
         }
     };
     let waiting = match refusal {
         Refusal::Exhausted(_) => planned.clone(),
-        _ => format!("NodeDisruptionBudget {budget}: {refusal}"),
+        _ => format!("{WAITED_BUDGET}{budget}: {refusal}"),
     };
     let reason = if refusal.is_window() {
         Reason::MaintenanceWindow
@@ -185,6 +196,21 @@ mod tests {
             + told.conditions.as_ref().map_or(0, |(planned, waiting)| {
                 planned.capacity() + waiting.capacity()
             })
+    }
+
+    /// What `kubectl nodegrace` reads back: every waiting message names its budget.
+    #[test]
+    fn the_waited_budget_is_read_back_from_each_message() {
+        let refusals = [
+            Refusal::Exhausted(Numbers::default()),
+            Refusal::Invalid(crate::budget::SpecError::Neither),
+        ];
+        for refusal in &refusals {
+            let (_, planned, waiting) = wait_conditions("rollout", refusal);
+            assert_eq!(waited_budget(&planned), Some("rollout"), "{planned}");
+            assert_eq!(waited_budget(&waiting), Some("rollout"), "{waiting}");
+        }
+        assert_eq!(waited_budget("Pods web-1: PDB shop/web"), None);
     }
 
     /// The bound for a rollout of thousands: a node waiting for its turn costs a few

@@ -7,6 +7,7 @@ pub mod client;
 pub mod conditions;
 pub mod events;
 pub mod node_identity;
+pub mod node_shutdown;
 pub mod node_timers;
 pub mod nodes;
 pub mod partition;

@@ -101,7 +101,7 @@ impl Fencer {
         at: Timestamp,
     ) -> Result<bool, PassError> {
         let written = identity
-            .update(&shared.client, |current| {
+            .update(&shared.client, |current: &mut Node| {
                 let at_step = mark(current).is_some_and(|found| found.step == from);
                 if !at_step || readiness(current) == Readiness::Ready {
                     return false;

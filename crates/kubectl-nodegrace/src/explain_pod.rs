@@ -1,0 +1,150 @@
+//! `kubectl nodegrace explain pod NS/P`: why a pod was evicted, force-deleted or terminated,
+//! and by which program. While the pod exists its `DisruptionTarget` condition says it; once
+//! it is gone, its Events do (a real API server keeps them for an hour).
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
+use out_of_service_gc::conditions::Reason as GcReason;
+use serde::Serialize;
+
+use crate::lifecycle::{API_VERSION, Program};
+use crate::read::{Access, Unread, optional_get};
+use crate::timeline::{self, Moment};
+
+/// What ended (or is ending) the pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verdict {
+    /// `None`: not a nodegrace program (the scheduler's preemption, the taint manager, …).
+    pub program: Option<Program>,
+    /// `evicted`, `force-deleted`, `terminated`, `deleted at the drain deadline`, or the
+    /// condition's reason when it is no program's of ours.
+    pub how: String,
+    pub reason: String,
+    pub message: String,
+    pub at: Option<Timestamp>,
+    /// Where this was read: `DisruptionTarget` or `Event`.
+    pub from: &'static str,
+}
+
+/// `kubectl nodegrace explain pod NS/P -o json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStory {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub observed_at: Timestamp,
+    pub pod: String,
+    /// Whether a pod of this name exists now (it may be a namesake: see `uid`).
+    pub exists: bool,
+    pub uid: Option<String>,
+    pub node: Option<String>,
+    /// `None`: no nodegrace program acted on it, as far as its condition and Events tell.
+    pub verdict: Option<Verdict>,
+    pub timeline: Vec<Moment>,
+    pub unread: Vec<String>,
+}
+
+/// How each program's reason on a pod reads.
+fn how(program: Program, reason: &str) -> Option<&'static str> {
+    match (program, reason) {
+        (Program::TerminationController, "Evicted") => Some("evicted"),
+        (Program::TerminationController, "DrainDeadline") => Some("deleted at the drain deadline"),
+        (Program::OutOfServiceGc, reason)
+            if reason == GcReason::ForceDeleted.as_str()
+                || reason == GcReason::ForceDeletedHeldByFinalizers.as_str() =>
+        {
+            Some("force-deleted")
+        }
+        _ => None,
+    }
+}
+
+/// The program a `DisruptionTarget` reason names, and how.
+fn disruption_target(reason: &str) -> (Option<Program>, &'static str) {
+    match reason {
+        "TerminationByNodeShutdown" => (Some(Program::GracefulShutdownAgent), "terminated"),
+        r if r == GcReason::DeletionByOutOfServiceGC.as_str() => {
+            (Some(Program::OutOfServiceGc), "force-deleted")
+        }
+        "EvictionByEvictionAPI" => (None, "evicted"),
+        "PreemptionByScheduler" => (None, "preempted"),
+        "DeletionByTaintManager" => (None, "deleted by the taint manager"),
+        "DeletionByPodGC" => (None, "deleted by the pod garbage collector"),
+        "TerminationByKubelet" => (None, "terminated by the kubelet"),
+        _ => (None, "disrupted"),
+    }
+}
+
+pub async fn explain(client: &Client, namespace: &str, name: &str) -> anyhow::Result<PodStory> {
+    let mut unread = Unread::default();
+    let pod = optional_get(
+        &Api::<Pod>::namespaced(client.clone(), namespace),
+        name,
+        &Access::get::<Pod>(format!("in namespace {namespace}")),
+        &mut unread,
+    )
+    .await?;
+    let mut moments = timeline::events(client, "Pod", Some(namespace), name, &mut unread).await?;
+    let uid = pod.as_ref().and_then(|pod| pod.metadata.uid.clone());
+    if uid.is_some() {
+        // A namesake's Events (a StatefulSet's pod before) are not this pod's story.
+        moments.retain(|moment| moment.uid.is_none() || moment.uid == uid);
+    }
+    let condition = pod
+        .as_ref()
+        .and_then(|pod| pod.status.as_ref())
+        .and_then(|status| status.conditions.as_ref())
+        .and_then(|conditions| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+        });
+    let from_events = || {
+        moments.iter().rev().find_map(|moment| {
+            let program = moment.program()?;
+            let how = how(program, &moment.reason)?;
+            Some(Verdict {
+                program: Some(program),
+                how: how.to_owned(),
+                reason: moment.reason.clone(),
+                message: moment.message.clone(),
+                at: moment.at,
+                from: "Event",
+            })
+        })
+    };
+    let verdict = match condition {
+        Some(condition) => {
+            let reason = condition.reason.clone().unwrap_or_default();
+            let (program, how) = disruption_target(&reason);
+            // An eviction is anyone's: the Events say whose.
+            let program = program.or_else(|| from_events().and_then(|verdict| verdict.program));
+            Some(Verdict {
+                program,
+                how: how.to_owned(),
+                reason,
+                message: condition.message.clone().unwrap_or_default(),
+                at: condition.last_transition_time.as_ref().map(|time| time.0),
+                from: "DisruptionTarget",
+            })
+        }
+        None => from_events(),
+    };
+    Ok(PodStory {
+        api_version: API_VERSION,
+        kind: "PodStory",
+        observed_at: Timestamp::now(),
+        pod: format!("{namespace}/{name}"),
+        exists: pod.is_some(),
+        uid,
+        node: pod
+            .as_ref()
+            .and_then(|pod| pod.spec.as_ref())
+            .and_then(|spec| spec.node_name.clone()),
+        verdict,
+        timeline: moments,
+        unread: unread.0,
+    })
+}

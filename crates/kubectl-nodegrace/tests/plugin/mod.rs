@@ -1,0 +1,183 @@
+//! The plugin on PATH behind the real kubectl, and the programs it reads started in-process.
+#![allow(dead_code)] // each scenario uses its part
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+use serde_json::Value;
+use tempfile::TempDir;
+
+pub use nodegrace_testing::wait_for;
+
+/// `kubectl` with a PATH where `kubectl-nodegrace` is this build's binary, and a kubeconfig.
+#[derive(Debug)]
+pub struct Kubectl {
+    bin: TempDir,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    pub fn new(kubeconfig: &Path) -> Result<Self> {
+        let bin = tempfile::tempdir()?;
+        std::os::unix::fs::symlink(
+            env!("CARGO_BIN_EXE_kubectl-nodegrace"),
+            bin.path().join("kubectl-nodegrace"),
+        )?;
+        Ok(Self {
+            bin,
+            kubeconfig: kubeconfig.to_owned(),
+        })
+    }
+
+    fn command(&self, program: &str) -> tokio::process::Command {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut paths = vec![self.bin.path().to_owned()];
+        paths.extend(std::env::split_paths(&path));
+        let mut command = tokio::process::Command::new(program);
+        command
+            .env("PATH", std::env::join_paths(paths).expect("PATH entries"))
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env_remove("NO_COLOR")
+            .kill_on_drop(true);
+        command
+    }
+
+    /// `kubectl <args>`: stdout, or an error with stderr.
+    pub async fn run(&self, args: &[&str]) -> Result<String> {
+        let output = self
+            .command("kubectl")
+            .args(args)
+            .output()
+            .await
+            .context("run kubectl (is it on PATH?)")?;
+        ensure!(
+            output.status.success(),
+            "kubectl {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr),
+            String::from_utf8_lossy(&output.stdout)
+        );
+        Ok(String::from_utf8(output.stdout)?)
+    }
+
+    /// `kubectl nodegrace <args>`.
+    pub async fn nodegrace(&self, args: &[&str]) -> Result<String> {
+        let mut all = vec!["nodegrace"];
+        all.extend(args);
+        self.run(&all).await
+    }
+
+    /// `kubectl nodegrace <args> -o json`, parsed.
+    pub async fn json(&self, args: &[&str]) -> Result<Value> {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        let text = self.nodegrace(&all).await?;
+        serde_json::from_str(&text).with_context(|| format!("parse: {text}"))
+    }
+
+    /// Runs a command the plugin suggested, through a shell as an operator pastes it.
+    pub async fn paste(&self, command: &str) -> Result<String> {
+        let output = self
+            .command("sh")
+            .arg("-c")
+            .arg(command)
+            .output()
+            .await
+            .context("run sh")?;
+        ensure!(
+            output.status.success(),
+            "{command} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8(output.stdout)?)
+    }
+
+    /// The `status` rows of `node` (every program's).
+    pub async fn rows(&self, node: &str) -> Result<Vec<Value>> {
+        let status = self.json(&["status"]).await?;
+        Ok(status["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|row| row["node"] == node)
+            .cloned()
+            .collect())
+    }
+
+    /// The row of `node` by `program`, if it is in a lifecycle state.
+    pub async fn row(&self, node: &str, program: &str) -> Result<Option<Value>> {
+        Ok(self
+            .rows(node)
+            .await?
+            .into_iter()
+            .find(|row| row["program"] == program))
+    }
+
+    /// Waits for `node`'s row by `program` to be at `step`, and returns it.
+    pub async fn row_at(&self, node: &str, program: &str, step: &str) -> Result<Value> {
+        let found = std::sync::Mutex::new(None);
+        wait_for(&format!("{node}: {program} at {step}"), || async {
+            let row = self
+                .row(node, program)
+                .await?
+                .filter(|row| row["step"] == step);
+            let seen = row.is_some();
+            *found.lock().expect("not poisoned") = row;
+            Ok(seen)
+        })
+        .await?;
+        Ok(found
+            .into_inner()
+            .expect("not poisoned")
+            .expect("found by the wait"))
+    }
+
+    /// Waits for `node` to have no row by `program` at `step` any more: it moved on.
+    pub async fn moves_on(&self, node: &str, program: &str, step: &str) -> Result<()> {
+        wait_for(
+            &format!("{node} to move on from {program} {step}"),
+            || async {
+                Ok(self
+                    .row(node, program)
+                    .await?
+                    .is_none_or(|row| row["step"] != step))
+            },
+        )
+        .await
+    }
+}
+
+/// The row's suggested command.
+pub fn command(row: &Value) -> Result<String> {
+    row["next"]["command"]
+        .as_str()
+        .map(ToOwned::to_owned)
+        .with_context(|| format!("no command in {row:#}"))
+}
+
+/// Asserts `row`'s blocker says `text` and names `object` (`Kind ns/name` or `Kind name`).
+pub fn blocked_by(row: &Value, text: &str, object: &str) -> Result<()> {
+    let said = row["blockedBy"]["text"].as_str().unwrap_or_default();
+    ensure!(
+        said.contains(text),
+        "blocked by {said:?}, not {text:?}: {row:#}"
+    );
+    let found = &row["blockedBy"]["object"];
+    let named = match found["namespace"].as_str() {
+        Some(namespace) => format!(
+            "{} {namespace}/{}",
+            found["kind"].as_str().unwrap_or_default(),
+            found["name"].as_str().unwrap_or_default()
+        ),
+        None => format!(
+            "{} {}",
+            found["kind"].as_str().unwrap_or_default(),
+            found["name"].as_str().unwrap_or_default()
+        ),
+    };
+    ensure!(
+        named == object,
+        "the blocker's object is {named:?}, not {object:?}: {row:#}"
+    );
+    Ok(())
+}
