@@ -232,8 +232,9 @@ fn fenced(
         FenceStep::Fenced => (
             State::Fenced,
             Next::wait(
-                "the machine is off; once out-of-service-gc has cleaned the node, it powers the \
-                 machine on",
+                "the machine stays off until it is powered on: by out-of-service-gc once the \
+                 node is clean when it runs with --recover-after-cleanup, else by you; the \
+                 fence ends once the node is Ready",
             ),
         ),
         FenceStep::Recovering => (
@@ -249,11 +250,15 @@ fn fenced(
             ),
         ),
     };
-    let cleanup = condition(node, CLEANUP_CONDITION).filter(|cleanup| {
-        mark.step == FenceStep::Fenced
-            && cleanup.reason.as_deref() == Some(GcReason::Cleaning.as_str())
-    });
-    let said = cleanup.or(fence);
+    // A fenced machine is held by nothing but its cleanup while that runs; the other steps
+    // wait on what the fence's own message says.
+    let cleaning = condition(node, CLEANUP_CONDITION)
+        .filter(|cleanup| cleanup.reason.as_deref() == Some(GcReason::Cleaning.as_str()));
+    let said = if mark.step == FenceStep::Fenced {
+        cleaning
+    } else {
+        fence
+    };
     NodeLifecycle {
         step: fence.and_then(|fence| fence.reason.clone()),
         since: mark.since.or_else(|| fence.and_then(since)),

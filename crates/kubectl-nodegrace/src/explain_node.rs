@@ -69,8 +69,12 @@ pub async fn explain(client: &Client, node: &str) -> anyhow::Result<NodeStory> {
     let found = &snapshot.nodes[0];
     let uid = found.metadata.uid.clone();
     let mut moments = timeline::events(client, "Node", None, node, &mut snapshot.unread).await?;
-    // Events about a namesake that had the name before are not this node's story.
-    moments.retain(|moment| moment.uid.is_none() || moment.uid == uid);
+    // Events about a namesake that had the name before are not this node's story. Node
+    // Events by name carry the name as their UID (the kubelet's convention, and
+    // `nodegrace_core::k8s::nodes::node_reference`'s): those are kept.
+    moments.retain(|moment| {
+        moment.uid.is_none() || moment.uid == uid || moment.uid.as_deref() == Some(node)
+    });
     moments.extend(timeline::conditions(found.conditions(), &CONDITIONS));
     moments.sort_by_key(|moment| moment.at);
     let unblock = rows

@@ -115,7 +115,11 @@ pub async fn explain(client: &Client, namespace: &str, name: &str) -> anyhow::Re
             })
         })
     };
-    let verdict = match condition {
+    let node = pod
+        .as_ref()
+        .and_then(|pod| pod.spec.as_ref())
+        .and_then(|spec| spec.node_name.clone());
+    let mut verdict = match condition {
         Some(condition) => {
             let reason = condition.reason.clone().unwrap_or_default();
             let (program, how) = disruption_target(&reason);
@@ -132,6 +136,9 @@ pub async fn explain(client: &Client, namespace: &str, name: &str) -> anyhow::Re
         }
         None => from_events(),
     };
+    if verdict.is_none() {
+        verdict = node_shutdown(client, node.as_deref(), &moments, &mut unread).await?;
+    }
     Ok(PodStory {
         api_version: API_VERSION,
         kind: "PodStory",
@@ -139,12 +146,42 @@ pub async fn explain(client: &Client, namespace: &str, name: &str) -> anyhow::Re
         pod: format!("{namespace}/{name}"),
         exists: pod.is_some(),
         uid,
-        node: pod
-            .as_ref()
-            .and_then(|pod| pod.spec.as_ref())
-            .and_then(|spec| spec.node_name.clone()),
+        node,
         verdict,
         timeline: moments,
         unread: unread.0,
     })
+}
+
+/// A pod gone with its node's shutdown: graceful-shutdown-agent writes no Event on the pods it
+/// stops (every write of a shutdown is budgeted), so the story is the node's. The pod's last
+/// Event from its kubelet names the node; the agent's `NodeShutdown` Event on it, at or before
+/// that Event, says the shutdown stopped it.
+async fn node_shutdown(
+    client: &Client,
+    node: Option<&str>,
+    moments: &[Moment],
+    unread: &mut Unread,
+) -> anyhow::Result<Option<Verdict>> {
+    let Some(last) = moments.iter().rev().find(|moment| moment.host.is_some()) else {
+        return Ok(None);
+    };
+    let Some(host) = node.or(last.host.as_deref()) else {
+        return Ok(None);
+    };
+    let node_moments = timeline::events(client, "Node", None, host, unread).await?;
+    let shutdown = node_moments.iter().rev().find(|moment| {
+        moment.program() == Some(Program::GracefulShutdownAgent)
+            && moment.reason == "NodeShutdown"
+            // core/v1 Event times are whole seconds; the agent's are finer.
+            && moment.at.map(Timestamp::as_second) <= last.at.map(Timestamp::as_second)
+    });
+    Ok(shutdown.map(|shutdown| Verdict {
+        program: Some(Program::GracefulShutdownAgent),
+        how: "terminated".to_owned(),
+        reason: shutdown.reason.clone(),
+        message: format!("node {host}'s shutdown: {}", shutdown.message),
+        at: shutdown.at,
+        from: "Event",
+    }))
 }

@@ -31,6 +31,9 @@ pub struct Moment {
     /// The UID of the object the Event is about (a namesake has another).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    /// The node a kubelet's Event came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 impl Moment {
@@ -111,6 +114,10 @@ fn moment(event: Event) -> Moment {
         message: event.message.unwrap_or_default(),
         count: u32::try_from(count).unwrap_or(1),
         uid: event.involved_object.uid,
+        host: event
+            .source
+            .and_then(|source| source.host)
+            .filter(|host| !host.is_empty()),
     }
 }
 
@@ -130,6 +137,7 @@ pub fn conditions(conditions: &[NodeCondition], types: &[(&str, &str)]) -> Vec<M
                 message: condition.message.clone().unwrap_or_default(),
                 count: 1,
                 uid: None,
+                host: None,
             })
         })
         .collect()
