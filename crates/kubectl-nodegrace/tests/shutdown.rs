@@ -13,7 +13,7 @@ use logind_harness::{LogindHarness, ScenarioOptions};
 use nodegrace_testing::{ProgramUnderTest, command_line};
 use serde_json::json;
 
-use crate::plugin::{Kubectl, blocked_by, command, wait_for};
+use crate::plugin::{Kubectl, blocked_by, command, status_facts, viewer, wait_for};
 
 async fn create<K>(client: &Client, api: Api<K>, body: serde_json::Value) -> Result<()>
 where
@@ -82,6 +82,44 @@ async fn a_shutdown_held_by_a_lease_names_it_and_deleting_it_lets_the_shutdown_g
     ensure!(
         story.contains("shutdown-inhibitor-agent: shutdown blocked (ActiveLeases)"),
         "{story}"
+    );
+    // A user with only the docs' read role gets the same answers; without Leases, the rest
+    // and one line saying what it could not read.
+    let admin = status_facts(&kubectl).await?;
+    let reader = viewer(&sim, "viewer", &[]).await?;
+    ensure!(status_facts(&reader).await? == admin, "{admin:#}");
+    let blind = viewer_without_leases(&sim).await?;
+    let seen = blind.json(&["status"]).await?;
+    let row = &seen["nodes"][0];
+    ensure!(
+        row["state"] == "shutdown-blocked" && row["step"] == "ActiveLeases",
+        "{seen:#}"
+    );
+    ensure!(
+        row["blockedBy"]["text"]
+            .as_str()
+            .is_some_and(|text| text.starts_with("Leases held by team-a/db-backup")),
+        "{seen:#}"
+    );
+    ensure!(
+        seen["unread"]
+            == json!([
+                "could not list leases.coordination.k8s.io in all namespaces: forbidden (ask for `list` on `leases.coordination.k8s.io`); what it would tell is left out"
+            ]),
+        "{seen:#}"
+    );
+    let nodeless = viewer(&sim, "no-nodes", &["nodes"]).await?;
+    let refused = nodeless.nodegrace_fails(&["status"]).await?;
+    ensure!(
+        refused.trim()
+            == "Error: forbidden to list nodes at the cluster scope: ask for `list` on `nodes` \
+                (docs/kubectl-nodegrace.md lists every permission the plugin uses)",
+        "{refused}"
+    );
+    let table = blind.nodegrace(&["status"]).await?;
+    ensure!(
+        table.lines().filter(|line| line.starts_with("! ")).count() == 1,
+        "{table}"
     );
 
     kubectl.paste(&command(&blocked)?).await?;
@@ -194,4 +232,8 @@ async fn a_shutdown_in_progress_shows_until_its_pods_are_gone() -> Result<()> {
     );
     ensure!(pod["verdict"]["how"] == "terminated", "{pod:#}");
     agent.stop().await
+}
+
+async fn viewer_without_leases(sim: &KubeSim) -> Result<Kubectl> {
+    viewer(sim, "no-leases", &["leases"]).await
 }

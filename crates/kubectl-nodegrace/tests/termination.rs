@@ -17,7 +17,7 @@ use termination_controller::api::{FINALIZER, NodeDisruptionBudget, NodeDrainRule
 use termination_controller::app::{self, PROGRAM};
 use termination_controller::cli::Args;
 
-use crate::plugin::{Kubectl, blocked_by, command, wait_for};
+use crate::plugin::{Kubectl, blocked_by, command, viewer, wait_for};
 
 const TC: &str = "termination-controller";
 
@@ -265,6 +265,12 @@ async fn pdbs_and_do_not_evict_pods_are_named_with_the_command_that_moves_the_no
         command(&draining)?
             == r#"kubectl patch pdb db -n default --type=merge -p '{"spec":{"minAvailable":1}}'"#,
         "{draining:#}"
+    );
+    // The docs' read role is enough for the drain plan the blocker is read from.
+    let viewer = viewer(&sim, "viewer", &[]).await?;
+    ensure!(
+        explained_row(&viewer, "node-3").await?["blockedBy"] == draining["blockedBy"],
+        "the viewer's answer differs"
     );
     let protected = explained_row(&kubectl, "node-4").await?;
     blocked_by(

@@ -60,6 +60,21 @@ impl Kubectl {
         Ok(String::from_utf8(output.stdout)?)
     }
 
+    /// `kubectl nodegrace <args>`, expected to fail: its stderr.
+    pub async fn nodegrace_fails(&self, args: &[&str]) -> Result<String> {
+        let output = self
+            .command("kubectl")
+            .arg("nodegrace")
+            .args(args)
+            .output()
+            .await?;
+        ensure!(
+            !output.status.success(),
+            "kubectl nodegrace {args:?} succeeded"
+        );
+        Ok(String::from_utf8(output.stderr)?)
+    }
+
     /// `kubectl nodegrace <args>`.
     pub async fn nodegrace(&self, args: &[&str]) -> Result<String> {
         let mut all = vec!["nodegrace"];
@@ -180,4 +195,102 @@ pub fn blocked_by(row: &Value, text: &str, object: &str) -> Result<()> {
         "the blocker's object is {named:?}, not {object:?}: {row:#}"
     );
     Ok(())
+}
+
+/// The plugin for a ServiceAccount bound to the docs' `nodegrace-viewer` ClusterRole, less the
+/// rules for `without` resources (e.g. `leases`).
+pub async fn viewer(sim: &kube_sim::KubeSim, account: &str, without: &[&str]) -> Result<Kubectl> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::Api;
+    use kube::api::PostParams;
+    use serde_json::json;
+
+    let docs = include_str!("../../../../docs/kubectl-nodegrace.md");
+    let block = docs
+        .split("<!-- viewer-role -->")
+        .nth(1)
+        .and_then(|rest| rest.split("<!-- /viewer-role -->").next())
+        .context("docs/kubectl-nodegrace.md has its viewer role")?;
+    let yaml = block
+        .trim()
+        .trim_start_matches("```yaml")
+        .trim_end_matches("```");
+    let mut role: Value = serde_yaml_ng::from_str(yaml)?;
+    role["metadata"]["name"] = json!(account);
+    if let Some(rules) = role["rules"].as_array_mut() {
+        rules.retain(|rule| {
+            !rule["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|resource| without.iter().any(|left| resource == left))
+        });
+    }
+    let client = sim.client();
+    let post = PostParams::default();
+    Api::<ClusterRole>::all(client.clone())
+        .create(&post, &serde_json::from_value(role)?)
+        .await?;
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), "default");
+    accounts
+        .create(
+            &post,
+            &serde_json::from_value(json!({"metadata": {"name": account}}))?,
+        )
+        .await?;
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(
+            &post,
+            &serde_json::from_value(json!({
+                "metadata": {"name": account},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": account},
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": "default"}],
+            }))?,
+        )
+        .await?;
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request(account, &post, &request)
+        .await?
+        .status
+        .context("a token")?
+        .token;
+    let mut kubeconfig: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(sim.kubeconfig_path())?)?;
+    for user in kubeconfig["users"].as_array_mut().into_iter().flatten() {
+        user["user"] = json!({"token": token});
+    }
+    let path = sim
+        .kubeconfig_path()
+        .with_file_name(format!("{account}.kubeconfig"));
+    std::fs::write(&path, serde_yaml_ng::to_string(&kubeconfig)?)?;
+    Kubectl::new(&path)
+}
+
+/// `status -o json` without the time it was read: what two users are compared on.
+pub async fn status_facts(kubectl: &Kubectl) -> Result<Value> {
+    let mut status = kubectl.json(&["status"]).await?;
+    if let Some(object) = status.as_object_mut() {
+        object.remove("observedAt");
+    }
+    for row in status["nodes"].as_array_mut().into_iter().flatten() {
+        if let Some(object) = row.as_object_mut() {
+            object.remove("since");
+        }
+        // "held by … for 3s": the age moves between two reads.
+        if let Some(text) = row["blockedBy"]["text"].as_str() {
+            let kept = text.split(" for ").next().unwrap_or(text).to_owned();
+            row["blockedBy"]["text"] = Value::String(kept);
+        }
+    }
+    Ok(status)
 }
