@@ -83,44 +83,7 @@ async fn a_shutdown_held_by_a_lease_names_it_and_deleting_it_lets_the_shutdown_g
         story.contains("shutdown-inhibitor-agent: shutdown blocked (ActiveLeases)"),
         "{story}"
     );
-    // A user with only the docs' read role gets the same answers; without Leases, the rest
-    // and one line saying what it could not read.
-    let admin = status_facts(&kubectl).await?;
-    let reader = viewer(&sim, "viewer", &[]).await?;
-    ensure!(status_facts(&reader).await? == admin, "{admin:#}");
-    let blind = viewer_without_leases(&sim).await?;
-    let seen = blind.json(&["status"]).await?;
-    let row = &seen["nodes"][0];
-    ensure!(
-        row["state"] == "shutdown-blocked" && row["step"] == "ActiveLeases",
-        "{seen:#}"
-    );
-    ensure!(
-        row["blockedBy"]["text"]
-            .as_str()
-            .is_some_and(|text| text.starts_with("Leases held by team-a/db-backup")),
-        "{seen:#}"
-    );
-    ensure!(
-        seen["unread"]
-            == json!([
-                "could not list leases.coordination.k8s.io in all namespaces: forbidden (ask for `list` on `leases.coordination.k8s.io`); what it would tell is left out"
-            ]),
-        "{seen:#}"
-    );
-    let nodeless = viewer(&sim, "no-nodes", &["nodes"]).await?;
-    let refused = nodeless.nodegrace_fails(&["status"]).await?;
-    ensure!(
-        refused.trim()
-            == "Error: forbidden to list nodes at the cluster scope: ask for `list` on `nodes` \
-                (docs/kubectl-nodegrace.md lists every permission the plugin uses)",
-        "{refused}"
-    );
-    let table = blind.nodegrace(&["status"]).await?;
-    ensure!(
-        table.lines().filter(|line| line.starts_with("! ")).count() == 1,
-        "{table}"
-    );
+    readers_get_the_same_answers(&sim, &kubectl).await?;
 
     kubectl.paste(&command(&blocked)?).await?;
     wait_for("the shutdown to be let go", || async {
@@ -234,6 +197,44 @@ async fn a_shutdown_in_progress_shows_until_its_pods_are_gone() -> Result<()> {
     agent.stop().await
 }
 
-async fn viewer_without_leases(sim: &KubeSim) -> Result<Kubectl> {
-    viewer(sim, "no-leases", &["leases"]).await
+/// A user with only the docs' read role gets the same answers; without Leases, the rest and one
+/// line saying what it could not read; without nodes, an error naming the verb to ask for.
+async fn readers_get_the_same_answers(sim: &KubeSim, kubectl: &Kubectl) -> Result<()> {
+    let admin = status_facts(kubectl).await?;
+    let reader = viewer(sim, "viewer", &[]).await?;
+    ensure!(status_facts(&reader).await? == admin, "{admin:#}");
+    let blind = viewer(sim, "no-leases", &["leases"]).await?;
+    let seen = blind.json(&["status"]).await?;
+    let row = &seen["nodes"][0];
+    ensure!(
+        row["state"] == "shutdown-blocked" && row["step"] == "ActiveLeases",
+        "{seen:#}"
+    );
+    ensure!(
+        row["blockedBy"]["text"]
+            .as_str()
+            .is_some_and(|text| text.starts_with("Leases held by team-a/db-backup")),
+        "{seen:#}"
+    );
+    ensure!(
+        seen["unread"]
+            == json!([
+                "could not list leases.coordination.k8s.io in all namespaces: forbidden (ask for `list` on `leases.coordination.k8s.io`); what it would tell is left out"
+            ]),
+        "{seen:#}"
+    );
+    let nodeless = viewer(sim, "no-nodes", &["nodes"]).await?;
+    let refused = nodeless.nodegrace_fails(&["status"]).await?;
+    ensure!(
+        refused.trim()
+            == "Error: forbidden to list nodes at the cluster scope: ask for `list` on `nodes` \
+                (docs/kubectl-nodegrace.md lists every permission the plugin uses)",
+        "{refused}"
+    );
+    let table = blind.nodegrace(&["status"]).await?;
+    ensure!(
+        table.lines().filter(|line| line.starts_with("! ")).count() == 1,
+        "{table}"
+    );
+    Ok(())
 }
