@@ -3,6 +3,7 @@
 //! the blocker and the suggested command, then runs that command and checks the node moves on.
 //! One test binary, so the workspace links it once.
 
+mod binary;
 mod out_of_service;
 mod plugin;
 mod shutdown;

@@ -132,6 +132,7 @@ async fn budgets_and_hooks_are_named_with_the_command_that_moves_the_node() -> R
     create(&client, json!({"apiVersion": "nodegrace.io/v1alpha1", "kind": "NodeDisruptionBudget",
         "metadata": {"name": "workers"},
         "spec": {"selector": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]}, "maxUnavailable": 1}})).await?;
+    let watch = kubectl.watch()?;
     // node-1 is granted, then held by its pre-drain hook; node-2 waits for the budget.
     kubectl
         .run(&[
@@ -198,6 +199,11 @@ async fn budgets_and_hooks_are_named_with_the_command_that_moves_the_node() -> R
         .await?;
     gone(&client, "node-1").await?;
     gone(&client, "node-2").await?;
+    watch
+        .printed("node-1", "step", "AwaitingPreDrainHooks")
+        .await?;
+    watch.printed("node-2", "step", "AwaitingBudget").await?;
+    watch.printed("node-1", "state", "gone").await?;
     controller.stop().await
 }
 

@@ -294,3 +294,51 @@ pub async fn status_facts(kubectl: &Kubectl) -> Result<Value> {
     }
     Ok(status)
 }
+
+/// A running `kubectl nodegrace status --watch -o json`: the lines it printed so far.
+#[derive(Debug)]
+pub struct Watch {
+    _child: tokio::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Kubectl {
+    pub fn watch(&self) -> Result<Watch> {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut child = self
+            .command("kubectl")
+            .args(["nodegrace", "status", "--watch", "-o", "json"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().context("the watch's stdout")?;
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&lines);
+        tokio::spawn(async move {
+            let mut reader = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().expect("not poisoned").push(line);
+            }
+        });
+        Ok(Watch {
+            _child: child,
+            lines,
+        })
+    }
+}
+
+impl Watch {
+    /// Waits for a one-line row of `node` whose `field` is `value`.
+    pub async fn printed(&self, node: &str, field: &str, value: &str) -> Result<()> {
+        wait_for(
+            &format!("the watch to print {node} {field}={value}"),
+            || async {
+                let lines = self.lines.lock().expect("not poisoned");
+                Ok(lines.iter().any(|line| {
+                    serde_json::from_str::<Value>(line)
+                        .is_ok_and(|row| row["node"] == node && row[field] == value)
+                }))
+            },
+        )
+        .await
+    }
+}
