@@ -24,6 +24,9 @@ pub enum Which {
     /// SIGKILLed 24 times during three drains (and the leader of two replicas 6 times), and
     /// the webhook's latency under 100 concurrent clients.
     Termination,
+    /// kubectl nodegrace: `status` through the real kubectl on 5,000 nodes, 1,200 of them in a
+    /// program's work.
+    Plugin,
     /// The explorer: as many random histories as fit in the time, printing
     /// `explore runs=… events=… violations=… seeds-failed=…`.
     Explore {
@@ -45,6 +48,7 @@ pub fn run(which: &Which) -> Result<()> {
         Which::Oos => ("out-of-service-gc", "oos"),
         Which::Drain => ("termination-controller", "drain"),
         Which::Termination => ("termination-controller", "termination"),
+        Which::Plugin => ("kubectl-nodegrace", "status"),
     };
     run_command(cargo().args(["bench", "--package", package, "--bench", bench]))
 }
