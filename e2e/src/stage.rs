@@ -67,6 +67,8 @@ pub struct Stage {
     pub work_dir: PathBuf,
     /// The helm the charts were installed with.
     pub helm: PathBuf,
+    /// Where the programs' binaries are, `kubectl-nodegrace` among them.
+    pub bin_dir: PathBuf,
     /// Each chart's pods once installed: (program, how many).
     installed: Vec<(String, usize)>,
 }
@@ -141,6 +143,7 @@ impl Stage {
             shutdown_groups: Vec::new(),
             work_dir: work_dir.clone(),
             helm: inputs.helm.clone(),
+            bin_dir: inputs.binaries.dir.clone(),
             installed: Vec::new(),
         };
         stage.install_charts(inputs).await?;
@@ -307,6 +310,31 @@ impl Stage {
 
     pub fn kubeconfig(&self) -> &Path {
         self.cluster.kubeconfig()
+    }
+
+    /// Runs `kubectl nodegrace <args>` with the real kubectl (the plugin found on PATH, as an
+    /// operator installs it) and prints it with its output: what a newcomer reads first.
+    pub async fn nodegrace(&self, args: &[&str]) -> Result<String> {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let paths = std::iter::once(self.bin_dir.clone()).chain(std::env::split_paths(&path));
+        let output = tokio::process::Command::new("kubectl")
+            .arg("nodegrace")
+            .args(args)
+            .env("PATH", std::env::join_paths(paths)?)
+            .env("KUBECONFIG", self.kubeconfig())
+            .output()
+            .await
+            .context("run kubectl nodegrace")?;
+        let command = format!("kubectl nodegrace {}", args.join(" "));
+        if !output.status.success() {
+            bail!(
+                "{command} failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        let text = String::from_utf8(output.stdout)?;
+        self.timeline.ran(&command, &text);
+        Ok(text)
     }
 }
 

@@ -54,6 +54,14 @@ impl Timeline {
         println!("{:9}{}", "", self.paint(DIM, &format!("$ {command}")));
     }
 
+    /// A command run now and what it printed, indented under it: what an operator reads.
+    pub fn ran(&self, command: &str, output: &str) {
+        println!("{:9}{}", "", self.paint(BOLD, &format!("$ {command}")));
+        for line in output.lines() {
+            println!("{:11}{line}", "");
+        }
+    }
+
     pub fn pass(&self, text: &str) {
         println!(
             "{}  {} {text}",

@@ -10,13 +10,14 @@ use clap::Args;
 
 use crate::{cargo, helm, project_root, run_command, setup, target_dir};
 
-/// The binaries the demo runs: the cluster, our programs, the demo itself.
-const PACKAGES: [&str; 6] = [
+/// The binaries the demo runs: the cluster, our programs, the kubectl plugin, the demo itself.
+const PACKAGES: [&str; 7] = [
     "kube-sim",
     "graceful-shutdown-agent",
     "shutdown-inhibitor-agent",
     "out-of-service-gc",
     "termination-controller",
+    "kubectl-nodegrace",
     "nodegrace-e2e",
 ];
 

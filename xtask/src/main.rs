@@ -11,6 +11,7 @@ mod image;
 mod kind;
 mod logind;
 mod peer_tests;
+mod plugin;
 mod protobuf_schema;
 mod setup;
 mod test;
@@ -49,6 +50,11 @@ enum Task {
         #[command(subcommand)]
         action: logind::Action,
     },
+    /// The kubectl plugin's release: an archive per platform, and the krew manifest.
+    Plugin {
+        #[command(subcommand)]
+        action: plugin::Action,
+    },
     /// Runs a benchmark and prints its figures.
     Bench {
         #[command(subcommand)]
@@ -79,6 +85,7 @@ fn main() -> Result<()> {
         Task::Image(args) => image::run(&args),
         Task::Logind { action } => logind::run(action),
         Task::Bench { which } => bench::run(&which),
+        Task::Plugin { action } => plugin::run(&action),
         Task::Charts => helm::check_charts(),
         Task::Workflows => actionlint::check_workflows(),
         Task::PeerTests => peer_tests::run(),

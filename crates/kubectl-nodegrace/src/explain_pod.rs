@@ -26,6 +26,28 @@ pub struct Verdict {
     pub at: Option<Timestamp>,
     /// Where this was read: `DisruptionTarget` or `Event`.
     pub from: &'static str,
+    /// The UID of the pod it happened to, when that is not the pod of this name now (a
+    /// StatefulSet's earlier pod).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub earlier_uid: Option<String>,
+}
+
+/// The last Event in `moments` by which a program of ours ended the pod; `earlier`: the
+/// Events are of pods of this name before the one there now.
+fn decided(moments: &[Moment], earlier: bool) -> Option<Verdict> {
+    moments.iter().rev().find_map(|moment| {
+        let program = moment.program()?;
+        let how = how(program, &moment.reason)?;
+        Some(Verdict {
+            program: Some(program),
+            how: how.to_owned(),
+            reason: moment.reason.clone(),
+            message: moment.message.clone(),
+            at: moment.at,
+            from: "Event",
+            earlier_uid: moment.uid.clone().filter(|_| earlier),
+        })
+    })
 }
 
 /// `kubectl nodegrace explain pod NS/P -o json`.
@@ -86,12 +108,12 @@ pub async fn explain(client: &Client, namespace: &str, name: &str) -> anyhow::Re
         &mut unread,
     )
     .await?;
-    let mut moments = timeline::events(client, "Pod", Some(namespace), name, &mut unread).await?;
+    let every = timeline::events(client, "Pod", Some(namespace), name, &mut unread).await?;
     let uid = pod.as_ref().and_then(|pod| pod.metadata.uid.clone());
-    if uid.is_some() {
-        // A namesake's Events (a StatefulSet's pod before) are not this pod's story.
-        moments.retain(|moment| moment.uid.is_none() || moment.uid == uid);
-    }
+    // A namesake's Events (a StatefulSet's pod before) are not this pod's story.
+    let (moments, earlier): (Vec<Moment>, Vec<Moment>) = every
+        .into_iter()
+        .partition(|moment| uid.is_none() || moment.uid.is_none() || moment.uid == uid);
     let condition = pod
         .as_ref()
         .and_then(|pod| pod.status.as_ref())
@@ -101,20 +123,7 @@ pub async fn explain(client: &Client, namespace: &str, name: &str) -> anyhow::Re
                 .iter()
                 .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
         });
-    let from_events = || {
-        moments.iter().rev().find_map(|moment| {
-            let program = moment.program()?;
-            let how = how(program, &moment.reason)?;
-            Some(Verdict {
-                program: Some(program),
-                how: how.to_owned(),
-                reason: moment.reason.clone(),
-                message: moment.message.clone(),
-                at: moment.at,
-                from: "Event",
-            })
-        })
-    };
+    let from_events = || decided(&moments, false);
     let node = pod
         .as_ref()
         .and_then(|pod| pod.spec.as_ref())
@@ -132,12 +141,18 @@ pub async fn explain(client: &Client, namespace: &str, name: &str) -> anyhow::Re
                 message: condition.message.clone().unwrap_or_default(),
                 at: condition.last_transition_time.as_ref().map(|time| time.0),
                 from: "DisruptionTarget",
+                earlier_uid: None,
             })
         }
         None => from_events(),
     };
     if verdict.is_none() {
         verdict = node_shutdown(client, node.as_deref(), &moments, &mut unread).await?;
+    }
+    if verdict.is_none() {
+        // The pod of this name now is a replacement (a StatefulSet's): say what ended the one
+        // before it.
+        verdict = decided(&earlier, true);
     }
     Ok(PodStory {
         api_version: API_VERSION,
@@ -183,5 +198,6 @@ async fn node_shutdown(
         message: format!("node {host}'s shutdown: {}", shutdown.message),
         at: shutdown.at,
         from: "Event",
+        earlier_uid: None,
     }))
 }

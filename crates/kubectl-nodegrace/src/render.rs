@@ -267,6 +267,9 @@ pub fn pod_story(story: &PodStory, style: Style) -> String {
                 .at
                 .map(|at| format!(" {} ago", age(now, at)))
                 .unwrap_or_default();
+            if let Some(uid) = &verdict.earlier_uid {
+                let _ = write!(text, "The pod of this name before it (uid {uid}) was ");
+            }
             let _ = writeln!(
                 text,
                 "{} by {by}{at} ({} {}): {}",

@@ -80,6 +80,12 @@ async fn play(stage: &mut Stage) -> Result<()> {
         "{NODE} has condition ShutdownInhibited=True ({}: {})",
         inhibited.0, inhibited.1
     ));
+    let status = stage.nodegrace(&["status"]).await?;
+    if !status.contains(&format!(
+        "Lease {NAMESPACE}/{NODE} holds the shutdown: held by {HOLDER}"
+    )) {
+        bail!("kubectl nodegrace status does not name the Lease holding {NODE}:\n{status}");
+    }
     timeline.show(&condition_command(NODE, "ShutdownInhibited"));
     for index in (0..NODES).filter(|index| format!("node-{index}") != NODE) {
         let other = stage.node(&format!("node-{index}"))?;

@@ -83,6 +83,10 @@ async fn play(stage: &mut Stage) -> Result<()> {
     stage.timeline.event(&format!(
         "{NODE} waits, untouched: {waiting} ({DOWN} has been down since act 2)"
     ));
+    let status = stage.nodegrace(&["status"]).await?;
+    if !status.contains("deleting (AwaitingBudget)") {
+        bail!("kubectl nodegrace status does not show {NODE} waiting for its budget:\n{status}");
+    }
     // The node is gone by the end: its condition is told, not offered as a command.
     stage.timeline.event(&format!("{DOWN} boots again"));
     stage.power_on(DOWN).await?;
@@ -104,6 +108,11 @@ async fn play(stage: &mut Stage) -> Result<()> {
     stage
         .timeline
         .event(&format!("{NODE} is drained; its machine waits: {held}"));
+    let story = stage.nodegrace(&["explain", "node", NODE]).await?;
+    let unblock = format!("kubectl annotate node {NODE} {BACKUP_HOOK}-");
+    if !story.contains(&format!("To unblock it:\n  {unblock}")) {
+        bail!("kubectl nodegrace explain node {NODE} does not end with `{unblock}`:\n{story}");
+    }
     // The node is gone by the end: its condition is told, not offered as a command.
     let terminate_calls =
         sim_get(&client, &format!("/sim/v1/instances/{NODE}")).await?["terminateCalls"]

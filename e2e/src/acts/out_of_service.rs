@@ -108,6 +108,16 @@ async fn play(stage: &mut Stage) -> Result<()> {
     stage
         .timeline
         .event(&format!("{NODE} has condition {CONDITION} (Done: {done})"));
+    let status = stage.nodegrace(&["status", NODE]).await?;
+    if !status.contains("cleaned (Done)") {
+        bail!("kubectl nodegrace status does not show {NODE} cleaned:\n{status}");
+    }
+    let story = stage
+        .nodegrace(&["explain", "pod", &format!("{NAMESPACE}/{POD}")])
+        .await?;
+    if !story.contains("force-deleted by out-of-service-gc") {
+        bail!("kubectl nodegrace explain pod does not name out-of-service-gc:\n{story}");
+    }
     // Not the Node's condition as a command: act 4 deletes node-2, its Events stay.
     stage
         .timeline

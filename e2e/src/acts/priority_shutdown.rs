@@ -418,6 +418,10 @@ async fn check_marks(stage: &Stage) -> Result<()> {
         "{NODE} is marked: taint {SHUTTING_DOWN_TAINT}:NoSchedule, condition GracefulNodeShutdownInProgress=True ({})",
         condition.reason.unwrap_or_default()
     ));
+    let status = stage.nodegrace(&["status", NODE]).await?;
+    if !status.contains("shutting down") {
+        bail!("kubectl nodegrace status does not show {NODE} shutting down:\n{status}");
+    }
     stage
         .timeline
         .show(&condition_command(NODE, "GracefulNodeShutdownInProgress"));
