@@ -124,10 +124,12 @@ fn shutting_down(node: &CachedNode, name: &str) -> Option<NodeLifecycle> {
         step: condition.reason.clone(),
         since: since(condition),
         blocked_by: blocker(first_line(&message(condition)), None),
-        next: Some(Next::wait(
+        next: Some(Next::wait(if readiness(node) == Readiness::Ready {
             "the shutdown goes on by itself: pods stop in priority order, then the agent \
-             releases logind's delay lock",
-        )),
+             releases logind's delay lock"
+        } else {
+            "the machine is down: the agent clears the condition when the node boots again"
+        })),
         ..row(name, Program::GracefulShutdownAgent, State::ShuttingDown)
     })
 }
@@ -540,4 +542,128 @@ fn hook_wait(
             format!("kubectl annotate node {name} {key}-"),
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW: &str = "2026-11-30T12:00:00Z";
+
+    fn node(body: &serde_json::Value) -> CachedNode {
+        serde_json::from_value(body.clone()).expect("a node")
+    }
+
+    fn condition(type_: &str, status: &str, reason: &str, message: &str) -> serde_json::Value {
+        json!({"type": type_, "status": status, "reason": reason, "message": message,
+               "lastTransitionTime": "2026-11-30T11:48:00Z"})
+    }
+
+    fn facts<'a>(budgets: Option<&'a [NodeDisruptionBudget]>) -> Facts<'a> {
+        Facts {
+            now: NOW.parse().expect("a time"),
+            shutdown_leases: None,
+            heartbeat: None,
+            budgets,
+        }
+    }
+
+    fn deleting(annotations: &serde_json::Value, reason: &str, message: &str) -> CachedNode {
+        node(&json!({
+            "metadata": {"name": "n1", "deletionTimestamp": "2026-11-30T11:47:00Z",
+                         "finalizers": [FINALIZER], "annotations": annotations},
+            "status": {"conditions": [condition(TERMINATING, "True", reason, message)]},
+        }))
+    }
+
+    #[test]
+    fn ages_read_as_kubectl_prints_them() {
+        let now: Timestamp = NOW.parse().unwrap();
+        let ago = |seconds: i64| age(now, now - jiff::SignedDuration::from_secs(seconds));
+        assert_eq!(
+            [
+                ago(4),
+                ago(720),
+                ago(3 * 3600 + 300),
+                ago(2 * 86_400 + 4 * 3600)
+            ],
+            ["4s", "12m", "3h5m", "2d4h"]
+        );
+    }
+
+    #[test]
+    fn a_budget_in_counts_is_widened_by_one_and_one_in_percent_only_named() {
+        let budget = |spec: serde_json::Value| -> NodeDisruptionBudget {
+            serde_json::from_value(json!({"metadata": {"name": "workers"}, "spec": spec})).unwrap()
+        };
+        let waiting = deleting(
+            &json!({}),
+            "AwaitingBudget",
+            "NodeDisruptionBudget workers: too few of its nodes are available now",
+        );
+        let counted = [budget(json!({"maxUnavailable": 2}))];
+        let rows = diagnose(&waiting, &facts(Some(&counted)), false);
+        let next = rows[0].next.clone().unwrap();
+        assert_eq!(
+            next.command.as_deref(),
+            Some(
+                r#"kubectl patch nodedisruptionbudget workers --type=merge -p '{"spec":{"maxUnavailable":3}}'"#
+            )
+        );
+        let percent = [budget(json!({"maxUnavailable": "10%"}))];
+        let rows = diagnose(&waiting, &facts(Some(&percent)), false);
+        assert_eq!(rows[0].next.clone().unwrap().command, None);
+        assert_eq!(
+            rows[0].blocked_by.clone().unwrap().object,
+            Some(ObjectRef::new("NodeDisruptionBudget", None, "workers"))
+        );
+    }
+
+    #[test]
+    fn several_hooks_name_the_first_to_remove_and_the_rest() {
+        let hooked = deleting(
+            &json!({"pre-drain.nodegrace.io/backup": "x", "pre-drain.nodegrace.io/audit": "y"}),
+            "AwaitingPreDrainHooks",
+            "Waiting for pre-drain hook(s) audit, backup",
+        );
+        let row = &diagnose(&hooked, &facts(None), false)[0];
+        assert_eq!(
+            row.blocked_by.as_ref().unwrap().text,
+            "pre-drain hook audit, since 12m (and backup)"
+        );
+        assert_eq!(
+            row.next.as_ref().unwrap().command.as_deref(),
+            Some("kubectl annotate node n1 pre-drain.nodegrace.io/audit-")
+        );
+    }
+
+    #[test]
+    fn a_node_in_no_work_shows_only_when_named_and_a_deletion_not_ours_is_none() {
+        let plain = node(&json!({"metadata": {"name": "n1"}}));
+        assert!(diagnose(&plain, &facts(None), false).is_empty());
+        assert_eq!(
+            diagnose(&plain, &facts(None), true)[0].state,
+            State::Healthy
+        );
+        let others = node(&json!({"metadata": {"name": "n1",
+            "deletionTimestamp": "2026-11-30T11:47:00Z", "finalizers": ["example.com/other"]}}));
+        assert!(diagnose(&others, &facts(None), false).is_empty());
+    }
+
+    #[test]
+    fn a_shutdown_shown_on_a_node_that_is_down_says_the_agent_clears_it_at_boot() {
+        let down = node(
+            &json!({"metadata": {"name": "n1"}, "status": {"conditions": [
+                condition(SHUTDOWN_IN_PROGRESS_CONDITION, "True", "NodeShutdown", "shutting down"),
+                condition("Ready", "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status."),
+            ]}}),
+        );
+        let row = &diagnose(&down, &facts(None), false)[0];
+        assert_eq!(row.state, State::ShuttingDown);
+        assert!(
+            row.next.as_ref().unwrap().text.contains("boots again"),
+            "{row:?}"
+        );
+    }
 }

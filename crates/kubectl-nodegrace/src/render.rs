@@ -165,13 +165,38 @@ pub fn status(status: &Status, style: Style) -> String {
     text
 }
 
+/// The moments a table shows: the latest; `-o json` has them all.
+const TIMELINE_LINES: usize = 15;
+/// A message's part a table shows.
+const MESSAGE_CHARS: usize = 140;
+
+/// The message's first sentence, at most [`MESSAGE_CHARS`] characters.
+fn short(message: &str) -> String {
+    let line = message.lines().next().unwrap_or_default();
+    let sentence = line.split_once(". ").map_or(line, |(first, _)| first);
+    if sentence.chars().count() > MESSAGE_CHARS {
+        let cut: String = sentence.chars().take(MESSAGE_CHARS - 1).collect();
+        format!("{cut}…")
+    } else {
+        sentence.to_owned()
+    }
+}
+
 fn timeline(text: &mut String, moments: &[Moment], now: Timestamp) {
     if moments.is_empty() {
         text.push_str("Timeline: nothing recorded (Events expire after an hour).\n");
         return;
     }
-    text.push_str("Timeline:\n");
-    for moment in moments {
+    let earlier = moments.len().saturating_sub(TIMELINE_LINES);
+    if earlier > 0 {
+        let _ = writeln!(
+            text,
+            "Timeline (the last {TIMELINE_LINES}; {earlier} earlier with -o json):"
+        );
+    } else {
+        text.push_str("Timeline:\n");
+    }
+    for moment in &moments[earlier..] {
         let at = moment
             .at
             .map_or_else(|| "?".to_owned(), |at| format!("{} ago", age(now, at)));
@@ -194,7 +219,7 @@ fn timeline(text: &mut String, moments: &[Moment], now: Timestamp) {
             } else {
                 moment.reason.clone()
             },
-            moment.message.lines().next().unwrap_or_default()
+            short(&moment.message)
         );
     }
 }
