@@ -560,7 +560,7 @@ mod tests {
                "lastTransitionTime": "2026-11-30T11:48:00Z"})
     }
 
-    fn facts<'a>(budgets: Option<&'a [NodeDisruptionBudget]>) -> Facts<'a> {
+    fn facts(budgets: Option<&[NodeDisruptionBudget]>) -> Facts<'_> {
         Facts {
             now: NOW.parse().expect("a time"),
             shutdown_leases: None,
