@@ -33,7 +33,10 @@ pub fn ensure_system_packages() -> Result<()> {
     ensure_commands(DEMO_COMMANDS.iter().chain(TEST_COMMANDS))?;
     ensure_python_packages()?;
     if !on_path("kubectl") {
-        println!("warning: kubectl is not on PATH; the kubectl conformance tests will skip");
+        println!(
+            "warning: kubectl is not on PATH; the kubectl conformance tests will skip, and the \
+             kubectl plugin's tests and the demo, which run it, will fail"
+        );
     }
     Ok(())
 }

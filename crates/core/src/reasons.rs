@@ -2,7 +2,7 @@
 //! in `kubectl describe` leads to its one definition.
 
 /// Defines `Reason`: an enum whose variants' names are the reasons' texts, with `ALL`,
-/// `as_str` and `Display`. Each program declares its own with this, so a reason is spelled
+/// `as_str`, `parse` and `Display`. Each program declares its own with this, so a reason is spelled
 /// once, where it is documented.
 #[macro_export]
 macro_rules! reasons {
@@ -16,6 +16,11 @@ macro_rules! reasons {
 
             pub const fn as_str(self) -> &'static str {
                 match self { $(Self::$name => stringify!($name),)* }
+            }
+
+            /// The reason a condition or Event gives, if it is one of these.
+            pub fn parse(text: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|reason| reason.as_str() == text)
             }
         }
 

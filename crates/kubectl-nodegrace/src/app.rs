@@ -7,7 +7,6 @@ use anyhow::Context as _;
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use nodegrace_controller::InstanceProviderKind;
@@ -16,8 +15,8 @@ use termination_controller::plan;
 
 use crate::cli::{Cli, Command, Explain, Output};
 use crate::connect::connect;
-use crate::lifecycle::{NodeLifecycle, State};
-use crate::read::{Access, Unread, optional_list};
+use crate::lifecycle::{NodeLifecycle, Program, State};
+use crate::read::Unread;
 use crate::render::{self, Style};
 use crate::status::{self, Snapshot};
 use crate::{explain_node, explain_pod};
@@ -104,16 +103,10 @@ async fn installed_provider(
     unread: &mut Unread,
 ) -> anyhow::Result<InstanceProviderKind> {
     use clap::ValueEnum as _;
-    let params = ListParams::default().labels("app.kubernetes.io/name=termination-controller");
-    let deployments = optional_list(
-        &Api::<Deployment>::all(client.clone()),
-        &params,
-        &Access::list::<Deployment>("in all namespaces"),
-        "",
-        unread,
-    )
-    .await?
-    .unwrap_or_default();
+    let deployments =
+        status::chart_workloads::<Deployment>(client, &[Program::TerminationController], unread)
+            .await?
+            .unwrap_or_default();
     let said = deployments
         .iter()
         .filter_map(|deployment| deployment.spec.as_ref()?.template.spec.as_ref())

@@ -187,11 +187,7 @@ fn shutdown_blocked(node: &CachedNode, name: &str, facts: &Facts) -> Option<Node
 }
 
 fn gc_reason(condition: &NodeCondition) -> Option<GcReason> {
-    let reason = condition.reason.as_deref()?;
-    GcReason::ALL
-        .iter()
-        .copied()
-        .find(|known| known.as_str() == reason)
+    condition.reason.as_deref().and_then(GcReason::parse)
 }
 
 fn out_of_service(node: &CachedNode, name: &str, facts: &Facts) -> Option<NodeLifecycle> {
@@ -389,11 +385,7 @@ fn tainted(node: &CachedNode, name: &str, facts: &Facts) -> NodeLifecycle {
 }
 
 fn tc_reason(condition: &NodeCondition) -> Option<TcReason> {
-    let reason = condition.reason.as_deref()?;
-    TcReason::ALL
-        .iter()
-        .copied()
-        .find(|known| known.as_str() == reason)
+    condition.reason.as_deref().and_then(TcReason::parse)
 }
 
 fn deleting(node: &CachedNode, name: &str, facts: &Facts) -> Option<NodeLifecycle> {

@@ -204,26 +204,35 @@ async fn shutdown_leases(
     Ok(Some(found))
 }
 
+/// The workloads of kind `K` (Deployments, DaemonSets) that `programs`' charts install, in
+/// every namespace; `None` when they may not be read.
+pub async fn chart_workloads<K>(
+    client: &Client,
+    programs: &[Program],
+    unread: &mut Unread,
+) -> anyhow::Result<Option<Vec<K>>>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let names: Vec<&str> = programs.iter().map(|program| program.name()).collect();
+    let params = ListParams::default().labels(&format!("{NAME_LABEL} in ({})", names.join(",")));
+    optional_list(
+        &Api::<K>::all(client.clone()),
+        &params,
+        &Access::list::<K>("in all namespaces"),
+        "",
+        unread,
+    )
+    .await
+}
+
 /// Which programs are installed, by their charts' workloads.
 pub async fn presence(client: &Client, unread: &mut Unread) -> anyhow::Result<Vec<Presence>> {
-    let names: Vec<&str> = Program::ALL.iter().map(|program| program.name()).collect();
-    let params = ListParams::default().labels(&format!("{NAME_LABEL} in ({})", names.join(",")));
-    let deployments = optional_list(
-        &Api::<Deployment>::all(client.clone()),
-        &params,
-        &Access::list::<Deployment>("in all namespaces"),
-        "",
-        unread,
-    )
-    .await?;
-    let daemonsets = optional_list(
-        &Api::<DaemonSet>::all(client.clone()),
-        &params,
-        &Access::list::<DaemonSet>("in all namespaces"),
-        "",
-        unread,
-    )
-    .await?;
+    let deployments = chart_workloads::<Deployment>(client, &Program::ALL, unread).await?;
+    let daemonsets = chart_workloads::<DaemonSet>(client, &Program::ALL, unread).await?;
     let found = |kind: &str, meta: &kube::api::ObjectMeta| {
         let program = meta.labels.as_ref()?.get(NAME_LABEL)?.clone();
         Some((

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use clap::Parser;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
 use kube::{Api, Client};
 use kube_sim::cluster::Cluster;
 use kube_sim::{KubeSim, WorldOptions};
@@ -14,6 +14,8 @@ use nodegrace_testing::{ProgramUnderTest, command_line};
 use out_of_service_gc::app::{self, PROGRAM};
 use out_of_service_gc::cli::Args;
 use serde_json::json;
+
+use nodegrace_testing::cluster::set_kubelet;
 
 use crate::plugin::{Kubectl, blocked_by, command, wait_for};
 
@@ -45,20 +47,6 @@ async fn controller(sim: &KubeSim) -> Result<ProgramUnderTest> {
     ];
     let args = Args::try_parse_from(command_line(PROGRAM, &defaults, &[]))?;
     ProgramUnderTest::start("nodegrace_out_of_service_gc", |stop| app::start(args, stop)).await
-}
-
-/// The node's simulated kubelet stops (`stopped`) or runs again (`None`).
-async fn kubelet(client: &Client, node: &str, state: Option<&str>) -> Result<()> {
-    Api::<Node>::all(client.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": state}}}),
-            ),
-        )
-        .await?;
-    Ok(())
 }
 
 async fn running_pod(client: &Client, name: &str, node: &str) -> Result<()> {
@@ -99,7 +87,7 @@ async fn held_fenced_and_cleaned_nodes_are_named_with_the_command_that_moves_the
             "nodegrace.io/do-not-fence=debugging",
         ])
         .await?;
-    kubelet(&client, "node-1", Some("stopped")).await?;
+    set_kubelet(&client, "node-1", Some("stopped")).await?;
     let held = kubectl.row_at("node-1", GC, "FenceHeldDoNotFence").await?;
     ensure!(held["state"] == "fence-waiting", "{held:#}");
     blocked_by(
@@ -117,7 +105,7 @@ async fn held_fenced_and_cleaned_nodes_are_named_with_the_command_that_moves_the
             "nodegrace.io/do-not-fence=by-hand",
         ])
         .await?;
-    kubelet(&client, "node-2", Some("stopped")).await?;
+    set_kubelet(&client, "node-2", Some("stopped")).await?;
     kubectl.row_at("node-2", GC, "FenceHeldDoNotFence").await?;
     kubectl
         .run(&[
@@ -158,7 +146,7 @@ async fn held_fenced_and_cleaned_nodes_are_named_with_the_command_that_moves_the
     );
 
     // The node is back; the suggested untaint takes it out of every program's work.
-    kubelet(&client, "node-2", None).await?;
+    set_kubelet(&client, "node-2", None).await?;
     wait_for("node-2 to be Ready", || async {
         let ready = kubectl
             .run(&[

@@ -6,8 +6,7 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{DynamicObject, ListParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::ListParams;
 use kube::{Api, Client, CustomResourceExt};
 use kube_sim::cluster::Cluster;
 use kube_sim::{KubeSim, WorldOptions};
@@ -16,6 +15,8 @@ use serde_json::{Value, json};
 use termination_controller::api::{FINALIZER, NodeDisruptionBudget, NodeDrainRule};
 use termination_controller::app::{self, PROGRAM};
 use termination_controller::cli::Args;
+
+use nodegrace_testing::cluster::create;
 
 use crate::plugin::{Kubectl, blocked_by, command, viewer, wait_for};
 
@@ -49,30 +50,6 @@ async fn controller(sim: &KubeSim) -> Result<ProgramUnderTest> {
         app::start(args, stop)
     })
     .await
-}
-
-/// Creates `body` (any kind kube-sim serves).
-pub async fn create(client: &Client, body: Value) -> Result<()> {
-    let (group, version) = match body["apiVersion"]
-        .as_str()
-        .unwrap_or_default()
-        .split_once('/')
-    {
-        Some((group, version)) => (group.to_owned(), version.to_owned()),
-        None => (
-            String::new(),
-            body["apiVersion"].as_str().unwrap_or_default().to_owned(),
-        ),
-    };
-    let kind = body["kind"].as_str().unwrap_or_default().to_owned();
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(&group, &version, &kind));
-    let object: DynamicObject = serde_json::from_value(body.clone())?;
-    let api: Api<DynamicObject> = match body["metadata"]["namespace"].as_str() {
-        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    };
-    api.create(&PostParams::default(), &object).await?;
-    Ok(())
 }
 
 fn pod(name: &str, node: &str, labels: &Value, annotations: &Value) -> Value {

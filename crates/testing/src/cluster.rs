@@ -162,3 +162,32 @@ pub async fn has_attachment(client: &Client, node: &str) -> Result<bool> {
         .iter()
         .any(|attachment| attachment.spec.node_name == node))
 }
+
+/// Creates `body`, an object of any kind the cluster serves, given as its manifest (its
+/// `metadata.namespace` says where; none, cluster-scoped).
+pub async fn create(client: &Client, body: serde_json::Value) -> Result<()> {
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    let api_version = body["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let kind = body["kind"].as_str().unwrap_or_default();
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+    let api: Api<DynamicObject> = match body["metadata"]["namespace"].as_str() {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    api.create(&PostParams::default(), &serde_json::from_value(body)?)
+        .await?;
+    Ok(())
+}
+
+/// kube-sim's simulated kubelet of `node` stops (`Some("stopped")`: no more Lease renewals or
+/// status reports, as when its machine dies) or runs again (`None`).
+pub async fn set_kubelet(client: &Client, node: &str, state: Option<&str>) -> Result<()> {
+    use kube::api::{Patch, PatchParams};
+    let annotations =
+        serde_json::json!({"metadata": {"annotations": {"sim.nodegrace.io/kubelet": state}}});
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(annotations))
+        .await?;
+    Ok(())
+}
