@@ -8,7 +8,6 @@ use std::fmt::Write as _;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::NodeCondition;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use nodegrace_core::k8s::cached_node::CachedNode;
 use nodegrace_core::k8s::node_shutdown::{
     Activity, SHUTDOWN_IN_PROGRESS_CONDITION, SHUTDOWN_INHIBITED_CONDITION, activity,
@@ -24,8 +23,9 @@ use out_of_service_gc::status::after_cleanup;
 use termination_controller::api::{FINALIZER, NodeDisruptionBudget};
 use termination_controller::conditions::{Reason as TcReason, TERMINATING};
 use termination_controller::hooks::{self, Stage};
-use termination_controller::waiting_room::waited_budget;
+use termination_controller::waiting_room::{waited_budget, waits_for_a_fix};
 
+use crate::commands::{guarded_patch, release_lease, widened};
 use crate::lifecycle::{Blocker, Next, NodeLifecycle, ObjectRef, Program, State};
 
 /// What is known beyond the node itself; `None`: not read (not asked, or not allowed).
@@ -161,10 +161,10 @@ fn shutdown_blocked(node: &CachedNode, name: &str, facts: &Facts) -> Option<Node
             let object = ObjectRef::new("Lease", Some(namespace), name);
             let next = Next::run(
                 format!(
-                    "its holder releases it when its work is done; delete it only if {holder} \
-                     is gone"
+                    "its holder releases it when its work is done; release it yourself only if \
+                     {holder} is gone (the command does nothing once another holds it)"
                 ),
-                format!("kubectl delete lease {name} -n {namespace}"),
+                release_lease(name, namespace, holder),
             );
             (blocker(text, Some(object)), next)
         }
@@ -482,20 +482,17 @@ fn budget_wait(said: &str, window: bool, facts: &Facts) -> (Option<Blocker>, Nex
         .flatten()
         .find(|found| found.metadata.name.as_deref() == Some(budget))
         .map(|found| &found.spec);
-    let widened = spec.and_then(|spec| match (&spec.max_unavailable, &spec.min_available) {
-        (Some(IntOrString::Int(max)), None) => {
-            Some(format!("{{\"spec\":{{\"maxUnavailable\":{}}}}}", max + 1))
-        }
-        (None, Some(IntOrString::Int(min))) if *min > 0 => {
-            Some(format!("{{\"spec\":{{\"minAvailable\":{}}}}}", min - 1))
-        }
-        _ => None,
-    });
+    let widened = spec
+        .filter(|_| !waits_for_a_fix(said))
+        .and_then(|spec| widened(spec.min_available.as_ref(), spec.max_unavailable.as_ref()));
     let next = match widened {
-        Some(patch) => Next::run(
+        Some(change) => Next::run(
             "wait for the budget's other nodes to finish, or let one more of its nodes go at once",
-            format!("kubectl patch nodedisruptionbudget {budget} --type=merge -p '{patch}'"),
+            guarded_patch("nodedisruptionbudget", budget, None, change),
         ),
+        None if waits_for_a_fix(said) => Next::wait(format!(
+            "fix the budget: `kubectl describe nodedisruptionbudget {budget}` says what is wrong"
+        )),
         None => Next::wait(
             "wait for the budget's other nodes to finish, or widen the budget (spec.maxUnavailable \
              or spec.minAvailable)",
@@ -600,7 +597,7 @@ mod tests {
         assert_eq!(
             next.command.as_deref(),
             Some(
-                r#"kubectl patch nodedisruptionbudget workers --type=merge -p '{"spec":{"maxUnavailable":3}}'"#
+                r#"kubectl patch nodedisruptionbudget workers --type=json -p '[{"op":"test","path":"/spec/maxUnavailable","value":2},{"op":"replace","path":"/spec/maxUnavailable","value":3}]'"#
             )
         );
         let percent = [budget(json!({"maxUnavailable": "10%"}))];

@@ -21,6 +21,7 @@ use termination_controller::conditions::{
 };
 use termination_controller::plan::{self, Plan};
 
+use crate::commands::{guarded_patch, widened};
 use crate::lifecycle::{API_VERSION, Blocker, Next, NodeLifecycle, ObjectRef, Program, State};
 use crate::read::{Access, Unread, optional_get};
 use crate::status::Snapshot;
@@ -234,18 +235,10 @@ pub fn budget_blocker(pdb: &PodDisruptionBudget) -> (Blocker, Next) {
         (None, Some(max)) => format!("maxUnavailable {}", int_or_string(max)),
         (None, None) => "no bound".to_owned(),
     };
-    let patch = match (
+    let widened = widened(
         spec.and_then(|s| s.min_available.as_ref()),
         spec.and_then(|s| s.max_unavailable.as_ref()),
-    ) {
-        (Some(IntOrString::Int(min)), _) if *min > 0 => {
-            Some(format!("{{\"spec\":{{\"minAvailable\":{}}}}}", min - 1))
-        }
-        (None, Some(IntOrString::Int(max))) => {
-            Some(format!("{{\"spec\":{{\"maxUnavailable\":{}}}}}", max + 1))
-        }
-        _ => None,
-    };
+    );
     let blocker = Blocker {
         text: format!(
             "PodDisruptionBudget {namespace}/{name}: {healthy} healthy, {rule}, allows {allowed}"
@@ -254,11 +247,8 @@ pub fn budget_blocker(pdb: &PodDisruptionBudget) -> (Blocker, Next) {
     };
     let text = "give its workload one more ready replica, or let the budget allow one more \
                 disruption";
-    let next = match patch {
-        Some(patch) => Next::run(
-            text,
-            format!("kubectl patch pdb {name} -n {namespace} --type=merge -p '{patch}'"),
-        ),
+    let next = match widened {
+        Some(change) => Next::run(text, guarded_patch("pdb", name, Some(namespace), change)),
         None => Next::wait(text),
     };
     (blocker, next)

@@ -18,6 +18,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod commands;
 pub mod connect;
 pub mod diagnose;
 pub mod explain_node;

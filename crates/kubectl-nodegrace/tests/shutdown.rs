@@ -26,7 +26,7 @@ where
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shutdown_held_by_a_lease_names_it_and_deleting_it_lets_the_shutdown_go() -> Result<()> {
+async fn a_shutdown_held_by_a_lease_names_it_and_releasing_it_lets_the_shutdown_go() -> Result<()> {
     use shutdown_inhibitor_agent::app::{self, PROGRAM};
     use shutdown_inhibitor_agent::cli::Args;
     let Some(logind) = LogindHarness::start_or_skip(ScenarioOptions::default()).await? else {
@@ -74,7 +74,8 @@ async fn a_shutdown_held_by_a_lease_names_it_and_deleting_it_lets_the_shutdown_g
         "Lease team-a/node-0",
     )?;
     ensure!(
-        command(&blocked)? == "kubectl delete lease node-0 -n team-a",
+        command(&blocked)?
+            == r#"kubectl patch lease node-0 -n team-a --type=json -p '[{"op":"test","path":"/spec/holderIdentity","value":"db-backup"},{"op":"remove","path":"/spec/holderIdentity"}]'"#,
         "{blocked:#}"
     );
     let story = kubectl.nodegrace(&["explain", "node", "node-0"]).await?;
@@ -86,6 +87,7 @@ async fn a_shutdown_held_by_a_lease_names_it_and_deleting_it_lets_the_shutdown_g
     readers_get_the_same_answers(&sim, &kubectl).await?;
 
     kubectl.paste(&command(&blocked)?).await?;
+    kubectl.paste_fails(&command(&blocked)?).await?;
     wait_for("the shutdown to be let go", || async {
         Ok(kubectl
             .row("node-0", "shutdown-inhibitor-agent")

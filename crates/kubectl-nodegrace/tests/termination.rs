@@ -144,7 +144,7 @@ async fn budgets_and_hooks_are_named_with_the_command_that_moves_the_node() -> R
     )?;
     ensure!(
         command(&waiting)?
-            == r#"kubectl patch nodedisruptionbudget workers --type=merge -p '{"spec":{"maxUnavailable":2}}'"#,
+            == r#"kubectl patch nodedisruptionbudget workers --type=json -p '[{"op":"test","path":"/spec/maxUnavailable","value":1},{"op":"replace","path":"/spec/maxUnavailable","value":2}]'"#,
         "{waiting:#}"
     );
     let table = kubectl.nodegrace(&["status"]).await?;
@@ -169,6 +169,8 @@ async fn budgets_and_hooks_are_named_with_the_command_that_moves_the_node() -> R
     );
 
     kubectl.paste(&command(&waiting)?).await?;
+    // The command acts on the budget it was read from: once it changed, it does nothing.
+    kubectl.paste_fails(&command(&waiting)?).await?;
     kubectl.moves_on("node-2", TC, "AwaitingBudget").await?;
     kubectl.paste(&command(&hooked)?).await?;
     kubectl
@@ -246,7 +248,7 @@ async fn pdbs_and_do_not_evict_pods_are_named_with_the_command_that_moves_the_no
     )?;
     ensure!(
         command(&draining)?
-            == r#"kubectl patch pdb db -n default --type=merge -p '{"spec":{"minAvailable":1}}'"#,
+            == r#"kubectl patch pdb db -n default --type=json -p '[{"op":"test","path":"/spec/minAvailable","value":2},{"op":"replace","path":"/spec/minAvailable","value":1}]'"#,
         "{draining:#}"
     );
     // The docs' read role is enough for the drain plan the blocker is read from.

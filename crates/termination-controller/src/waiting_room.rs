@@ -20,7 +20,7 @@ use nodegrace_core::k8s::reporter::ConditionGuard;
 
 use crate::conditions::{MAINTENANCE_PLANNED, Reason, TERMINATING};
 use crate::shared::Shared;
-use crate::waits::Refusal;
+use crate::waits::{INVALID, Refusal};
 
 /// The waiting nodes, by UID (grants and verdicts name nodes by UID).
 #[derive(Debug, Default)]
@@ -115,6 +115,15 @@ pub fn waited_budget(message: &str) -> Option<&str> {
     Some(name)
 }
 
+/// Whether a waiting node's message says its budget is invalid: only a fix of the budget
+/// moves it on.
+pub fn waits_for_a_fix(message: &str) -> bool {
+    message
+        .strip_prefix(WAITED_BUDGET)
+        .and_then(|rest| rest.split_once(": "))
+        .is_some_and(|(_, why)| why.starts_with(INVALID))
+}
+
 /// The reason of `MaintenancePlanned` and the messages of it and of `Terminating`, without the
 /// budget's numbers: those change with every node that comes or goes, and the budget's status
 /// has them.
@@ -123,7 +132,7 @@ fn wait_conditions(budget: &str, refusal: &Refusal) -> (Reason, String, String) 
         Refusal::Exhausted(_) => {
             format!("{WAITED_BUDGET}{budget}: too few of its nodes are available now")
         }
-        Refusal::Invalid(_) => format!("{WAITED_BUDGET}{budget}: the budget is invalid"),
+        Refusal::Invalid(_) => format!("{WAITED_BUDGET}{budget}: {INVALID}"),
         Refusal::OutsideWindows { .. } | Refusal::WindowSpent { .. } => {
             format!("{WAITED_BUDGET}{budget}: {refusal}")
         }
@@ -209,6 +218,9 @@ mod tests {
             let (_, planned, waiting) = wait_conditions("rollout", refusal);
             assert_eq!(waited_budget(&planned), Some("rollout"), "{planned}");
             assert_eq!(waited_budget(&waiting), Some("rollout"), "{waiting}");
+            let invalid = matches!(refusal, Refusal::Invalid(_));
+            assert_eq!(waits_for_a_fix(&planned), invalid, "{planned}");
+            assert_eq!(waits_for_a_fix(&waiting), invalid, "{waiting}");
         }
         assert_eq!(waited_budget("Pods web-1: PDB shop/web"), None);
     }

@@ -14,6 +14,9 @@ pub enum Verdict {
     Waiting { budget: String, refusal: Refusal },
 }
 
+/// How a refusal for an invalid budget begins, wherever it is said.
+pub const INVALID: &str = "the budget is invalid";
+
 /// Why a node is not granted by one budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -47,7 +50,7 @@ impl std::fmt::Display for Refusal {
         };
         match self {
             Self::Exhausted(numbers) => write!(f, "{numbers}"),
-            Self::Invalid(error) => write!(f, "the budget is invalid and holds its nodes: {error}"),
+            Self::Invalid(error) => write!(f, "{INVALID} and holds its nodes: {error}"),
             Self::OutsideWindows { next: at } => {
                 write!(f, "outside its maintenance windows; {}", next(at))
             }

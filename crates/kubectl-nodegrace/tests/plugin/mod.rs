@@ -107,6 +107,16 @@ impl Kubectl {
         Ok(String::from_utf8(output.stdout)?)
     }
 
+    /// Runs a suggested command that must fail now: the value it was based on changed.
+    pub async fn paste_fails(&self, command: &str) -> Result<String> {
+        let output = self.command("sh").arg("-c").arg(command).output().await?;
+        ensure!(
+            !output.status.success(),
+            "{command} succeeded on a changed object"
+        );
+        Ok(String::from_utf8(output.stderr)?)
+    }
+
     /// The `status` rows of `node` (every program's).
     pub async fn rows(&self, node: &str) -> Result<Vec<Value>> {
         let status = self.json(&["status"]).await?;
