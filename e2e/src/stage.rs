@@ -314,7 +314,18 @@ impl Stage {
 
     /// Runs `kubectl nodegrace <args>` with the real kubectl (the plugin found on PATH, as an
     /// operator installs it) and prints it with its output: what a newcomer reads first.
+    /// Offered as a `$` command, to type again on a kept cluster.
     pub async fn nodegrace(&self, args: &[&str]) -> Result<String> {
+        self.run_nodegrace(args, true).await
+    }
+
+    /// [`Self::nodegrace`] about something gone by the end (a node the demo deletes): told as
+    /// run then, not offered again.
+    pub async fn nodegrace_then(&self, args: &[&str]) -> Result<String> {
+        self.run_nodegrace(args, false).await
+    }
+
+    async fn run_nodegrace(&self, args: &[&str], again: bool) -> Result<String> {
         let path = std::env::var_os("PATH").unwrap_or_default();
         let paths = std::iter::once(self.bin_dir.clone()).chain(std::env::split_paths(&path));
         let output = tokio::process::Command::new("kubectl")
@@ -333,7 +344,7 @@ impl Stage {
             );
         }
         let text = String::from_utf8(output.stdout)?;
-        self.timeline.ran(&command, &text);
+        self.timeline.ran(&command, &text, again);
         Ok(text)
     }
 }

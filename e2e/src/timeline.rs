@@ -55,8 +55,15 @@ impl Timeline {
     }
 
     /// A command run now and what it printed, indented under it: what an operator reads.
-    pub fn ran(&self, command: &str, output: &str) {
-        println!("{:9}{}", "", self.paint(BOLD, &format!("$ {command}")));
+    /// `again`: it answers the same way on the cluster the demo leaves (`--keep`), and is
+    /// offered as a `$` command; else it is told as run at that moment.
+    pub fn ran(&self, command: &str, output: &str, again: bool) {
+        let prompt = if again { "$" } else { "ran:" };
+        println!(
+            "{:9}{}",
+            "",
+            self.paint(BOLD, &format!("{prompt} {command}"))
+        );
         for line in output.lines() {
             println!("{:11}{line}", "");
         }

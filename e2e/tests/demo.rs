@@ -228,9 +228,15 @@ fn a_kept_cluster_answers_the_printed_commands_and_ctrl_c_stops_everything() {
         if bus_gone || (command.starts_with("kubectl") && !kubectl) {
             continue;
         }
+        // `kubectl nodegrace` finds the plugin on PATH, where an operator installs it.
+        let path = std::env::join_paths(std::iter::once(bin_dir()).chain(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        )))
+        .unwrap();
         let output = Command::new("sh")
             .args(["-c", command])
             .env("KUBECONFIG", &kubeconfig)
+            .env("PATH", path)
             .output()
             .unwrap();
         assert!(

@@ -108,7 +108,8 @@ async fn play(stage: &mut Stage) -> Result<()> {
     stage
         .timeline
         .event(&format!("{NODE} has condition {CONDITION} (Done: {done})"));
-    let status = stage.nodegrace(&["status", NODE]).await?;
+    // Act 4 deletes node-2: its row is told as run now.
+    let status = stage.nodegrace_then(&["status", NODE]).await?;
     if !status.contains("cleaned (Done)") {
         bail!("kubectl nodegrace status does not show {NODE} cleaned:\n{status}");
     }
