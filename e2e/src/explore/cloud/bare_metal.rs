@@ -20,6 +20,10 @@ use super::{Act, PROVIDER_TIMEOUT, sim_path, world_path};
 use crate::explore::invariants::Instance;
 use crate::explore::schedule::{NODES, Program, ProviderFault};
 use crate::explore::sim::{Outcome, sim_call, sim_get};
+use crate::wait::poll_until;
+
+/// Longer than sushy's fake driver takes to apply a reset (at most 11 s).
+const WORLD_ACT_APPLIED: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Systems racked beyond the first nodes, powered on and waiting, for the machines a run
 /// launches (a node registered again on a new machine).
@@ -98,12 +102,30 @@ impl BareMetal {
             ));
         }
         let outcome = sim_call(client, "POST", &world_path(id, act), None).await?;
-        let reset_type = match act {
-            Act::PowerOff | Act::Reclaim => "ForceOff",
-            Act::PowerOn => "On",
+        let (reset_type, shown) = match act {
+            Act::PowerOff | Act::Reclaim => ("ForceOff", "Off"),
+            Act::PowerOn => ("On", "On"),
         };
         self.sushy.reset(id, reset_type).await?;
-        Ok(outcome)
+        // sushy's fake driver applies a reset 1 to 11 s after it is asked for. The world's act
+        // (a person at the console, a power cut) is over only once the BMC shows it. Otherwise
+        // a program could read a state the world had already left: a termination that read Off
+        // between a person's power-on and the BMC's would leave the machine running with its
+        // Node gone.
+        let applied = poll_until(WORLD_ACT_APPLIED, || async {
+            self.sushy
+                .power_state(id)
+                .await
+                .is_ok_and(|power| power == shown)
+        })
+        .await;
+        Ok(match (applied, outcome) {
+            (false, Outcome::Done(done)) => Outcome::Done(format!(
+                "{done}; the BMC did not show {shown} within {}s (a program's reset since?)",
+                WORLD_ACT_APPLIED.as_secs()
+            )),
+            (_, outcome) => outcome,
+        })
     }
 
     /// A fault of the BMCs, seen by both programs.
