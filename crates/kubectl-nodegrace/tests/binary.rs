@@ -43,5 +43,17 @@ async fn help_and_bad_input_name_the_fix() -> Result<()> {
     ensure!(unread.contains("absent.kubeconfig"), "{unread}");
     let healthy = kubectl.json(&["status", "node-0"]).await?;
     ensure!(healthy["nodes"][0]["state"] == "healthy", "{healthy:#}");
+    // YAML is the same document as JSON.
+    let yaml = kubectl
+        .nodegrace(&["status", "node-0", "-o", "yaml"])
+        .await?;
+    let mut from_yaml: serde_json::Value = serde_yaml_ng::from_str(&yaml)?;
+    let mut from_json = healthy;
+    for document in [&mut from_yaml, &mut from_json] {
+        document
+            .as_object_mut()
+            .map(|object| object.remove("observedAt"));
+    }
+    ensure!(from_yaml == from_json, "{yaml}");
     Ok(())
 }
