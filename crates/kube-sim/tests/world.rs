@@ -258,10 +258,10 @@ async fn budgets_track_healthy_pods_and_replicasets_replace_pods_elsewhere() -> 
     wait_until(&sim, "the budget to see 3 healthy pods", || async {
         let status = pdbs.get("web").await?.status;
         Ok(status.is_some_and(|s| {
-            s.current_healthy == 3
-                && s.expected_pods == 3
-                && s.desired_healthy == 1
-                && s.disruptions_allowed == 2
+            s.current_healthy == Some(3)
+                && s.expected_pods == Some(3)
+                && s.desired_healthy == Some(1)
+                && s.disruptions_allowed == Some(2)
         }))
     })
     .await?;

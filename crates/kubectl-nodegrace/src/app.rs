@@ -109,7 +109,7 @@ async fn installed_provider(
             .unwrap_or_default();
     let said = deployments
         .iter()
-        .filter_map(|deployment| deployment.spec.as_ref()?.template.spec.as_ref())
+        .filter_map(|deployment| deployment.spec.template.spec.as_ref())
         .flat_map(|pod| &pod.containers)
         .find_map(|container| {
             let from_args = container.args.iter().flatten().find_map(|arg| {

@@ -226,7 +226,12 @@ pub fn budget_blocker(pdb: &PodDisruptionBudget) -> (Blocker, Next) {
     let name = pdb.metadata.name.as_deref().unwrap_or_default();
     let spec = pdb.spec.as_ref();
     let status = pdb.status.as_ref();
-    let (healthy, allowed) = status.map_or((0, 0), |s| (s.current_healthy, s.disruptions_allowed));
+    let (healthy, allowed) = status.map_or((0, 0), |s| {
+        (
+            s.current_healthy.unwrap_or(0),
+            s.disruptions_allowed.unwrap_or(0),
+        )
+    });
     let rule = match (
         spec.and_then(|s| s.min_available.as_ref()),
         spec.and_then(|s| s.max_unavailable.as_ref()),

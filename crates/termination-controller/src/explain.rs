@@ -28,9 +28,9 @@ pub fn budget_blocks(pdb: &PodDisruptionBudget) -> String {
         );
     }
     let (healthy, desired, expected) = (
-        status.current_healthy,
-        status.desired_healthy,
-        status.expected_pods,
+        status.current_healthy.unwrap_or(0),
+        status.desired_healthy.unwrap_or(0),
+        status.expected_pods.unwrap_or(0),
     );
     if let Some(never) = never_allows(pdb) {
         return format!("{name} can never allow a disruption: {never}");
@@ -40,11 +40,9 @@ pub fn budget_blocks(pdb: &PodDisruptionBudget) -> String {
             "{name} needs {desired} healthy and has {healthy} (of {expected}): its pods are not ready"
         );
     }
-    if status.disruptions_allowed > 0 {
-        return format!(
-            "{name} allows {} disruption(s) now",
-            status.disruptions_allowed
-        );
+    let allowed = status.disruptions_allowed.unwrap_or(0);
+    if allowed > 0 {
+        return format!("{name} allows {allowed} disruption(s) now");
     }
     format!("{name} needs {desired} healthy and has {healthy}")
 }
@@ -63,7 +61,10 @@ pub fn never_allows(pdb: &PodDisruptionBudget) -> Option<String> {
         return Some("maxUnavailable is 0".to_owned());
     }
     let status = pdb.status.as_ref()?;
-    let (desired, expected) = (status.desired_healthy, status.expected_pods);
+    let (desired, expected) = (
+        status.desired_healthy.unwrap_or(0),
+        status.expected_pods.unwrap_or(0),
+    );
     (expected > 0 && desired >= expected)
         .then(|| format!("it needs {desired} healthy of {expected} expected pods"))
 }

@@ -496,10 +496,10 @@ fn plan_tier(
             budget: pdb
                 .and_then(|pdb| pdb.status.as_ref())
                 .map(|status| BudgetNumbers {
-                    current_healthy: status.current_healthy,
-                    desired_healthy: status.desired_healthy,
-                    expected_pods: status.expected_pods,
-                    disruptions_allowed: status.disruptions_allowed,
+                    current_healthy: status.current_healthy.unwrap_or(0),
+                    desired_healthy: status.desired_healthy.unwrap_or(0),
+                    expected_pods: status.expected_pods.unwrap_or(0),
+                    disruptions_allowed: status.disruptions_allowed.unwrap_or(0),
                 }),
             rule: (source != Source::Default).then(|| source.to_string()),
         });
@@ -509,7 +509,11 @@ fn plan_tier(
         let mut slowest: f64 = 0.0;
         for (key, (count, pdb)) in &queues {
             let Some(pdb) = pdb else { continue };
-            let allowed = pdb.status.as_ref().map_or(0, |s| s.disruptions_allowed);
+            let allowed = pdb
+                .status
+                .as_ref()
+                .and_then(|s| s.disruptions_allowed)
+                .unwrap_or(0);
             let beyond = count.saturating_sub(usize::try_from(allowed).unwrap_or(0));
             if beyond == 0 {
                 continue;

@@ -83,7 +83,7 @@ impl BudgetView {
         let fresh = status.and_then(|status| status.observed_generation) >= pdb.metadata.generation;
         Self {
             resource_version: pdb.metadata.resource_version.clone().unwrap_or_default(),
-            allows: fresh && status.is_some_and(|status| status.disruptions_allowed > 0),
+            allows: fresh && status.and_then(|status| status.disruptions_allowed) > Some(0),
         }
     }
 }

@@ -108,7 +108,6 @@ async fn stop_controller(client: &kube::Client, release: &Release) -> Result<()>
 fn match_labels(deployment: &Deployment) -> Option<String> {
     let labels: &BTreeMap<String, String> = deployment
         .spec
-        .as_ref()?
         .selector
         .match_labels
         .as_ref()

@@ -107,9 +107,7 @@ async fn the_plan_names_the_tiers_and_blockers_the_drain_then_follows() -> Resul
             let pdb = Api::<PodDisruptionBudget>::namespaced(client, "default")
                 .get("frozen")
                 .await?;
-            Ok(pdb
-                .status
-                .is_some_and(|status| status.disruptions_allowed > 0))
+            Ok(pdb.status.and_then(|status| status.disruptions_allowed) > Some(0))
         }
     })
     .await?;

@@ -59,11 +59,10 @@ pub async fn identities(client: &Client, programs: &[&str]) -> Result<Vec<String
 /// A day's token of the ServiceAccount `account`.
 pub async fn token(accounts: &Api<ServiceAccount>, account: &str) -> Result<String> {
     let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
+        spec: Some(TokenRequestSpec {
             expiration_seconds: Some(24 * 3600),
             ..TokenRequestSpec::default()
-        },
+        }),
         ..TokenRequest::default()
     };
     let issued = accounts
@@ -72,7 +71,7 @@ pub async fn token(accounts: &Api<ServiceAccount>, account: &str) -> Result<Stri
         .with_context(|| format!("a token for {account}"))?;
     issued
         .status
-        .map(|status| status.token)
+        .and_then(|status| status.token)
         .context("the TokenRequest came back without a token")
 }
 

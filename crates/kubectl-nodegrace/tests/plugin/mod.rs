@@ -261,19 +261,18 @@ pub async fn viewer(sim: &kube_sim::KubeSim, account: &str, without: &[&str]) ->
         )
         .await?;
     let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
+        spec: Some(TokenRequestSpec {
             expiration_seconds: Some(3600),
             ..TokenRequestSpec::default()
-        },
+        }),
         ..TokenRequest::default()
     };
     let token = accounts
         .create_token_request(account, &post, &request)
         .await?
         .status
-        .context("a token")?
-        .token;
+        .and_then(|status| status.token)
+        .context("a token")?;
     let mut kubeconfig: Value =
         serde_yaml_ng::from_str(&std::fs::read_to_string(sim.kubeconfig_path())?)?;
     for user in kubeconfig["users"].as_array_mut().into_iter().flatten() {
