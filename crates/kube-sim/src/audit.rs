@@ -116,6 +116,21 @@ pub struct Deletion {
     pub kubelet: KubeletState,
 }
 
+/// One pod the eviction subresource deleted: by a client's `pods/eviction`, or by the default
+/// eviction responder (`user` is then [`crate::world::EVICTOR_USER`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Evicted {
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+    pub node: String,
+    pub user: String,
+    /// RFC 3339 with milliseconds.
+    pub at: String,
+    pub revision: u64,
+}
+
 /// One successful API write (PUT or PATCH) of a Node, its status included.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -132,6 +147,7 @@ pub struct NodeWrite {
 pub struct Audit {
     violations: Arc<Mutex<Vec<Violation>>>,
     deletions: Arc<Mutex<Vec<Deletion>>>,
+    evictions: Arc<Mutex<Vec<Evicted>>>,
     node_writes: Arc<Mutex<Vec<NodeWrite>>>,
 }
 
@@ -159,6 +175,31 @@ impl Audit {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    pub fn evictions(&self) -> Vec<Evicted> {
+        self.evictions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Called once the eviction subresource deleted `pod` for `user`.
+    pub fn evicted(&self, store: &Store, pod: &Value, user: &str) {
+        let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+        let record = Evicted {
+            namespace: text(&pod["metadata"]["namespace"]),
+            pod: text(&pod["metadata"]["name"]),
+            uid: text(&pod["metadata"]["uid"]),
+            node: text(&pod["spec"]["nodeName"]),
+            user: user.to_owned(),
+            at: now_in_milliseconds(),
+            revision: store.revision(),
+        };
+        self.evictions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(record);
     }
 
     pub fn node_writes(&self) -> Vec<NodeWrite> {

@@ -285,5 +285,6 @@ fn delete_with_condition(
     }
     audit.pod_leaving(store, &marked, Disruption::Eviction, user);
     store.delete(&pods, namespace, name, &options)?;
+    audit.evicted(store, &marked, user);
     Ok(())
 }

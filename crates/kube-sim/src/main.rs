@@ -91,9 +91,20 @@ struct Serve {
     #[arg(long, default_value = "40s", value_parser = duration)]
     pod_gc_quarantine: Duration,
     /// The API server's feature gates, as `NAME=true|false` (kube-apiserver's flag). Known:
-    /// `WatchList` (watches that send their initial events; off by default, as in 1.33).
+    /// `WatchList` (watches that send their initial events; off by default, as in 1.33) and
+    /// `EvictionRequestAPI` (1.37 alpha; needs --runtime-config lifecycle.k8s.io/v1alpha1=true).
     #[arg(long, value_name = "NAME=BOOL", value_parser = feature_gate, value_delimiter = ',')]
     feature_gates: Vec<(String, bool)>,
+    /// API group versions to serve beyond the default ones, as `GROUP/VERSION=true`
+    /// (kube-apiserver's flag). Known: `lifecycle.k8s.io/v1alpha1` (with the
+    /// EvictionRequestAPI gate).
+    #[arg(long, value_name = "GROUP/VERSION=BOOL", value_parser = runtime_config, value_delimiter = ',')]
+    runtime_config: Vec<(String, bool)>,
+    /// How long an Active eviction responder may go without a heartbeat before the
+    /// evictionrequest-controller passes the eviction to the next (20 minutes upstream, a
+    /// constant there; shorter for tests and demos).
+    #[arg(long, default_value = "20m", value_parser = duration)]
+    eviction_responder_heartbeat_deadline: Duration,
 }
 
 fn main() -> Result<()> {
@@ -124,7 +135,24 @@ fn main() -> Result<()> {
                 pod_gc_period,
                 pod_gc_quarantine,
                 feature_gates,
+                runtime_config,
+                eviction_responder_heartbeat_deadline,
             } = *serve_args;
+            let gate = |name: &str| {
+                feature_gates
+                    .iter()
+                    .rev()
+                    .find(|(gate, _)| gate == name)
+                    .is_some_and(|(_, on)| *on)
+            };
+            let eviction_request_api = eviction_request_api(
+                gate("EvictionRequestAPI"),
+                runtime_config
+                    .iter()
+                    .rev()
+                    .find(|(group_version, _)| group_version == LIFECYCLE_ALPHA)
+                    .is_some_and(|(_, on)| *on),
+            )?;
             let options = SimOptions {
                 listen,
                 tls,
@@ -141,13 +169,11 @@ fn main() -> Result<()> {
                     terminated_pod_gc_threshold,
                     pod_gc_period,
                     pod_gc_quarantine,
+                    responder_heartbeat_deadline: eviction_responder_heartbeat_deadline,
                     ..kube_sim::WorldOptions::default()
                 },
-                watch_list: feature_gates
-                    .iter()
-                    .rev()
-                    .find(|(gate, _)| gate == "WatchList")
-                    .is_some_and(|(_, on)| *on),
+                watch_list: gate("WatchList"),
+                eviction_request_api,
                 ..SimOptions::default()
             };
             tokio::runtime::Runtime::new()?.block_on(serve(options, &kubeconfig_out))
@@ -172,14 +198,44 @@ async fn serve(options: SimOptions, kubeconfig_out: &std::path::Path) -> Result<
     Ok(())
 }
 
+const LIFECYCLE_ALPHA: &str = "lifecycle.k8s.io/v1alpha1";
+
+/// The EvictionRequest API is served when both its gate and its group version are on; as a
+/// real API server, kube-sim refuses to start with only one of them.
+fn eviction_request_api(gate: bool, group_version: bool) -> Result<bool> {
+    match (gate, group_version) {
+        (true, false) => anyhow::bail!(
+            "the feature gate EvictionRequestAPI is enabled but evictions.lifecycle.k8s.io and evictionrequests.lifecycle.k8s.io are not served: add --runtime-config {LIFECYCLE_ALPHA}=true"
+        ),
+        (false, true) => anyhow::bail!(
+            "--runtime-config {LIFECYCLE_ALPHA}=true serves resources that need the feature gate EvictionRequestAPI: add --feature-gates EvictionRequestAPI=true"
+        ),
+        (both, _) => Ok(both),
+    }
+}
+
+/// `lifecycle.k8s.io/v1alpha1=true`: a group version kube-sim can serve, and whether to.
+fn runtime_config(text: &str) -> Result<(String, bool), String> {
+    let (group_version, value) = text.split_once('=').unwrap_or((text, "true"));
+    if group_version != LIFECYCLE_ALPHA {
+        return Err(format!(
+            "{group_version:?}: not an API group version kube-sim can turn on (it knows {LIFECYCLE_ALPHA})"
+        ));
+    }
+    let on = value
+        .parse()
+        .map_err(|_| format!("{text:?}: the value must be true or false"))?;
+    Ok((group_version.to_owned(), on))
+}
+
 /// `WatchList=true`: a gate kube-sim knows, and its setting.
 fn feature_gate(text: &str) -> Result<(String, bool), String> {
     let (gate, value) = text.split_once('=').ok_or_else(|| {
         format!("{text:?}: expected NAME=true or NAME=false, like WatchList=true")
     })?;
-    if gate != "WatchList" {
+    if !matches!(gate, "WatchList" | "EvictionRequestAPI") {
         return Err(format!(
-            "{gate:?}: not a feature gate kube-sim knows (it knows WatchList)"
+            "{gate:?}: not a feature gate kube-sim knows (it knows WatchList and EvictionRequestAPI)"
         ));
     }
     let on = value
@@ -220,5 +276,18 @@ mod tests {
         for bad in ["6", "s", "1h", "-1s", "1.5s", "", "0s"] {
             assert!(duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_eviction_request_api_needs_its_gate_and_its_group_version() {
+        assert!(eviction_request_api(true, true).unwrap());
+        assert!(!eviction_request_api(false, false).unwrap());
+        let gate_only = eviction_request_api(true, false).unwrap_err().to_string();
+        assert!(gate_only.contains("--runtime-config lifecycle.k8s.io/v1alpha1=true"));
+        let group_only = eviction_request_api(false, true).unwrap_err().to_string();
+        assert!(group_only.contains("--feature-gates EvictionRequestAPI=true"));
+        assert!(runtime_config("lifecycle.k8s.io/v1alpha1=true").unwrap().1);
+        assert!(runtime_config("batch/v2=true").is_err());
+        assert!(feature_gate("EvictionRequestAPI=true").unwrap().1);
     }
 }

@@ -83,7 +83,11 @@ pub(crate) fn list_strategy(field: &str) -> Option<&'static str> {
         | "volumes"
         | "env"
         | "imagePullSecrets"
-        | "webhooks" => Some("name"),
+        | "webhooks"
+        // lifecycle.k8s.io's Eviction status (`+listType=map +listMapKey=name`).
+        | "responders"
+        | "targetResponders"
+        | "requesters" => Some("name"),
         "conditions" | "addresses" => Some("type"),
         "ownerReferences" => Some("uid"),
         "ports" => Some("containerPort"),

@@ -476,6 +476,29 @@ pub fn builtins() -> Vec<ResourceType> {
     all
 }
 
+/// The EvictionRequest API of Kubernetes 1.37 (alpha): served only when the API server is
+/// started with its feature gate and runtime config (see `SimOptions::eviction_request_api`).
+pub fn eviction_request_api() -> Vec<ResourceType> {
+    [
+        ("EvictionRequest", "evictionrequests"),
+        ("Eviction", "evictions"),
+    ]
+    .into_iter()
+    .map(|(kind, plural)| {
+        builtin(
+            "lifecycle.k8s.io",
+            "v1alpha1",
+            kind,
+            plural,
+            true,
+            &[],
+            true,
+            true,
+        )
+    })
+    .collect()
+}
+
 /// The live set of served resources. CRDs add and remove entries.
 #[derive(Debug, Clone)]
 pub struct Registry {
@@ -508,6 +531,19 @@ impl Registry {
 
     pub fn all(&self) -> Vec<Arc<ResourceType>> {
         self.read().clone()
+    }
+
+    /// Serves built-in `types` beyond the default set (an API group a flag turns on).
+    pub fn serve(&self, types: Vec<ResourceType>) {
+        let mut all = self
+            .types
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for new in types {
+            if !all.iter().any(|t| **t == new) {
+                all.push(Arc::new(new));
+            }
+        }
     }
 
     /// Serves the versions a CRD declares as `served`.

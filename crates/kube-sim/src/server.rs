@@ -65,6 +65,11 @@ pub struct SimOptions {
     /// (`sendInitialEvents`). Off, as in 1.33 by default: such a watch is a 422, and client-go's
     /// reflectors fall back to a list and a watch.
     pub watch_list: bool,
+    /// The EvictionRequest API (lifecycle.k8s.io/v1alpha1, Kubernetes 1.37 alpha): served, and
+    /// its controllers run, only when on — what a real API server needs
+    /// `--feature-gates EvictionRequestAPI=true --runtime-config lifecycle.k8s.io/v1alpha1=true`
+    /// for.
+    pub eviction_request_api: bool,
 }
 
 impl Default for SimOptions {
@@ -78,6 +83,7 @@ impl Default for SimOptions {
             world: WorldOptions::default(),
             bookmark_interval: std::time::Duration::from_secs(5),
             watch_list: false,
+            eviction_request_api: false,
         }
     }
 }
@@ -107,6 +113,11 @@ impl std::fmt::Debug for KubeSim {
 impl KubeSim {
     pub async fn start(options: SimOptions) -> Result<Self, SimError> {
         let store = Store::default();
+        if options.eviction_request_api {
+            store
+                .registry()
+                .serve(crate::resources::eviction_request_api());
+        }
         store.set_default_toleration_seconds(options.world.default_toleration_seconds);
         let faults = Faults::default();
         let requests = Requests::default();

@@ -11,6 +11,7 @@ mod admission;
 mod api;
 mod apply;
 mod eviction;
+mod eviction_request;
 mod kubectl;
 mod pod_gc;
 mod semantics;

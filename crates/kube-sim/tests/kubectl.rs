@@ -1367,3 +1367,61 @@ fn node_agent_charts_let_an_agent_write_only_its_own_node() -> Result<()> {
     }
     Ok(())
 }
+
+/// The EvictionRequest API as an operator turns it on and reads it: both flags or neither, and
+/// a request kubectl creates becomes an Eviction kubectl lists.
+#[test]
+fn the_eviction_request_api_behind_its_flags() -> Result<()> {
+    if kubectl_missing() {
+        return Ok(());
+    }
+    let half = std::process::Command::new(env!("CARGO_BIN_EXE_kube-sim"))
+        .args(["serve", "--kubeconfig-out", "/dev/null"])
+        .args(["--feature-gates", "EvictionRequestAPI=true"])
+        .output()?;
+    let said = String::from_utf8_lossy(&half.stderr);
+    ensure!(
+        !half.status.success() && said.contains("--runtime-config lifecycle.k8s.io/v1alpha1=true"),
+        "{said}"
+    );
+    let sim = Sim::start_with(
+        1,
+        &[
+            "--feature-gates",
+            "EvictionRequestAPI=true",
+            "--runtime-config",
+            "lifecycle.k8s.io/v1alpha1=true",
+        ],
+    )?;
+    let resources = sim.ok(&["api-resources", "--api-group=lifecycle.k8s.io"])?;
+    ensure!(
+        resources.contains("evictionrequests") && resources.contains("evictions"),
+        "{resources}"
+    );
+    sim.ok(&["run", "db", "--image=postgres", "--restart=Never"])?;
+    let uid = sim.jsonpath(&["pod", "db"], "{.metadata.uid}")?;
+    let manifest = sim.dir.path().join("request.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: lifecycle.k8s.io/v1alpha1\nkind: EvictionRequest\nmetadata: {{name: {uid}}}\nspec: {{requester: nodegrace.io/termination-controller, intent: Eviction, target: {{pod: {{name: db, uid: {uid}}}}}}}\n"
+        ),
+    )?;
+    sim.ok(&["create", "-f", &manifest.to_string_lossy()])?;
+    sim.wait_for(
+        "the evictor to finish",
+        "evictions.lifecycle.k8s.io",
+        Duration::from_secs(20),
+        |_| {
+            Ok(sim
+                .jsonpath(
+                    &["evictions.lifecycle.k8s.io", "pod-1-db"],
+                    "{.status.conditions[?(@.type==\"TargetEvicted\")].status}",
+                )
+                .is_ok_and(|status| status == "True"))
+        },
+    )?;
+    let listed = sim.ok(&["get", "evictions.lifecycle.k8s.io"])?;
+    ensure!(listed.contains("pod-1-db"), "{listed}");
+    Ok(())
+}

@@ -6,6 +6,7 @@
 
 mod bootstrap;
 mod delete;
+pub(crate) mod lifecycle_validation;
 pub(crate) mod names;
 mod omit_empty;
 mod pod_defaults;

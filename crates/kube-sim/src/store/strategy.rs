@@ -3,6 +3,7 @@
 
 use serde_json::{Value, json};
 
+use super::lifecycle_validation;
 use super::names::{generated_suffix, new_uid};
 use super::pod_defaults::{
     default_pod, default_tolerations, mount_service_account_token, qos_class,
@@ -101,6 +102,7 @@ pub fn prepare_create(
     }
     match (kind.group.as_str(), kind.plural.as_str()) {
         ("", "pods") => {
+            lifecycle_validation::validate_pod_responders(kind, object)?;
             default_pod(kind, &name, object, context.priority_of_class)?;
             default_tolerations(object, context.default_toleration_seconds);
             mount_service_account_token(object, namespace, context.account_automount);
@@ -112,6 +114,12 @@ pub fn prepare_create(
         }
         ("apps" | "batch", _) | ("", "services" | "secrets") => {
             super::workload_defaults::apply(kind, object)?;
+        }
+        ("lifecycle.k8s.io", "evictionrequests") => {
+            lifecycle_validation::validate_eviction_request(kind, object)?;
+        }
+        ("lifecycle.k8s.io", "evictions") => {
+            lifecycle_validation::validate_eviction(kind, object)?;
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             object["status"] = json!({
@@ -207,6 +215,9 @@ pub fn prepare_update(
         let managed = updated["metadata"]["managedFields"].take();
         *updated = current.clone();
         updated["status"] = status;
+        if lifecycle_validation::is_eviction(kind) {
+            lifecycle_validation::validate_eviction_status(kind, current, updated)?;
+        }
         if managed.is_null() {
             if let Some(metadata) = updated["metadata"].as_object_mut() {
                 metadata.remove("managedFields");
@@ -325,6 +336,12 @@ pub fn version_required(kind: &ResourceType, name: &str) -> ApiError {
 
 /// Spec changes a kind's ValidateUpdate refuses.
 fn check_immutable(kind: &ResourceType, current: &Value, updated: &Value) -> Result<(), ApiError> {
+    if kind.is_core_pods() {
+        lifecycle_validation::validate_pod_update(kind, current, updated)?;
+    }
+    if lifecycle_validation::is_eviction_request(kind) || lifecycle_validation::is_eviction(kind) {
+        lifecycle_validation::validate_update(kind, current, updated)?;
+    }
     // pkg/apis/storage/validation: ValidateVolumeAttachmentUpdate.
     if kind.group == "storage.k8s.io"
         && kind.plural == "volumeattachments"

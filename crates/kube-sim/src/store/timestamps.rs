@@ -34,6 +34,8 @@ const TIME_FIELDS: &[&str] = &[
     "firstTimestamp",
     "lastTimestamp",
     "completionTime",
+    "heartbeatTime",
+    "expectedCompletionTime",
     "lastScheduleTime",
     "lastSuccessfulTime",
     "expirationTimestamp",

@@ -9,7 +9,9 @@ mod deployments;
 mod disruption;
 mod ephemeral;
 mod events;
+mod eviction_requests;
 mod gc;
+mod imperative_evictor;
 mod jobs;
 mod kubelet;
 pub(crate) mod launch;
@@ -33,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use attach_detach::{DRIVER as CSI_DRIVER, attachment_name, unique_volume_name};
 pub use cloud::{Call, Cloud, Instance, machine_id};
+pub use imperative_evictor::EVICTOR_USER;
 pub use launch::InCluster;
 pub use runtime::{ImageRule, Logs};
 
@@ -92,6 +95,12 @@ pub struct WorldOptions {
     /// Probes run at least this often (their `periodSeconds` shortened), as the other timings
     /// here are, so that demos need not wait 10 s per readiness check.
     pub probe_period_max: Option<Duration>,
+    /// The evictionrequest-controller and the imperative eviction responder; they run only
+    /// while the EvictionRequest API is served (`SimOptions::eviction_request_api`).
+    pub eviction_requests: bool,
+    /// How long an Active eviction responder may go without a heartbeat before the next takes
+    /// over (20 minutes, a constant upstream).
+    pub responder_heartbeat_deadline: Duration,
 }
 
 impl Default for WorldOptions {
@@ -118,6 +127,8 @@ impl Default for WorldOptions {
             node_roots: None,
             probe_period_max: None,
             power_off_delay: Duration::ZERO,
+            eviction_requests: true,
+            responder_heartbeat_deadline: Duration::from_secs(20 * 60),
         }
     }
 }
@@ -140,6 +151,7 @@ impl WorldOptions {
             attach_detach: false,
             garbage_collector: false,
             pod_gc: false,
+            eviction_requests: false,
             ..Self::default()
         }
     }
@@ -276,6 +288,32 @@ impl World {
             };
             tokio::spawn(pod_gc::run(store.clone(), settings, stop.clone()));
         }
+        let served = store
+            .registry()
+            .find("lifecycle.k8s.io", "v1alpha1", "evictionrequests")
+            .is_some();
+        if options.eviction_requests && served {
+            let deadline = options.responder_heartbeat_deadline;
+            let mut memory = eviction_requests::Memory::default();
+            tokio::spawn(controller::run_timed(
+                store.clone(),
+                stop.clone(),
+                quick,
+                eviction_requests::concerns,
+                move |store: &Store| eviction_requests::reconcile(store, deadline, &mut memory),
+            ));
+            let mut memory = imperative_evictor::Memory::default();
+            let evictor_audit = audit.clone();
+            tokio::spawn(controller::run_timed(
+                store.clone(),
+                stop.clone(),
+                quick,
+                imperative_evictor::concerns,
+                move |store: &Store| {
+                    imperative_evictor::reconcile(store, &evictor_audit, deadline, &mut memory)
+                },
+            ));
+        }
         let cloud = Cloud::new(store.clone()).with_power_off_delay(options.power_off_delay);
         let registrar = cloud.clone();
         tokio::spawn(controller::run(
@@ -310,6 +348,10 @@ impl World {
             .route(
                 "/sim/v1/audit/deletions",
                 get(|State(audit): State<Audit>| async move { axum::Json(audit.deletions()) }),
+            )
+            .route(
+                "/sim/v1/audit/evictions",
+                get(|State(audit): State<Audit>| async move { axum::Json(audit.evictions()) }),
             )
             .route(
                 "/sim/v1/audit/node-writes",
