@@ -21,11 +21,12 @@ use nodegrace_core::program::Started;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{NodeDisruptionBudget, NodeDrainRule};
-use crate::cli::{Args, Command, PlanArgs, PlanFormat, ReleaseNodesArgs, WebhookArgs};
+use crate::cli::{Args, Command, EvictionApi, PlanArgs, PlanFormat, ReleaseNodesArgs, WebhookArgs};
 use crate::conditions::MAINTENANCE_PLANNED;
 use crate::controller::Controller;
 use crate::fresh_nodes::FreshNodes;
 use crate::grants::Budgets;
+use crate::handover::Handover;
 use crate::metrics::Metrics;
 use crate::plan;
 use crate::shared::{Settings, Shared};
@@ -211,6 +212,7 @@ pub async fn start_with_clock(
         node_selector,
         eviction_qps,
         eviction_burst,
+        eviction_api,
         eviction_concurrency,
         eviction_backoff_min,
         eviction_backoff_max,
@@ -256,6 +258,7 @@ pub async fn start_with_clock(
         not_ready_max_fraction,
         instance_not_found_confirm,
         terminate_resend_after,
+        eviction_api,
     };
     let mut frame = Frame::new(PROGRAM, controller);
     let metrics = Metrics::register(frame.registry());
@@ -320,6 +323,7 @@ async fn lead(cluster: Connected, parts: Parts) -> Result<()> {
         clock,
     } = parts;
     let evictions = cluster.client_without_retries().await?;
+    let handover = handover(&cluster.client, settings.eviction_api).await?;
     let nodes = cluster.watch_nodes(trim_node);
     let ndbs = cluster.watch_all(trim_ndb);
     let pdbs = cluster.watch_all(trim_budget);
@@ -332,6 +336,9 @@ async fn lead(cluster: Connected, parts: Parts) -> Result<()> {
         pdbs.synced().await?;
         drain_rules.synced().await?;
         namespaces.synced().await?;
+        if let Some(handover) = &handover {
+            handover.synced().await?;
+        }
         attachments.synced().await
     };
     let what = "nodes, NodeDisruptionBudgets, PodDisruptionBudgets, NodeDrainRules, namespaces \
@@ -380,6 +387,7 @@ async fn lead(cluster: Connected, parts: Parts) -> Result<()> {
             provider,
             turns: crate::turns::Turns::default(),
             rejudged: nodegrace_core::dirty::Dirty::default(),
+            handover,
         }),
         dirty: Arc::clone(&cluster.dirty),
     };
@@ -387,6 +395,41 @@ async fn lead(cluster: Connected, parts: Parts) -> Result<()> {
         Some(webhook) => cluster.lead_beside(controller, webhook).await,
         None => Ok(cluster.lead(controller).await?),
     }
+}
+
+/// `--eviction-api` for this term as leader: with `auto`, EvictionRequest when discovery lists
+/// it.
+async fn handover(client: &kube::Client, api: EvictionApi) -> Result<Option<Handover>> {
+    let use_requests = match api {
+        EvictionApi::Eviction => false,
+        EvictionApi::EvictionRequest => {
+            if !crate::handover::served(client).await {
+                bail!(
+                    "--eviction-api=eviction-request, but the cluster does not serve {} \
+                     (Kubernetes 1.37 or later, its API server started with --feature-gates \
+                     EvictionRequestAPI=true --runtime-config {}=true): use \
+                     --eviction-api=auto to fall back to the Eviction API, or eviction",
+                    crate::handover::GROUP_VERSION,
+                    crate::handover::GROUP_VERSION
+                );
+            }
+            true
+        }
+        EvictionApi::Auto => {
+            let served = crate::handover::served(client).await;
+            tracing::info!(
+                served,
+                "--eviction-api=auto: draining through {}",
+                if served {
+                    "EvictionRequests (lifecycle.k8s.io/v1alpha1 is served)"
+                } else {
+                    "the Eviction API (lifecycle.k8s.io/v1alpha1 is not served)"
+                }
+            );
+            served
+        }
+    };
+    Ok(use_requests.then(|| Handover::start(client)))
 }
 
 /// Serves the webhook once its certificate is loaded, keeping the certificate current.

@@ -37,6 +37,13 @@ pub struct Args {
     /// Eviction requests that may go at once before --eviction-qps paces them.
     #[arg(long, env = "NODEGRACE_EVICTION_BURST", default_value_t = 100)]
     pub eviction_burst: u32,
+    /// How the drain asks pods to leave: `eviction` calls the Eviction API (pods/eviction);
+    /// `eviction-request` hands each pod to its eviction responders through Kubernetes 1.37's
+    /// EvictionRequest API (lifecycle.k8s.io/v1alpha1, alpha); `auto` uses EvictionRequest when
+    /// the cluster serves it and the Eviction API otherwise, checked each time this replica
+    /// starts leading.
+    #[arg(long, env = "NODEGRACE_EVICTION_API", value_enum, default_value_t = EvictionApi::Eviction)]
+    pub eviction_api: EvictionApi,
     /// Evictions in flight at once per node for pods no PodDisruptionBudget covers.
     #[arg(long, env = "NODEGRACE_EVICTION_CONCURRENCY", default_value_t = 16)]
     pub eviction_concurrency: usize,
@@ -171,6 +178,13 @@ pub struct PlanArgs {
     pub instance_provider: InstanceProviderKind,
     #[command(flatten)]
     pub kube: KubeArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EvictionApi {
+    Auto,
+    Eviction,
+    EvictionRequest,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -67,9 +67,20 @@ impl Controller {
             node_changes,
             acting.child_token(),
         ));
+        let sweep = self.shared.handover.clone().map(|handover| {
+            tokio::spawn(crate::handover::sweep(
+                self.shared.client.clone(),
+                self.shared.metrics.clone(),
+                handover,
+                acting.child_token(),
+            ))
+        });
         Leading::new(self, &acting, relevant).run().await;
         acting.cancel();
         let _ = statuses.await;
+        if let Some(sweep) = sweep {
+            let _ = sweep.await;
+        }
     }
 }
 
@@ -171,6 +182,7 @@ impl<'a> Leading<'a> {
         let mut pdbs = shared.pdbs.clone();
         let mut drain_rules = shared.drain_rules.clone();
         let mut namespaces = shared.namespaces.clone();
+        let mut handover = shared.handover.clone();
         for node in shared.nodes.state() {
             self.dirty
                 .mark(node.metadata.name.as_deref().unwrap_or_default());
@@ -222,6 +234,10 @@ impl<'a> Leading<'a> {
                     if changed.is_err() { break }
                     self.wake_tasks = true;
                 }
+                changed = handover_changed(&mut handover) => {
+                    if changed.is_err() { break }
+                    self.wake_tasks = true;
+                }
                 Some(finished) = self.terminations.tasks.join_next() => {
                     self.termination_finished(finished.ok());
                 }
@@ -247,6 +263,9 @@ impl<'a> Leading<'a> {
         // A landed finalizer write of an earlier Node of this name is not this one's.
         self.finalizers.forget_landed(name, current.as_deref());
         let Some(node) = current else {
+            if let Some(handover) = &self.shared.handover {
+                handover.ended.notify_one();
+            }
             let gone = self.seen.remove(name);
             if let Some(uid) = gone.as_ref().and_then(|node| node.metadata.uid.as_deref()) {
                 self.shared.turns.wake(uid);
@@ -391,6 +410,9 @@ impl<'a> Leading<'a> {
 
     fn termination_finished(&mut self, finished: Option<(NodeIdentity, Finished)>) {
         self.budgets_moved = true;
+        if let Some(handover) = &self.shared.handover {
+            handover.ended.notify_one();
+        }
         let terminations = &mut self.terminations;
         if let Some((node, finished)) = finished {
             terminations.running.remove(&node);
@@ -705,4 +727,17 @@ fn next_budget_change(shared: &Shared) -> Option<Duration> {
             window.into_iter().chain(expiries)
         })
         .min()
+}
+
+/// A change of our EvictionRequests or their Evictions; never, without the EvictionRequest API.
+async fn handover_changed(
+    handover: &mut Option<crate::handover::Handover>,
+) -> Result<(), nodegrace_core::k8s::watched::WatchEnded> {
+    match handover {
+        Some(handover) => tokio::select! {
+            changed = handover.requests.changed() => changed,
+            changed = handover.evictions.changed() => changed,
+        },
+        None => std::future::pending().await,
+    }
 }

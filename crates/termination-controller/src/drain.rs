@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::drain_rules::{NO_LABELS, NodeRules, Source};
 use crate::explain::{budget_blocks, grouped};
+use crate::handover::{Asked, Holder};
 use crate::metrics::{CodeLabel, ReasonLabel};
 use crate::node_pods::NodePods;
 use crate::queues::{BudgetView, Outcome, Queue, QueueKey};
@@ -29,6 +30,8 @@ use crate::shared::Shared;
 use crate::step::{Halt, Step};
 use crate::tiers::{Disposition, Skip, Tier, disposition};
 use crate::turns::Wake;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest};
 
 /// The kubelet's default when a pod names no grace period.
 const DEFAULT_GRACE: Duration = Duration::from_secs(30);
@@ -96,6 +99,8 @@ struct Answer {
     key: QueueKey,
     pod: Arc<Pod>,
     outcome: Outcome,
+    /// The pod was handed to its eviction responders (an EvictionRequest), not evicted.
+    handed: bool,
 }
 
 /// One node's drain.
@@ -114,6 +119,12 @@ pub struct Drain {
     confirmed: HashSet<String>,
     queues: HashMap<QueueKey, Queue>,
     evicted: HashSet<String>,
+    /// Pods (by UID) this drain handed to their eviction responders (an EvictionRequest).
+    requested: HashSet<String>,
+    /// Our EvictionRequests (by name) being closed, and the responders (pod UID, name) whose
+    /// missed heartbeat was told.
+    closing: HashSet<String>,
+    passed_over: HashSet<(String, String)>,
     deleted_at_deadline: HashSet<String>,
     left_announced: HashSet<String>,
     requests: JoinSet<Answer>,
@@ -168,6 +179,9 @@ impl Drain {
             confirmed: HashSet::new(),
             queues: HashMap::new(),
             evicted: HashSet::new(),
+            requested: HashSet::new(),
+            closing: HashSet::new(),
+            passed_over: HashSet::new(),
             deleted_at_deadline: HashSet::new(),
             left_announced: HashSet::new(),
             requests: JoinSet::new(),
@@ -178,7 +192,14 @@ impl Drain {
 
     /// What the drain did, in a few words for the Event that releases the node.
     pub fn summary(&self) -> String {
-        let mut said = format!("drained: {} pod(s) evicted", self.evicted.len());
+        let mut said = if self.shared.handover.is_some() {
+            format!(
+                "drained: {} pod(s) handed to their eviction responders",
+                self.requested.len()
+            )
+        } else {
+            format!("drained: {} pod(s) evicted", self.evicted.len())
+        };
         let deleted = self.deleted_at_deadline.len();
         if deleted > 0 {
             said = format!("{said}, {deleted} deleted at --drain-timeout");
@@ -224,6 +245,7 @@ impl Drain {
     fn seen_past_cordon(&self) -> bool {
         self.pods.lists() > self.lists_before_cordon
             || !self.evicted.is_empty()
+            || !self.requested.is_empty()
             || !self.deleted_at_deadline.is_empty()
     }
 
@@ -263,7 +285,10 @@ impl Drain {
                 return Err(Halt::Stopped);
             }
             let next_timer = match self.look(pods) {
-                Look::Done if self.seen_past_cordon() => return Ok(()),
+                Look::Done if self.seen_past_cordon() => {
+                    self.close_requests(|_| true).await;
+                    return Ok(());
+                }
                 Look::Done => {
                     self.pods.list().await?;
                     continue;
@@ -304,7 +329,10 @@ impl Drain {
     fn look(&mut self, pods: Vec<Arc<Pod>>) -> Look {
         let now = Instant::now();
         let wall = Timestamp::now();
+        let present: HashSet<String> = pods.iter().map(|pod| uid(pod)).collect();
         let mut sorted = self.classify(pods, now, wall);
+        let protected: HashSet<String> = sorted.protected.iter().map(|(pod, _)| uid(pod)).collect();
+        self.close_unneeded(&present, &protected);
         if let Some(deadline) = self.deadline {
             let remaining = sorted
                 .protected
@@ -380,7 +408,9 @@ impl Drain {
                         .finalizers
                         .as_ref()
                         .is_some_and(|f| !f.is_empty());
-                    if held || !self.evicted.contains(&uid(&pod)) {
+                    let ours =
+                        self.evicted.contains(&uid(&pod)) || self.requested.contains(&uid(&pod));
+                    if held || !ours {
                         self.announce_left(&pod, "it has finished");
                     }
                     continue;
@@ -444,23 +474,35 @@ impl Drain {
         let budgets = self.shared.pdbs.state();
         let mut pending: BTreeMap<QueueKey, Vec<Arc<Pod>>> = BTreeMap::new();
         let mut leaving: Vec<(String, String)> = Vec::new();
+        // Pods with their responders: each holds its queue until it leaves.
+        let mut handed: Vec<(String, String)> = Vec::new();
+        let mut busy: HashSet<QueueKey> = HashSet::new();
         for pod in pods {
             if pod.metadata.deletion_timestamp.is_some() || self.evicted.contains(&uid(pod)) {
+                // Who let it go, for the Warnings of the responders passed over on the way.
+                self.holder(pod);
                 leaving.push((pod_name(pod), "terminating".to_owned()));
                 continue;
             }
             let covering = pdbs_for_pod(pod, budgets.iter().map(AsRef::as_ref));
-            pending
-                .entry(QueueKey::of(pod, &covering))
-                .or_default()
-                .push(Arc::clone(pod));
+            let key = QueueKey::of(pod, &covering);
+            if let Some(holder) = self.holder(pod) {
+                handed.push((pod_name(pod), holder));
+                busy.insert(key);
+                continue;
+            }
+            pending.entry(key).or_default().push(Arc::clone(pod));
         }
         let mut depth: HashMap<String, i64> = HashMap::new();
         let unbudgeted_in_flight = self
             .queues
             .iter()
             .filter(|(key, queue)| matches!(key, QueueKey::Unbudgeted { .. }) && queue.in_flight())
-            .count();
+            .count()
+            + busy
+                .iter()
+                .filter(|key| matches!(key, QueueKey::Unbudgeted { .. }))
+                .count();
         let mut unbudgeted_slots = self
             .shared
             .settings
@@ -476,7 +518,9 @@ impl Drain {
             let view = budget.as_deref().map(BudgetView::of);
             let queue = self.queues.entry(key.clone()).or_default();
             let unbudgeted = matches!(key, QueueKey::Unbudgeted { .. });
-            if queue.due(now, view.as_ref()) && (!unbudgeted || unbudgeted_slots > 0) {
+            if busy.contains(&key) {
+                // One pod of a budget with its responders at a time; its leaving wakes us.
+            } else if queue.due(now, view.as_ref()) && (!unbudgeted || unbudgeted_slots > 0) {
                 if unbudgeted {
                     unbudgeted_slots -= 1;
                 }
@@ -484,9 +528,20 @@ impl Drain {
                 let pod = Arc::clone(&waiting[0]);
                 let shared = Arc::clone(&self.shared);
                 let key = key.clone();
+                let node = (self.node.name().to_owned(), self.node.uid().to_owned());
                 self.requests.spawn(async move {
-                    let outcome = evict(&shared, &pod).await;
-                    Answer { key, pod, outcome }
+                    let handed = shared.handover.is_some();
+                    let outcome = if handed {
+                        hand_over(&shared, &node, &pod).await
+                    } else {
+                        evict(&shared, &pod).await
+                    };
+                    Answer {
+                        key,
+                        pod,
+                        outcome,
+                        handed,
+                    }
                 });
             } else if let Some(at) = queue.wakes_at() {
                 timers.push(at);
@@ -506,11 +561,121 @@ impl Drain {
             }
         }
         self.shared.metrics.queue_depth.set(self.node.uid(), depth);
-        grouped(blocked.into_iter().chain(leaving))
+        grouped(blocked.into_iter().chain(handed).chain(leaving))
+    }
+
+    /// Who holds `pod`, when the drain handed it to its eviction responders; a Warning, once,
+    /// for each responder passed over for a missed heartbeat.
+    fn holder(&mut self, pod: &Pod) -> Option<String> {
+        let handover = self.shared.handover.clone()?;
+        if handover.open_for(pod).is_none() && !self.requested.contains(&uid(pod)) {
+            return None;
+        }
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let Some(eviction) = handover.eviction_of(namespace, &uid(pod)) else {
+            return Some(
+                "eviction requested; waiting for the evictionrequest-controller".to_owned(),
+            );
+        };
+        let holder = Holder::of(&eviction);
+        self.tell_passed_over(&eviction, &holder);
+        Some(holder.describe())
+    }
+
+    /// A Warning on the pod, once per responder, for each one passed over for a missed
+    /// heartbeat: seen while the pod waits, as it leaves, or when its request is closed.
+    fn tell_passed_over(&mut self, eviction: &Eviction, holder: &Holder) {
+        let Some(target) = eviction.spec.target.pod.as_ref() else {
+            return;
+        };
+        let namespace = eviction.metadata.namespace.clone().unwrap_or_default();
+        for responder in &holder.passed_over {
+            if !self
+                .passed_over
+                .insert((target.uid.clone(), responder.clone()))
+            {
+                continue;
+            }
+            let pod = ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Pod".to_owned()),
+                name: Some(target.name.clone()),
+                namespace: Some(namespace.clone()),
+                uid: Some(target.uid.clone()),
+                ..ObjectReference::default()
+            };
+            self.shared.reporter.event(EventReport::warning(
+                pod,
+                "ResponderPassedOver",
+                "Drain",
+                format!(
+                    "Eviction responder {responder} of pod {namespace}/{} missed its heartbeat \
+                     deadline; the eviction passed to {}",
+                    target.name,
+                    holder.responder.as_deref().unwrap_or("no one")
+                ),
+            ));
+        }
+    }
+
+    /// Closes (in the background) our requests of this node whose pod is no longer on it, or
+    /// is protected by do-not-evict now.
+    fn close_unneeded(&mut self, present: &HashSet<String>, protected: &HashSet<String>) {
+        let Some(handover) = self.shared.handover.clone() else {
+            return;
+        };
+        for request in handover.of_node(self.node.uid()) {
+            let target = request
+                .spec
+                .target
+                .pod
+                .as_ref()
+                .map(|pod| pod.uid.clone())
+                .unwrap_or_default();
+            let name = request.metadata.name.clone().unwrap_or_default();
+            if (present.contains(&target) && !protected.contains(&target))
+                || !self.closing.insert(name)
+            {
+                continue;
+            }
+            let namespace = request.metadata.namespace.as_deref().unwrap_or_default();
+            if let Some(eviction) = handover.eviction_of(namespace, &target) {
+                self.tell_passed_over(&eviction, &Holder::of(&eviction));
+            }
+            self.requested.remove(&target);
+            let shared = Arc::clone(&self.shared);
+            let handover = handover.clone();
+            self.deletions.spawn(async move {
+                crate::handover::close(&shared.client, &shared.metrics, &handover, &request).await;
+            });
+        }
+    }
+
+    /// Closes this node's requests that `which` picks, and waits for it.
+    async fn close_requests(&mut self, which: impl Fn(&EvictionRequest) -> bool) {
+        let Some(handover) = self.shared.handover.clone() else {
+            return;
+        };
+        for request in handover.of_node(self.node.uid()) {
+            if which(&request) {
+                crate::handover::close(
+                    &self.shared.client,
+                    &self.shared.metrics,
+                    &handover,
+                    &request,
+                )
+                .await;
+            }
+        }
     }
 
     fn answered(&mut self, answer: Answer) {
-        let Answer { key, pod, outcome } = answer;
+        let Answer {
+            key,
+            pod,
+            outcome,
+            handed: answer_handed,
+        } = answer;
         let budget = key
             .budget()
             .and_then(|(namespace, name)| self.shared.pdbs.get(Some(namespace), name));
@@ -527,6 +692,26 @@ impl Drain {
         );
         let refusals = queue.refusals();
         match outcome {
+            Outcome::Evicted if answer_handed => {
+                self.requested.insert(uid(&pod));
+                self.shared
+                    .metrics
+                    .pods_drained
+                    .get_or_create(&ReasonLabel {
+                        reason: "handed-over",
+                    })
+                    .inc();
+                self.shared.reporter.event(EventReport::normal(
+                    object_reference(pod.as_ref()),
+                    "EvictionRequested",
+                    "Evict",
+                    format!(
+                        "Eviction requested from its responders (EvictionRequest {}): node {} is being terminated",
+                        uid(&pod),
+                        self.node.name()
+                    ),
+                ));
+            }
             Outcome::Evicted => {
                 self.evicted.insert(uid(&pod));
                 self.shared
@@ -611,8 +796,19 @@ impl Drain {
             self.deleted_at_deadline.insert(uid(&pod));
             let shared = Arc::clone(&self.shared);
             let node = self.node.name().to_owned();
-            self.deletions
-                .spawn(async move { delete_now(&shared, &node, &pod, cut).await });
+            let request = self
+                .shared
+                .handover
+                .as_ref()
+                .and_then(|handover| Some((handover.clone(), handover.open_for(&pod)?)));
+            self.deletions.spawn(async move {
+                // The responders stop before the pod goes without them.
+                if let Some((handover, request)) = request {
+                    crate::handover::close(&shared.client, &shared.metrics, &handover, &request)
+                        .await;
+                }
+                delete_now(&shared, &node, &pod, cut).await;
+            });
         }
         next
     }
@@ -805,6 +1001,24 @@ async fn evict(shared: &Shared, pod: &Pod) -> Outcome {
             shared.metrics.error("evict");
             Outcome::Failed
         }
+    }
+}
+
+/// Hands `pod` to its eviction responders for the drain of `node` (name, UID).
+async fn hand_over(shared: &Shared, node: &(String, String), pod: &Pod) -> Outcome {
+    shared.eviction_limiter.until_ready().await;
+    let asked = crate::handover::request(
+        &shared.client,
+        &shared.metrics,
+        (node.0.as_str(), node.1.as_str()),
+        pod,
+    )
+    .await;
+    tracing::debug!(pod = pod_key(pod), ?asked, "eviction requested");
+    match asked {
+        Asked::Requested => Outcome::Evicted,
+        Asked::Gone => Outcome::Gone,
+        Asked::Failed => Outcome::Failed,
     }
 }
 

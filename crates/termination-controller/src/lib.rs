@@ -41,6 +41,7 @@ pub mod drain_rules;
 pub mod explain;
 pub mod fresh_nodes;
 pub mod grants;
+pub mod handover;
 pub mod hooks;
 pub mod member;
 pub mod metrics;

@@ -24,6 +24,20 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabel {
+    /// `created` or `withdrawn`.
+    pub action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResponderLabels {
+    pub responder: String,
+    /// The responder's final state: `Completed`, `Interrupted` (passed over for a missed
+    /// heartbeat) or `Canceled`.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PdbLabel {
     /// `namespace/name`, or `none` for pods no budget covers.
     pub pdb: String,
@@ -45,6 +59,8 @@ pub struct ReviewLabels {
 pub struct Metrics {
     pub provider: nodegrace_controller::instances::ProviderMetrics,
     pub eviction_requests: Family<CodeLabel, Counter>,
+    pub handover_requests: Family<ActionLabel, Counter>,
+    pub responder_outcomes: Family<ResponderLabels, Counter>,
     pub pods_drained: Family<ReasonLabel, Counter>,
     pub nodes_drained: Counter,
     pub instances_terminated: Counter,
@@ -64,6 +80,8 @@ impl Default for Metrics {
         Self {
             provider: nodegrace_controller::instances::ProviderMetrics::default(),
             eviction_requests: Family::default(),
+            handover_requests: Family::default(),
+            responder_outcomes: Family::default(),
             pods_drained: Family::default(),
             nodes_drained: Counter::default(),
             instances_terminated: Counter::default(),
@@ -89,6 +107,10 @@ impl Metrics {
         nodegrace_core::register_metrics!(registry, metrics, {
             eviction_requests as "nodes_eviction_requests":
                 "Eviction requests sent, by the answer's HTTP status",
+            handover_requests as "eviction_request_objects":
+                "EvictionRequests (lifecycle.k8s.io, --eviction-api=eviction-request) created and withdrawn",
+            responder_outcomes as "eviction_responder_outcomes":
+                "Eviction responders of pods this controller requested, by their final state",
             pods_drained:
                 "Pods drained from terminating nodes, by how (evicted, or deleted at the drain deadline)",
             nodes_drained: "Nodes whose drain completed",

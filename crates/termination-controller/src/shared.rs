@@ -36,6 +36,8 @@ pub struct Settings {
     pub instance_not_found_confirm: Duration,
     /// `--terminate-resend-after`.
     pub terminate_resend_after: Duration,
+    /// `--eviction-api`, resolved when leading begins.
+    pub eviction_api: crate::cli::EvictionApi,
 }
 
 impl Settings {
@@ -67,6 +69,8 @@ pub struct Shared {
     /// Nodes (by UID) whose wait the granting pass judged anew, for the leader's waiting room
     /// ([`crate::waiting_room`]) to tell.
     pub rejudged: Dirty,
+    /// With the EvictionRequest API in use: our requests and their Evictions.
+    pub handover: Option<crate::handover::Handover>,
 }
 
 impl Shared {

@@ -12,6 +12,7 @@ mod cluster_api;
 mod common;
 mod controller;
 mod drain_rules;
+mod eviction_requests;
 mod fuzz;
 mod hooks;
 mod node_pods;
