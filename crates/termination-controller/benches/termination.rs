@@ -196,12 +196,14 @@ fn main() -> Result<()> {
                 replicas: 1,
                 web_replicas: 40,
                 seed: rand::random(),
+                eviction_requests: false,
             },
             chaos::Chaos {
                 kills: 6,
                 replicas: 2,
                 web_replicas: 40,
                 seed: rand::random(),
+                eviction_requests: false,
             },
         ] {
             let started = Instant::now();

@@ -25,8 +25,8 @@ use tokio::process::{Child, Command};
 use nodegrace_testing::Admin;
 
 use crate::common::{
-    app, delete_node, finalizer_on_every_node, log_daemonset, sim, terminate_calls, wait_for,
-    wait_ready, web, workers_budget,
+    app, cluster, delete_node, finalizer_on_every_node, log_daemonset, sim, terminate_calls,
+    wait_for, wait_ready, web, workers_budget, world,
 };
 
 const BINARY: &str = env!("CARGO_BIN_EXE_termination-controller");
@@ -40,6 +40,9 @@ pub struct Chaos {
     /// drains, with room for more kills.
     pub web_replicas: i32,
     pub seed: u64,
+    /// Drain through EvictionRequests (`--eviction-api=eviction-request`, the simulator
+    /// serving the API) rather than the Eviction API.
+    pub eviction_requests: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -53,20 +56,23 @@ pub struct Report {
     pub most_nodes_disrupted: usize,
     pub terminations_per_instance_max: u32,
     pub finalizers_left: usize,
+    /// EvictionRequests of ours still there once the drains finished.
+    pub requests_left: usize,
 }
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "chaos kills={} drains-completed={} violations={} (pdb-breaches={} most-nodes-disrupted-at-once={}) terminations-per-instance-max={} finalizers-left={}",
+            "chaos kills={} drains-completed={} violations={} (pdb-breaches={} most-nodes-disrupted-at-once={}) terminations-per-instance-max={} finalizers-left={} requests-left={}",
             self.kills,
             self.drains_completed,
             self.violations,
             self.pdb_breaches,
             self.most_nodes_disrupted,
             self.terminations_per_instance_max,
-            self.finalizers_left
+            self.finalizers_left,
+            self.requests_left
         )
     }
 }
@@ -77,7 +83,7 @@ struct Replica {
     admin: Admin,
 }
 
-fn start(sim: &KubeSim, identity: &str, elected: bool) -> Result<Replica> {
+fn start(sim: &KubeSim, identity: &str, elected: bool, requests: bool) -> Result<Replica> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -88,6 +94,11 @@ fn start(sim: &KubeSim, identity: &str, elected: bool) -> Result<Replica> {
         .arg("--instance-provider=sim")
         .arg("--eviction-backoff-max=1s")
         .arg("--log-level=warn")
+        .arg(if requests {
+            "--eviction-api=eviction-request"
+        } else {
+            "--eviction-api=eviction"
+        })
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);
@@ -199,7 +210,18 @@ async fn deleted_nodes_gone(client: &Client) -> Result<usize> {
 
 pub async fn run(chaos: Chaos) -> Result<Report> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(chaos.seed);
-    let sim = sim(5).await?;
+    let sim = if chaos.eviction_requests {
+        cluster(5)
+            .options(kube_sim::SimOptions {
+                eviction_request_api: true,
+                world: world(),
+                ..kube_sim::SimOptions::default()
+            })
+            .start()
+            .await?
+    } else {
+        sim(5).await?
+    };
     let client = sim.client();
     workers_budget(&client).await?;
     web(chaos.web_replicas).create(&client).await?;
@@ -212,7 +234,14 @@ pub async fn run(chaos: Chaos) -> Result<Report> {
     wait_ready(&client, "api", 5).await?;
     let elected = chaos.replicas > 1;
     let mut replicas = (0..chaos.replicas)
-        .map(|index| start(&sim, &format!("replica-{index}"), elected))
+        .map(|index| {
+            start(
+                &sim,
+                &format!("replica-{index}"),
+                elected,
+                chaos.eviction_requests,
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
     finalizer_on_every_node(&client, 5).await?;
     let observed = observe(&client);
@@ -265,7 +294,7 @@ pub async fn run(chaos: Chaos) -> Result<Report> {
         } else {
             identity.clone()
         };
-        *replica = start(&sim, &next, elected)?;
+        *replica = start(&sim, &next, elected, chaos.eviction_requests)?;
         if elected {
             // The next kill is of the replica that took over, once it has.
             let took_over = wait_for("another replica to take over", || {
@@ -303,6 +332,24 @@ pub async fn run(chaos: Chaos) -> Result<Report> {
             .any(|f| f == FINALIZER);
         finalizers_left += usize::from(deleting && ours);
     }
+    // The sweep closes what a killed process left within its period (30 s).
+    let requests_left = if chaos.eviction_requests {
+        let closed = wait_for("no EvictionRequest of ours left", || {
+            let client = client.clone();
+            async move {
+                Ok(termination_controller::handover::list(&client)
+                    .await?
+                    .is_empty())
+            }
+        })
+        .await;
+        if let Err(error) = closed {
+            eprintln!("chaos: {error}");
+        }
+        termination_controller::handover::list(&client).await?.len()
+    } else {
+        0
+    };
     let most_disrupting = observed.disrupting.lock().expect("disrupting").1;
     let breaches = sim.world().audit().violations();
     if !breaches.is_empty() {
@@ -320,6 +367,7 @@ pub async fn run(chaos: Chaos) -> Result<Report> {
             .max()
             .unwrap_or(0),
         finalizers_left,
+        requests_left,
     };
     for replica in &mut replicas {
         let _ = replica.child.start_kill();
