@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::lifecycle::v1alpha1::Eviction;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -43,6 +44,9 @@ pub struct Cluster {
     pub drain_rules: Vec<Arc<NodeDrainRule>>,
     /// The labels of the namespaces the node's pods are in.
     pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// The Evictions of pods this controller requested (`--eviction-api=eviction-request`);
+    /// none where the cluster does not serve the EvictionRequest API.
+    pub evictions: Vec<Eviction>,
 }
 
 /// Reads what a plan for `node` needs.
@@ -116,7 +120,17 @@ pub async fn gather(client: &Client, node: &str) -> anyhow::Result<Cluster> {
         .into_iter()
         .map(Arc::new)
         .collect();
+    let evictions = if crate::handover::served(client).await {
+        Api::<Eviction>::all(client.clone())
+            .list(&ListParams::default().labels(crate::handover::REQUESTER))
+            .await
+            .context("list Evictions (lifecycle.k8s.io)")?
+            .items
+    } else {
+        Vec::new()
+    };
     Ok(Cluster {
+        evictions,
         node: found,
         pods_on_node,
         namespace_pods,
@@ -265,6 +279,10 @@ pub struct PlannedPod {
     pub budget: Option<BudgetNumbers>,
     /// The NodeDrainRule (or the pod's own `nodegrace.io/drain`) it follows; `None`: none.
     pub rule: Option<String>,
+    /// Who holds it, when the drain handed it to its eviction responders: the active
+    /// responder, its message and expected completion, those passed over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub responder: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -468,6 +486,32 @@ fn sort_pods<'a>(cluster: &'a Cluster, rules: &NodeRules, now: Timestamp) -> Sor
 
 /// One tier: its pods with their queues and budgets, those that can never be evicted, and
 /// the least time its budgets allow (`None` when a pod of it can never go).
+/// Who holds `pod`, if this controller handed it to its eviction responders.
+fn handed_to(cluster: &Cluster, pod: &Pod) -> Option<String> {
+    let uid = pod.metadata.uid.as_deref()?;
+    cluster
+        .evictions
+        .iter()
+        .filter(|eviction| {
+            eviction.metadata.namespace == pod.metadata.namespace
+                && eviction
+                    .spec
+                    .target
+                    .pod
+                    .as_ref()
+                    .map(|target| target.uid.as_str())
+                    == Some(uid)
+        })
+        .max_by_key(|eviction| {
+            eviction
+                .metadata
+                .creation_timestamp
+                .clone()
+                .map(|time| time.0)
+        })
+        .map(|eviction| crate::handover::Holder::of(eviction).describe())
+}
+
 fn plan_tier(
     cluster: &Cluster,
     (tier, order): (Tier, i32),
@@ -502,6 +546,7 @@ fn plan_tier(
                     disruptions_allowed: status.disruptions_allowed.unwrap_or(0),
                 }),
             rule: (source != Source::Default).then(|| source.to_string()),
+            responder: handed_to(cluster, pod),
         });
         queues.entry(key).or_insert((0, pdb)).0 += 1;
     }
@@ -718,6 +763,26 @@ impl Plan {
 
     /// The pods waited for, never evictable and left alone, then the estimate.
     fn lists_and_estimate(&self, out: &mut String) {
+        let handed: Vec<&PlannedPod> = self
+            .tiers
+            .iter()
+            .flat_map(|tier| &tier.pods)
+            .filter(|pod| pod.responder.is_some())
+            .collect();
+        if !handed.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nHanded to their eviction responders (EvictionRequests):"
+            );
+            for pod in handed {
+                let _ = writeln!(
+                    out,
+                    "  {}: {}",
+                    pod.pod,
+                    pod.responder.as_deref().unwrap_or_default()
+                );
+            }
+        }
         for (title, list) in [
             ("Waited for, never evicted", &self.wait_completed),
             ("Never evictable", &self.never_evictable),

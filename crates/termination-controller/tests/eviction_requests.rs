@@ -78,7 +78,8 @@ async fn heartbeat(client: &Client, eviction: &str) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
+// Multi-threaded: `plan` runs as a process that calls the in-process simulator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_with_a_responder_leaves_through_it_without_an_eviction_api_call() -> Result<()> {
     let sim = serving(2, Duration::from_secs(600))
         .with(db())
@@ -98,6 +99,13 @@ async fn a_pod_with_a_responder_leaves_through_it_without_an_eviction_api_call()
     .await?;
     heartbeat(&client, "pod-1-db-0").await?;
     terminating_with(&client, "node-0", "Draining", "promoting db-1 to primary").await?;
+    let planned = crate::common::plan(&sim, "node-0", false)?;
+    ensure!(
+        planned.contains(&format!(
+            "db-0: handed to {RESPONDER}: promoting db-1 to primary (expected done by "
+        )),
+        "{planned}"
+    );
     // The responder moves the primary away, then deletes the pod itself.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     pods.delete("db-0", &DeleteParams::default()).await?;
