@@ -692,26 +692,7 @@ impl Drain {
         );
         let refusals = queue.refusals();
         match outcome {
-            Outcome::Evicted if answer_handed => {
-                self.requested.insert(uid(&pod));
-                self.shared
-                    .metrics
-                    .pods_drained
-                    .get_or_create(&ReasonLabel {
-                        reason: "handed-over",
-                    })
-                    .inc();
-                self.shared.reporter.event(EventReport::normal(
-                    object_reference(pod.as_ref()),
-                    "EvictionRequested",
-                    "Evict",
-                    format!(
-                        "Eviction requested from its responders (EvictionRequest {}): node {} is being terminated",
-                        uid(&pod),
-                        self.node.name()
-                    ),
-                ));
-            }
+            Outcome::Evicted if answer_handed => self.handed_over(&pod),
             Outcome::Evicted => {
                 self.evicted.insert(uid(&pod));
                 self.shared
@@ -771,6 +752,29 @@ impl Drain {
             }
             _ => {}
         }
+    }
+
+    /// A pod's EvictionRequest exists: the pod is its responders' now.
+    fn handed_over(&mut self, pod: &Pod) {
+        self.requested.insert(uid(pod));
+        self.shared
+            .metrics
+            .pods_drained
+            .get_or_create(&ReasonLabel {
+                reason: "handed-over",
+            })
+            .inc();
+        self.shared.reporter.event(EventReport::normal(
+            object_reference(pod),
+            "EvictionRequested",
+            "Evict",
+            format!(
+                "Eviction requested from its responders (EvictionRequest {}): node {} is being \
+                 terminated",
+                uid(pod),
+                self.node.name()
+            ),
+        ));
     }
 
     /// Deletes pods whose time has come under the drain deadline: at `deadline − grace`, with

@@ -16,6 +16,7 @@
 //! leader change) — after a fresh read of their node.
 
 use std::collections::BTreeMap;
+use std::fmt::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -186,16 +187,17 @@ impl Holder {
             None => "eviction requested; no responder active yet".to_owned(),
         };
         if let Some(message) = &self.message {
-            said.push_str(&format!(": {message}"));
+            let _ = write!(said, ": {message}");
         }
         if let Some(expected) = &self.expected {
-            said.push_str(&format!(" (expected done by {expected})"));
+            let _ = write!(said, " (expected done by {expected})");
         }
         if !self.passed_over.is_empty() {
-            said.push_str(&format!(
+            let _ = write!(
+                said,
                 "; passed over for a missed heartbeat: {}",
                 self.passed_over.join(", ")
-            ));
+            );
         }
         said
     }

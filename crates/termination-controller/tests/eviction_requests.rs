@@ -210,7 +210,8 @@ async fn a_silent_responder_is_passed_over_and_the_deadline_withdraws_what_a_bud
 }
 
 #[tokio::test]
-async fn a_finalizer_removed_by_hand_leaves_no_request_behind() -> Result<()> {
+async fn do_not_evict_withdraws_and_a_finalizer_removed_by_hand_leaves_no_request_behind()
+-> Result<()> {
     let sim = serving(2, Duration::from_secs(600))
         .with(pinned(app("frozen", 1)).budget(json!({"maxUnavailable": 0})))
         .start()
@@ -219,6 +220,33 @@ async fn a_finalizer_removed_by_hand_leaves_no_request_behind() -> Result<()> {
     let _controller = managing(&sim, &["--eviction-api=eviction-request"]).await?;
     delete_node(&client, "node-0").await?;
     wait_for("the frozen pod's request", || {
+        let client = client.clone();
+        async move { Ok(requests_left(&client).await? == 1) }
+    })
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let frozen = pods
+        .list(&kube::api::ListParams::default().labels("app=frozen"))
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .and_then(|pod| pod.metadata.name)
+        .context("the frozen pod")?;
+    let protect = |value: Option<&str>| {
+        Patch::Merge(json!({"metadata": {"annotations": {"nodegrace.io/do-not-evict": value}}}))
+    };
+    pods.patch(&frozen, &PatchParams::default(), &protect(Some("true")))
+        .await?;
+    wait_for("the request withdrawn once the pod is do-not-evict", || {
+        let client = client.clone();
+        async move { Ok(requests_left(&client).await? == 0) }
+    })
+    .await?;
+    terminating_with(&client, "node-0", "BlockedByDoNotEvict", &frozen).await?;
+    pods.patch(&frozen, &PatchParams::default(), &protect(None))
+        .await?;
+    wait_for("the pod requested again", || {
         let client = client.clone();
         async move { Ok(requests_left(&client).await? == 1) }
     })
