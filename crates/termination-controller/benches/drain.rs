@@ -12,7 +12,10 @@
 //! controller's peak RSS; then the CPU per node of the medians and their ratios, and the
 //! 5,000-node rollout's worst RSS, median requests and most disrupted.
 //! `cargo bench --bench drain -- rollout` runs the rollouts alone, `-- pool=N` one rollout of
-//! that pool with its requests by kind and its Events by reason, `-- rss` the memory alone.
+//! that pool with its requests by kind and its Events by reason, `-- rss` the memory alone,
+//! `-- eviction-request` the drain through the Eviction API and through EvictionRequests alone
+//! (after (a), the same node is drained through EvictionRequests: the line `drain
+//! eviction-request s=… ours/eviction-api=… violations=…`).
 
 // A benchmark is one measured run, top to bottom, as a test is.
 #![allow(clippy::too_many_lines)]
@@ -100,10 +103,11 @@ async fn sim_with_crd(options: SimOptions) -> Result<KubeSim> {
 }
 
 /// A cluster whose node-0 holds every pod of the 10 budgets, with room elsewhere for the
-/// replacements.
-async fn cluster() -> Result<KubeSim> {
+/// replacements; serving the EvictionRequest API when `eviction_requests`.
+async fn cluster(eviction_requests: bool) -> Result<KubeSim> {
     let sim = sim_with_crd(SimOptions {
         nodes: 4,
+        eviction_request_api: eviction_requests,
         world: WorldOptions {
             lease_renew_interval: Duration::from_millis(500),
             node_monitor_grace: Duration::from_secs(5),
@@ -145,10 +149,17 @@ async fn until_drained(client: &Client, started: Instant) -> Result<Duration> {
     Ok(started.elapsed())
 }
 
-async fn ours() -> Result<(Duration, usize)> {
-    let sim = cluster().await?;
+/// This controller's drain of node-0, through the Eviction API or (`eviction_requests`)
+/// EvictionRequests: its time and the audit's violations.
+async fn ours(eviction_requests: bool) -> Result<(Duration, usize)> {
+    let sim = cluster(eviction_requests).await?;
     let client = sim.client();
-    let controller = start_controller(&sim, &[])?;
+    let api = if eviction_requests {
+        "--eviction-api=eviction-request"
+    } else {
+        "--eviction-api=eviction"
+    };
+    let controller = start_controller(&sim, &[api])?;
     controller.until_ready().await?;
     let nodes: Api<Node> = Api::all(client.clone());
     nodegrace_testing::wait_for("the finalizer on node-0", || {
@@ -172,7 +183,7 @@ async fn ours() -> Result<(Duration, usize)> {
 }
 
 async fn kubectl() -> Result<(Duration, usize)> {
-    let sim = cluster().await?;
+    let sim = cluster(false).await?;
     let client = sim.client();
     let started = Instant::now();
     let kubeconfig = sim.kubeconfig_path().to_path_buf();
@@ -608,6 +619,9 @@ fn main() -> Result<()> {
         .iter()
         .find_map(|arg| arg.strip_prefix("pool=")?.parse().ok());
     runtime.block_on(async {
+        if has("eviction-request") {
+            return eviction_request_line(ours(false).await?.0).await;
+        }
         if has("rss") {
             println!("termination rss MiB={:.0}", rss_at_scale().await?);
             return Ok(());
@@ -691,9 +705,21 @@ fn print_run(fleet: Fleet, run: &Rollout) {
     );
 }
 
+/// The same node drained through EvictionRequests (every pod handed to the default evictor),
+/// against `eviction_api`, the Eviction API's time.
+async fn eviction_request_line(eviction_api: Duration) -> Result<()> {
+    let (took, violations) = ours(true).await?;
+    println!(
+        "drain eviction-request s={:.1} ours/eviction-api={:.2} violations={violations}",
+        took.as_secs_f64(),
+        took.as_secs_f64() / eviction_api.as_secs_f64()
+    );
+    Ok(())
+}
+
 async fn drain_and_memory() -> Result<()> {
     {
-        let (ours, ours_violations) = ours().await?;
+        let (ours, ours_violations) = ours(false).await?;
         let (kubectl, kubectl_violations) = kubectl().await?;
         let bound = PODS_PER_BUDGET as f64 * (STOP + READY_AFTER);
         println!(
@@ -707,6 +733,7 @@ async fn drain_and_memory() -> Result<()> {
             ours.as_secs_f64() / bound
         );
         println!("drain violations ours={ours_violations} kubectl={kubectl_violations}");
+        eviction_request_line(ours).await?;
         println!("termination rss MiB={:.0}", rss_at_scale().await?);
     }
     Ok(())
