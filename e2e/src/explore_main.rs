@@ -39,6 +39,12 @@ struct Args {
     /// EC2's eventual consistency to the schedule).
     #[arg(long, value_enum, default_value_t = Provider::Sim)]
     provider: Provider,
+    /// Drain through Kubernetes 1.37's EvictionRequests: kube-sim serves the API (its
+    /// responder heartbeat deadline 3 s), termination-controller runs with
+    /// --eviction-api=eviction-request, and the workloads' pods name responders the explorer
+    /// plays, slow, silent or refusing.
+    #[arg(long)]
+    eviction_requests: bool,
     /// Runs at once (each is a kube-sim and four program processes, mostly idle).
     #[arg(long, default_value_t = 2)]
     jobs: usize,
@@ -98,6 +104,7 @@ fn run() -> Result<bool> {
         duration: args.duration,
         programs: args.program,
         provider: args.provider,
+        eviction_requests: args.eviction_requests,
     };
     let seeds: Vec<u64> = if args.seeds.is_empty() {
         (args.seed..args.seed.saturating_add(args.runs)).collect()

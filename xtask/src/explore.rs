@@ -73,6 +73,9 @@ const PROVIDER_SEEDS: [(&str, &str); 3] = [
     ("cluster-api", "1,2,3,4"),
 ];
 
+/// Seeds the test command plays with `--eviction-requests` (on kube-sim's cloud).
+const EVICTION_REQUEST_SEEDS: &str = "1,2,3,4";
+
 /// The test command's share: the seeds of `e2e/explore/seeds.txt` and [`PROVIDER_SEEDS`],
 /// [`TEST_JOBS`] at once, with the binaries the test command's test build
 /// left (see [`crate::demo::Binaries`]).
@@ -94,6 +97,14 @@ pub fn fixed_seeds_after_tests() -> Result<()> {
         Command::new(&explorer)
             .current_dir(project_root())
             .arg(format!("--seeds={}", seeds.join(",")))
+            .arg(format!("--jobs={TEST_JOBS}")),
+    )?;
+    // Drains through Kubernetes 1.37's EvictionRequests, responders slow, silent or refusing.
+    run_command(
+        Command::new(&explorer)
+            .current_dir(project_root())
+            .arg("--eviction-requests")
+            .arg(format!("--seeds={EVICTION_REQUEST_SEEDS}"))
             .arg(format!("--jobs={TEST_JOBS}")),
     )?;
     for (provider, seeds) in PROVIDER_SEEDS {

@@ -486,7 +486,13 @@ impl Drain {
             }
             let covering = pdbs_for_pod(pod, budgets.iter().map(AsRef::as_ref));
             let key = QueueKey::of(pod, &covering);
-            if let Some(holder) = self.holder(pod) {
+            if let Some(mut holder) = self.holder(pod) {
+                // The default evictor refused by a budget: say which budget, and why.
+                if holder.contains(crate::handover::EVICTOR_REFUSED)
+                    && let [pdb] = covering.as_slice()
+                {
+                    holder = format!("{holder}; {}", budget_blocks(pdb));
+                }
                 handed.push((pod_name(pod), holder));
                 busy.insert(key);
                 continue;

@@ -40,6 +40,8 @@ pub const NODE_LABEL: &str = "nodegrace.io/node";
 pub const NODE_UID_LABEL: &str = "nodegrace.io/node-uid";
 /// The group version the API is served under.
 pub const GROUP_VERSION: &str = "lifecycle.k8s.io/v1alpha1";
+/// What the default evictor's message says when the Eviction API refused it.
+pub const EVICTOR_REFUSED: &str = "pod deletion via the /eviction subresource failed";
 /// How often [`sweep`] looks for requests no termination needs, besides when woken.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 

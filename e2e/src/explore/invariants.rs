@@ -121,7 +121,12 @@ pub fn availability(
 ) -> Vec<Violation> {
     unavailabilities
         .iter()
-        .filter(|u| u.user == TERMINATION_CONTROLLER_USER || u.user == OUT_OF_SERVICE_GC_USER)
+        // The default eviction responder evicts only what termination-controller requested.
+        .filter(|u| {
+            u.user == TERMINATION_CONTROLLER_USER
+                || u.user == OUT_OF_SERVICE_GC_USER
+                || u.user == kube_sim::world::EVICTOR_USER
+        })
         .filter(|u| !deleted_at_the_drain_deadline(u, drain_deadline_pods))
         .filter(|u| !(u.by == Disruption::Eviction && u.status_healthy > u.desired_healthy))
         .map(|u| Violation {

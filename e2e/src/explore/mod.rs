@@ -9,6 +9,7 @@ pub mod invariants;
 pub mod orphans;
 pub mod proxy;
 pub mod record;
+pub mod responders;
 pub mod run;
 pub mod schedule;
 pub mod setup;

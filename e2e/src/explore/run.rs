@@ -32,6 +32,7 @@ use super::invariants::{
 use super::orphans;
 use super::proxy::Proxy;
 use super::record;
+use super::responders;
 use super::schedule::{self, Event, NODES, Program, Programs, Provider, REPLICAS, Step};
 use super::setup;
 use super::setup::node_budgets;
@@ -79,6 +80,8 @@ pub struct Options {
     pub duration: Duration,
     pub programs: Programs,
     pub provider: Provider,
+    /// Drain through EvictionRequests, with responders played by [`super::responders`].
+    pub eviction_requests: bool,
 }
 
 #[derive(Debug)]
@@ -133,6 +136,9 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     let orphans_judged = pod_gc_flags.len() == POD_GC.flags().len();
     let mut sim_args = vec!["--default-toleration-seconds=4".to_owned()];
     sim_args.extend(pod_gc_flags);
+    if options.eviction_requests {
+        sim_args.extend(responders::SIM_FLAGS.map(str::to_owned));
+    }
     let cluster = Cluster::start(
         &kube_sim,
         if registers_nodes { 0 } else { NODES },
@@ -168,7 +174,10 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     if programs.contains(&Program::TerminationController) {
         setup::webhooks(&client, webhook.address()).await?;
     }
-    setup::workloads(&client).await?;
+    setup::workloads(&client, options.eviction_requests).await?;
+    let _responders = options
+        .eviction_requests
+        .then(|| responders::play(client.clone(), seed));
 
     let mut replicas = Vec::new();
     for (program, token) in programs.iter().zip(&tokens) {
@@ -177,6 +186,9 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
             let kubeconfig = dir.join(format!("kubeconfig-{}-{index}", program.name()));
             setup::write_kubeconfig(&kubeconfig, &format!("http://{}", proxy.address()), token)?;
             let mut args = arguments(*program, index, &kubeconfig, webhook_port);
+            if options.eviction_requests && *program == Program::TerminationController {
+                args.push("--eviction-api=eviction-request".to_owned());
+            }
             let (provider_args, provider_env) = machines.program_args(*program);
             args.extend(provider_args);
             let mut replica = Replica {
@@ -292,9 +304,18 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     let out_of_service = programs.contains(&Program::OutOfServiceGc);
     let deadline = Instant::now() + SETTLE_BOUND;
     let (settled, stuck) = loop {
-        let stuck = settled_state(&client, termination, out_of_service)
+        let mut stuck = settled_state(&client, termination, out_of_service)
             .await
             .unwrap_or_else(|error| vec![format!("reading the cluster failed: {error:#}")]);
+        if options.eviction_requests {
+            stuck.extend(
+                responders::requests_left(&client)
+                    .await
+                    .unwrap_or_else(|error| {
+                        vec![format!("reading the requests failed: {error:#}")]
+                    }),
+            );
+        }
         if stuck.is_empty() || Instant::now() >= deadline {
             break (stuck.is_empty(), stuck);
         }
@@ -303,7 +324,11 @@ pub async fn explore(seed: u64, options: &Options) -> Result<Report> {
     if !settled {
         for what in &stuck {
             violations.push(Violation {
-                invariant: 5,
+                invariant: if what.starts_with(responders::LEFT) {
+                    14
+                } else {
+                    5
+                },
                 at: jiff::Timestamp::now().to_string(),
                 what: format!("{:.0?} after the schedule: {what}", settling.elapsed()),
             });

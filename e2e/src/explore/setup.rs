@@ -179,7 +179,7 @@ fn initial_node_budgets() -> [serde_json::Value; 2] {
 
 /// Labels the nodes (pool, zone) and creates the workloads and budgets; waits until every
 /// workload is ready.
-pub async fn workloads(client: &Client) -> Result<()> {
+pub async fn workloads(client: &Client, eviction_requests: bool) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     for index in 0..NODES {
         nodes
@@ -194,7 +194,16 @@ pub async fn workloads(client: &Client) -> Result<()> {
     }
     let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APPS}});
     create(client, &namespace, APPS).await?;
-    let apps = apps();
+    let apps: Vec<Workload> = apps()
+        .into_iter()
+        .map(|app| {
+            if eviction_requests {
+                super::responders::named_on(app)
+            } else {
+                app
+            }
+        })
+        .collect();
     for app in &apps {
         app.create(client).await?;
     }
