@@ -136,8 +136,9 @@ fn fnv(text: &str) -> u64 {
     })
 }
 
-/// 14. No EvictionRequest of termination-controller's is left for a node no longer being
-/// terminated under its finalizer: gone, another Node of that name, or no longer deleting.
+/// Invariant 14: no EvictionRequest of termination-controller's is left for a node no longer
+/// being terminated under its finalizer (gone, another Node of that name, or no longer
+/// deleting).
 pub async fn requests_left(client: &Client) -> Result<Vec<String>> {
     let requests: Api<EvictionRequest> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
