@@ -166,7 +166,13 @@ async fn held_fenced_and_cleaned_nodes_are_named_with_the_command_that_moves_the
     })
     .await?;
 
-    // The force-deleted pod's story, from its Events once it is gone.
+    // The force-deleted pod's story, from its Events once it is gone; the program's Event is
+    // written after the delete, so it is waited for.
+    wait_for("web-2's story to name out-of-service-gc", || async {
+        let pod = kubectl.json(&["explain", "pod", "default/web-2"]).await?;
+        Ok(pod["verdict"]["program"] == GC)
+    })
+    .await?;
     let pod = kubectl.json(&["explain", "pod", "default/web-2"]).await?;
     ensure!(pod["verdict"]["program"] == GC, "{pod:#}");
     ensure!(pod["verdict"]["how"] == "force-deleted", "{pod:#}");
