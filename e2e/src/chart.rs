@@ -1,5 +1,6 @@
 //! A program's Helm chart, installed and rendered by the real helm.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -18,16 +19,19 @@ pub fn helm_binary(repo: &Path) -> PathBuf {
     }
 }
 
-/// The objects `helm install` of `chart` with the values file `values` creates: what `helm
-/// template` renders, less the hooks (run by helm at other moments, e.g. on uninstall).
+/// The objects `helm install` of `chart` with the values file `values` and the `--set` values
+/// `set` creates: what `helm template` renders, less the hooks (run by helm at other moments,
+/// e.g. on uninstall).
 pub fn render(
     helm: &Path,
     chart: &Path,
     release: &str,
     namespace: &str,
     values: &Path,
+    set: &[String],
 ) -> Result<Vec<Value>> {
-    let output = Command::new(helm)
+    let mut command = Command::new(helm);
+    command
         .arg("template")
         // A chart's CRDs (crds/) are installed like its other objects.
         .arg("--include-crds")
@@ -35,14 +39,16 @@ pub fn render(
         .arg(chart)
         .args(["--namespace", namespace])
         .arg("--values")
-        .arg(values)
-        .output()
-        .with_context(|| {
-            format!(
-                "run {} (`cargo xtask demo` installs helm under target/tools)",
-                helm.display()
-            )
-        })?;
+        .arg(values);
+    for value in set {
+        command.args(["--set", value]);
+    }
+    let output = command.output().with_context(|| {
+        format!(
+            "run {} (`cargo xtask demo` installs helm under target/tools)",
+            helm.display()
+        )
+    })?;
     if !output.status.success() {
         bail!(
             "helm template {} failed: {}",
@@ -58,7 +64,16 @@ pub fn render(
         .collect())
 }
 
-/// `helm install <release> <chart> -n <namespace> --create-namespace -f <values>` into the
+/// ` --set a=1 --set b=2` for `set`, as the helm commands the timeline tells take them.
+pub fn set_flags(set: &[String]) -> String {
+    set.iter().fold(String::new(), |mut flags, value| {
+        let _ = write!(flags, " --set {value}");
+        flags
+    })
+}
+
+/// `helm install <release> <chart> -n <namespace> --create-namespace -f <values> --set <set>…`
+/// into the
 /// cluster of `kubeconfig`, as an operator installs it.
 pub fn install(
     helm: &Path,
@@ -67,42 +82,66 @@ pub fn install(
     release: &str,
     namespace: &str,
     values: &[&Path],
+    set: &[String],
 ) -> Result<()> {
     let mut command = Command::new(helm);
-    command
-        .arg("install")
-        .arg(release)
-        .arg(chart)
-        .args(["--namespace", namespace, "--create-namespace"])
-        .arg("--kubeconfig")
-        .arg(kubeconfig);
+    command.arg("install").arg(release).arg(chart).args([
+        "--namespace",
+        namespace,
+        "--create-namespace",
+    ]);
     for file in values {
         command.arg("--values").arg(file);
     }
-    let output = command
-        .output()
-        .with_context(|| format!("run {}", helm.display()))?;
-    if !output.status.success() {
-        bail!(
-            "helm install {release} {} failed: {}",
-            chart.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
+    for value in set {
+        command.args(["--set", value]);
     }
-    Ok(())
+    run(command, kubeconfig, &format!("helm install {release}"))
+}
+
+/// `helm upgrade <release> <chart> -n <namespace> -f <values> --set <set>…`: what an operator
+/// types to change one value of a release.
+pub fn upgrade(
+    helm: &Path,
+    kubeconfig: &Path,
+    chart: &Path,
+    release: &str,
+    namespace: &str,
+    values: &[&Path],
+    set: &[String],
+) -> Result<()> {
+    let mut command = Command::new(helm);
+    command
+        .arg("upgrade")
+        .arg(release)
+        .arg(chart)
+        .args(["--namespace", namespace]);
+    for file in values {
+        command.arg("--values").arg(file);
+    }
+    for value in set {
+        command.args(["--set", value]);
+    }
+    run(command, kubeconfig, &format!("helm upgrade {release}"))
 }
 
 /// `helm uninstall <release> -n <namespace> --wait`.
 pub fn uninstall(helm: &Path, kubeconfig: &Path, release: &str, namespace: &str) -> Result<()> {
-    let output = Command::new(helm)
-        .args(["uninstall", release, "--namespace", namespace, "--wait"])
+    let mut command = Command::new(helm);
+    command.args(["uninstall", release, "--namespace", namespace, "--wait"]);
+    run(command, kubeconfig, &format!("helm uninstall {release}"))
+}
+
+/// Runs a helm command against the cluster of `kubeconfig`; its stderr is the error.
+fn run(mut command: Command, kubeconfig: &Path, what: &str) -> Result<()> {
+    let output = command
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .output()
-        .with_context(|| format!("run {}", helm.display()))?;
+        .with_context(|| format!("run {what}"))?;
     if !output.status.success() {
         bail!(
-            "helm uninstall {release} failed: {}",
+            "{what} failed: {}",
             String::from_utf8_lossy(&output.stderr).trim()
         );
     }

@@ -36,6 +36,16 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// The same grant, wherever it is in its role.
+    fn grants_same(&self, other: &Rule) -> bool {
+        self.at.role == other.at.role
+            && self.namespace == other.namespace
+            && self.groups == other.groups
+            && self.resources == other.resources
+            && self.names == other.names
+            && self.verbs == other.verbs
+    }
+
     /// `ClusterRole/x: nodes/status [get, patch]` as the table shows it.
     pub fn describe(&self) -> String {
         let groups: Vec<&str> = self
@@ -117,32 +127,79 @@ pub fn rules_of(chart: &str, objects: &[Value]) -> Vec<Rule> {
 #[derive(Debug)]
 pub struct Proof {
     pub rule: Rule,
-    pub scenario: &'static str,
+    pub scenario: String,
     pub refusal: Option<String>,
     pub took: Duration,
 }
 
-/// Runs every rule of `chart` (installed with its demo values) and returns what each showed.
+/// The values a chart's RBAC depends on beyond its demo values: each variant's own rules (those
+/// the demo values do not render) are proven with the variant installed.
+fn variants(chart: &str) -> &'static [&'static str] {
+    match chart {
+        "termination-controller" => &["eviction.api=eviction-request"],
+        _ => &[],
+    }
+}
+
+/// Runs every rule of `chart` (installed with its demo values), then the rules its variants
+/// add, and returns what each showed.
 pub async fn prove_chart(inputs: &Inputs, chart: &str) -> Result<Vec<Proof>> {
-    let values = inputs.values_dir.join(format!("{chart}.values.yaml"));
-    let objects = chart::render(
-        &inputs.helm,
-        &inputs.charts_dir.join(chart),
-        chart,
-        AGENTS_NAMESPACE,
-        &values,
-    )?;
+    let rendered = |set: &[String]| -> Result<Vec<Rule>> {
+        let values = inputs.values_dir.join(format!("{chart}.values.yaml"));
+        let objects = chart::render(
+            &inputs.helm,
+            &inputs.charts_dir.join(chart),
+            chart,
+            AGENTS_NAMESPACE,
+            &values,
+            set,
+        )?;
+        Ok(rules_of(chart, &objects))
+    };
+    let demo = rendered(&[])?;
+    let mut proofs = prove_rules(inputs, chart, &[], demo.clone()).await?;
+    for setting in variants(chart) {
+        let set = [(*setting).to_owned()];
+        let added: Vec<Rule> = rendered(&set)?
+            .into_iter()
+            .filter(|rule| !demo.iter().any(|shown| shown.grants_same(rule)))
+            .collect();
+        proofs.extend(prove_rules(inputs, chart, &set, added).await?);
+    }
+    Ok(proofs)
+}
+
+/// Each of `rules`, removed from `chart` installed with `set`, in a cluster of its own.
+async fn prove_rules(
+    inputs: &Inputs,
+    chart: &str,
+    set: &[String],
+    rules: Vec<Rule>,
+) -> Result<Vec<Proof>> {
+    let settings = chart::set_flags(set);
     let mut proofs = Vec::new();
-    for (number, rule) in rules_of(chart, &objects).into_iter().enumerate() {
+    for (number, rule) in rules.into_iter().enumerate() {
         let mut run = inputs.clone();
         run.charts = vec![chart.to_owned()];
         run.without_rule = Some(rule.at.clone());
-        run.work_dir = inputs.work_dir.join(format!("{chart}-{number}"));
-        println!("\n==> least privilege: {chart} without {}", rule.describe());
+        run.values_set = set.to_vec();
+        run.work_dir = inputs.work_dir.join(format!(
+            "{chart}{}-{number}",
+            settings.replace([' ', '=', '.'], "-")
+        ));
+        println!(
+            "\n==> least privilege: {chart}{settings} without {}",
+            rule.describe()
+        );
         let started = Instant::now();
         let mut stage = Stage::build(&run, Timeline::new()).await?;
-        let (scenario, refusal) = play_until_refused(&mut stage, chart, &rule).await?;
+        let refusal = play_until_refused(&mut stage, chart, &rule).await?;
         stage.tear_down();
+        let scenario = if settings.is_empty() {
+            scenario_name(chart).to_owned()
+        } else {
+            format!("with{settings}: {}", scenario_name(chart))
+        };
         proofs.push(Proof {
             rule,
             scenario,
@@ -154,13 +211,8 @@ pub async fn prove_chart(inputs: &Inputs, chart: &str) -> Result<Vec<Proof>> {
 }
 
 /// Plays the chart's scenario while watching its pods' logs for the rule's 403.
-async fn play_until_refused(
-    stage: &mut Stage,
-    chart: &str,
-    rule: &Rule,
-) -> Result<(&'static str, Option<String>)> {
+async fn play_until_refused(stage: &mut Stage, chart: &str, rule: &Rule) -> Result<Option<String>> {
     let client = stage.client().clone();
-    let scenario = scenario_name(chart);
     let refused = poll_for(PROOF_TIMEOUT, || refusal(&client, chart, rule));
     tokio::pin!(refused);
     let played = play(stage, chart);
@@ -168,7 +220,7 @@ async fn play_until_refused(
     let mut playing = true;
     loop {
         tokio::select! {
-            found = &mut refused => return Ok((scenario, found)),
+            found = &mut refused => return Ok(found),
             outcome = &mut played, if playing => {
                 if let Err(error) = outcome {
                     println!("(the scenario stopped: {error:#})");

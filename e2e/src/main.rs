@@ -114,6 +114,7 @@ fn run() -> Result<Ending> {
             work_dir: args.work_dir.unwrap_or_else(|| repo.join("target/demo")),
             charts,
             without_rule: None,
+            values_set: Vec::new(),
         },
         acts: args.acts,
         install_only: args.install_only,

@@ -55,6 +55,9 @@ pub struct Inputs {
     /// A chart installed from its rendering with this one RBAC rule removed, instead of with
     /// helm, to show the rule is needed (its pods are not waited for: they may never be Ready).
     pub without_rule: Option<RuleRef>,
+    /// `helm --set` values for the charts, beside their demo values files (a least-privilege
+    /// proof's variant of a chart).
+    pub values_set: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -65,8 +68,11 @@ pub struct Stage {
     /// The graceful agent's priority groups as its chart configured them: (priority, period).
     pub shutdown_groups: Vec<(i32, Duration)>,
     pub work_dir: PathBuf,
-    /// The helm the charts were installed with.
+    /// The helm the charts were installed with, from `charts_dir` with the values files of
+    /// `values_dir`.
     pub helm: PathBuf,
+    pub charts_dir: PathBuf,
+    pub values_dir: PathBuf,
     /// Where the programs' binaries are, `kubectl-nodegrace` among them.
     pub bin_dir: PathBuf,
     /// Each chart's pods once installed: (program, how many).
@@ -110,6 +116,10 @@ impl Stage {
             format!("--node-roots={}", roots.display()),
             // Probes every second at most: the charts' 10 s default would only make people wait.
             "--probe-period-max=1s".to_owned(),
+            // Kubernetes 1.37's alpha EvictionRequest API, as a cluster that turned it on serves
+            // it; the charts' defaults do not use it, the eviction-request act does.
+            "--feature-gates=EvictionRequestAPI=true".to_owned(),
+            "--runtime-config=lifecycle.k8s.io/v1alpha1=true".to_owned(),
         ];
         for rule in inputs.binaries.run_image_rules(&work_dir.join("images"))? {
             args.push(format!("--run-image={rule}"));
@@ -143,6 +153,8 @@ impl Stage {
             shutdown_groups: Vec::new(),
             work_dir: work_dir.clone(),
             helm: inputs.helm.clone(),
+            charts_dir: inputs.charts_dir.clone(),
+            values_dir: inputs.values_dir.clone(),
             bin_dir: inputs.binaries.dir.clone(),
             installed: Vec::new(),
         };
@@ -186,8 +198,15 @@ impl Stage {
         {
             let values = inputs.values_dir.join(format!("{program}.values.yaml"));
             let chart_dir = inputs.charts_dir.join(program);
-            let objects =
-                chart::render(&inputs.helm, &chart_dir, program, AGENTS_NAMESPACE, &values)?;
+            let set = chart::set_flags(&inputs.values_set);
+            let objects = chart::render(
+                &inputs.helm,
+                &chart_dir,
+                program,
+                AGENTS_NAMESPACE,
+                &values,
+                &inputs.values_set,
+            )?;
             match &inputs.without_rule {
                 Some(rule) if rule.chart == program => {
                     let trimmed = rbac::without(&objects, rule, AGENTS_NAMESPACE)?;
@@ -196,7 +215,7 @@ impl Stage {
                         manifests::create(self.client(), object, AGENTS_NAMESPACE).await?;
                     }
                     self.timeline.event(&format!(
-                        "helm template {program} charts/{program} -f e2e/demo/{program}.values.yaml, rule {} of {} removed, created: {}",
+                        "helm template {program} charts/{program} -f e2e/demo/{program}.values.yaml{set}, rule {} of {} removed, created: {}",
                         rule.index,
                         rule.role,
                         describe_all(&trimmed)
@@ -210,9 +229,10 @@ impl Stage {
                         program,
                         AGENTS_NAMESPACE,
                         &[&values],
+                        &inputs.values_set,
                     )?;
                     self.timeline.event(&format!(
-                        "helm install {program} charts/{program} -n {AGENTS_NAMESPACE} -f e2e/demo/{program}.values.yaml: {}",
+                        "helm install {program} charts/{program} -n {AGENTS_NAMESPACE} -f e2e/demo/{program}.values.yaml{set}: {}",
                         describe_all(&objects)
                     ));
                 }
@@ -316,27 +336,28 @@ impl Stage {
     /// operator installs it) and prints it with its output: what a newcomer reads first.
     /// Offered as a `$` command, to type again on a kept cluster.
     pub async fn nodegrace(&self, args: &[&str]) -> Result<String> {
-        self.run_nodegrace(args, true).await
+        self.kubectl(&[&["nodegrace"], args].concat(), true).await
     }
 
     /// [`Self::nodegrace`] about something gone by the end (a node the demo deletes): told as
     /// run then, not offered again.
     pub async fn nodegrace_then(&self, args: &[&str]) -> Result<String> {
-        self.run_nodegrace(args, false).await
+        self.kubectl(&[&["nodegrace"], args].concat(), false).await
     }
 
-    async fn run_nodegrace(&self, args: &[&str], again: bool) -> Result<String> {
+    /// Runs the real `kubectl <args>` and prints it with its output; `again` as
+    /// [`Timeline::ran`] has it.
+    pub async fn kubectl(&self, args: &[&str], again: bool) -> Result<String> {
         let path = std::env::var_os("PATH").unwrap_or_default();
         let paths = std::iter::once(self.bin_dir.clone()).chain(std::env::split_paths(&path));
+        let command = format!("kubectl {}", args.join(" "));
         let output = tokio::process::Command::new("kubectl")
-            .arg("nodegrace")
             .args(args)
             .env("PATH", std::env::join_paths(paths)?)
             .env("KUBECONFIG", self.kubeconfig())
             .output()
             .await
-            .context("run kubectl nodegrace")?;
-        let command = format!("kubectl nodegrace {}", args.join(" "));
+            .with_context(|| format!("run {command}"))?;
         if !output.status.success() {
             bail!(
                 "{command} failed: {}",

@@ -326,6 +326,40 @@ fn the_controllers_spread_over_nodes_and_zones_and_leave_a_dead_node_within_a_mi
     Ok(())
 }
 
+/// The controller's ClusterRole grants what `eviction.api` makes the drain call, and nothing of
+/// the other API (the e2e least-privilege proof shows each rule needed).
+#[test]
+fn the_controllers_eviction_rbac_follows_eviction_api() -> Result<()> {
+    let grants = |api: &str| -> Result<Vec<String>> {
+        let objects = render(
+            &chart("termination-controller"),
+            &[&format!("eviction.api={api}")],
+        )?;
+        let role = of_kind(&objects, "ClusterRole")
+            .into_iter()
+            .find(|role| role["metadata"]["annotations"]["helm.sh/hook"].is_null())
+            .context("the controller's ClusterRole")?;
+        Ok(role["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|rule| rule["resources"].as_array().cloned().unwrap_or_default())
+            .filter_map(|resource| resource.as_str().map(str::to_owned))
+            .filter(|resource| resource.starts_with("eviction") || resource == "pods/eviction")
+            .collect())
+    };
+    assert_eq!(grants("eviction")?, ["pods/eviction"]);
+    assert_eq!(
+        grants("auto")?,
+        ["pods/eviction", "evictionrequests", "evictions"]
+    );
+    assert_eq!(
+        grants("eviction-request")?,
+        ["evictionrequests", "evictions"]
+    );
+    Ok(())
+}
+
 #[test]
 fn values_users_expect_render_where_they_belong() -> Result<()> {
     for name in CHARTS {

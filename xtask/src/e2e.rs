@@ -5,7 +5,8 @@
 //! - each chart alone: installed, its pods Ready;
 //! - all four together: every act of the story (shutdown by priority, a Lease blocking
 //!   shutdown, out-of-service failover, `kubectl delete node` under budgets with the webhook
-//!   reached through its Service, leader failover by deleting the leader pod);
+//!   reached through its Service, leader failover by deleting the leader pod, a drain through
+//!   Kubernetes 1.37's EvictionRequests with a responder);
 //! - uninstall: termination-controller's pre-delete hook releases every node;
 //! - least privilege: every rule of every chart's Roles and ClusterRoles removed, one at a
 //!   time, in a fresh cluster: the chart's scenario must get the API server's 403 for it;

@@ -2,6 +2,7 @@
 //! checks its outcome from the API and logind (never from logs); it fails with a message that
 //! says what did not happen. Adding an act is one module and one line in [`ALL`].
 
+mod eviction_request;
 mod leader_failover;
 mod lease_blocks_shutdown;
 pub(crate) mod node_termination;
@@ -30,6 +31,7 @@ pub const ALL: &[Act] = &[
     out_of_service::ACT,
     node_termination::ACT,
     leader_failover::ACT,
+    eviction_request::ACT,
 ];
 
 /// Played only when asked for (`--act`): they end what the story leaves to explore.

@@ -130,7 +130,7 @@ async fn play(stage: &mut Stage) -> Result<()> {
     stage.timeline.event(&format!(
         "the backup is done and its controller removes {BACKUP_HOOK}"
     ));
-    wait_gone(&client).await?;
+    wait_gone(&client, NODE).await?;
     stage.machine_terminated(NODE);
     let gone = deleted.elapsed();
     let departures = departures.await.unwrap_or_default();
@@ -179,7 +179,7 @@ async fn play(stage: &mut Stage) -> Result<()> {
     Ok(())
 }
 
-async fn sim_get(client: &Client, path: &str) -> Result<serde_json::Value> {
+pub(crate) async fn sim_get(client: &Client, path: &str) -> Result<serde_json::Value> {
     let request = http::Request::get(path).body(Vec::new())?;
     let text = client.request_text(request).await?;
     Ok(serde_json::from_str(&text)?)
@@ -279,23 +279,37 @@ fn tier_lines(
 }
 
 async fn wait_reason(client: &Client, reason: &str) -> Result<String> {
-    let found = poll_for(TIMEOUT, || async {
-        let condition = node_condition(client, NODE, "Terminating").await.ok()??;
-        (condition.reason.as_deref() == Some(reason)).then(|| condition.message.unwrap_or_default())
+    wait_terminating(client, NODE, |condition_reason, _| {
+        condition_reason == reason
     })
-    .await;
-    found.with_context(|| {
-        format!("{NODE} has no Terminating condition with reason {reason} after {TIMEOUT:?}")
-    })
+    .await
+    .with_context(|| format!("no Terminating condition with reason {reason}"))
 }
 
-async fn wait_gone(client: &Client) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let gone = poll_for(TIMEOUT, || async {
-        nodes.get_opt(NODE).await.ok()?.is_none().then_some(())
+/// The message of `node`'s Terminating condition once `matches(reason, message)`.
+pub(crate) async fn wait_terminating(
+    client: &Client,
+    node: &str,
+    matches: impl Fn(&str, &str) -> bool,
+) -> Result<String> {
+    let found = poll_for(TIMEOUT, || async {
+        let condition = node_condition(client, node, "Terminating").await.ok()??;
+        let reason = condition.reason.unwrap_or_default();
+        let message = condition.message.unwrap_or_default();
+        matches(&reason, &message).then_some(message)
     })
     .await;
-    gone.with_context(|| format!("{NODE} still exists {TIMEOUT:?} after the grant"))
+    found.with_context(|| format!("{node}'s Terminating condition after {TIMEOUT:?}"))
+}
+
+/// Waits until `node` is gone: its finalizer released it.
+pub(crate) async fn wait_gone(client: &Client, node: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let gone = poll_for(TIMEOUT, || async {
+        nodes.get_opt(node).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    gone.with_context(|| format!("{node} still exists {TIMEOUT:?} later"))
 }
 
 /// The chart's admin port, where each replica serves its metrics.

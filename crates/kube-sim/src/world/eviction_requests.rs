@@ -281,25 +281,17 @@ impl Pass<'_> {
         name.truncate(253);
         let name = name.trim_end_matches(['-', '.']).to_owned();
         let responders = target_responders(pod);
-        let mut labels = serde_json::Map::new();
-        for (responder, _) in &responders {
-            labels.insert(responder.clone(), json!("responder"));
-        }
-        let mut owners = Vec::new();
-        for request in self.requests {
-            let requester = text(&request["spec"]["requester"]).to_owned();
-            let role = if labels.contains_key(&requester) {
-                "requester-responder"
-            } else {
-                "requester"
-            };
-            labels.insert(requester, json!(role));
-            owners.push(owner_reference(request));
-        }
-        let eviction = json!({
-            "metadata": {"name": name, "namespace": self.namespace, "labels": labels, "ownerReferences": owners},
+        let labels: serde_json::Map<String, Value> = responders
+            .iter()
+            .map(|(responder, _)| (responder.clone(), json!("responder")))
+            .collect();
+        let mut eviction = json!({
+            "metadata": {"name": name, "namespace": self.namespace, "labels": labels, "ownerReferences": []},
             "spec": {"target": {"pod": {"name": pod_name, "uid": pod["metadata"]["uid"]}}},
         });
+        for request in self.requests {
+            join_as_requester(&mut eviction, request);
+        }
         let created = self
             .store
             .create(&kind, Some(self.namespace), eviction)
@@ -519,18 +511,7 @@ impl Pass<'_> {
             |current| {
                 let mut updated = current.clone();
                 for request in &missing {
-                    let requester = text(&request["spec"]["requester"]);
-                    let role = match updated["metadata"]["labels"][requester].as_str() {
-                        Some("responder" | "requester-responder") => "requester-responder",
-                        _ => "requester",
-                    };
-                    updated["metadata"]["labels"][requester] = json!(role);
-                    if !updated["metadata"]["ownerReferences"].is_array() {
-                        updated["metadata"]["ownerReferences"] = json!([]);
-                    }
-                    if let Some(owners) = updated["metadata"]["ownerReferences"].as_array_mut() {
-                        owners.push(owner_reference(request));
-                    }
+                    join_as_requester(&mut updated, request);
                 }
                 Ok(updated)
             },
@@ -594,6 +575,25 @@ fn owner_reference(request: &Value) -> Value {
         "name": request["metadata"]["name"],
         "uid": request["metadata"]["uid"],
     })
+}
+
+/// Labels `eviction` with the request's requester (`requester`, or `requester-responder` where
+/// it responds too) and makes the Eviction the request's dependent.
+fn join_as_requester(eviction: &mut Value, request: &Value) {
+    let requester = text(&request["spec"]["requester"]);
+    let labels = &mut eviction["metadata"]["labels"];
+    let role = match labels[requester].as_str() {
+        Some("responder" | "requester-responder") => "requester-responder",
+        _ => "requester",
+    };
+    labels[requester] = json!(role);
+    let owners = &mut eviction["metadata"]["ownerReferences"];
+    if !owners.is_array() {
+        *owners = json!([]);
+    }
+    if let Some(owners) = owners.as_array_mut() {
+        owners.push(owner_reference(request));
+    }
 }
 
 #[cfg(test)]
