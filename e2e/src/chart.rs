@@ -72,57 +72,45 @@ pub fn set_flags(set: &[String]) -> String {
     })
 }
 
-/// `helm install <release> <chart> -n <namespace> --create-namespace -f <values> --set <set>…`
-/// into the
-/// cluster of `kubeconfig`, as an operator installs it.
-pub fn install(
-    helm: &Path,
-    kubeconfig: &Path,
-    chart: &Path,
-    release: &str,
-    namespace: &str,
-    values: &[&Path],
-    set: &[String],
-) -> Result<()> {
-    let mut command = Command::new(helm);
-    command.arg("install").arg(release).arg(chart).args([
-        "--namespace",
-        namespace,
-        "--create-namespace",
-    ]);
-    for file in values {
-        command.arg("--values").arg(file);
-    }
-    for value in set {
-        command.args(["--set", value]);
-    }
-    run(command, kubeconfig, &format!("helm install {release}"))
+/// A release of a chart in the cluster of `kubeconfig`, as the real helm manages it.
+#[derive(Debug, Clone, Copy)]
+pub struct Release<'a> {
+    pub helm: &'a Path,
+    pub kubeconfig: &'a Path,
+    pub chart: &'a Path,
+    pub name: &'a str,
+    pub namespace: &'a str,
 }
 
-/// `helm upgrade <release> <chart> -n <namespace> -f <values> --set <set>…`: what an operator
-/// types to change one value of a release.
-pub fn upgrade(
-    helm: &Path,
-    kubeconfig: &Path,
-    chart: &Path,
-    release: &str,
-    namespace: &str,
-    values: &[&Path],
-    set: &[String],
-) -> Result<()> {
-    let mut command = Command::new(helm);
-    command
-        .arg("upgrade")
-        .arg(release)
-        .arg(chart)
-        .args(["--namespace", namespace]);
-    for file in values {
-        command.arg("--values").arg(file);
+impl Release<'_> {
+    /// `helm install <name> <chart> -n <namespace> --create-namespace -f <values> --set <set>…`,
+    /// as an operator installs it.
+    pub fn install(&self, values: &[&Path], set: &[String]) -> Result<()> {
+        self.run(&["install", "--create-namespace"], values, set)
     }
-    for value in set {
-        command.args(["--set", value]);
+
+    /// `helm upgrade <name> <chart> -n <namespace> -f <values> --set <set>…`: what an operator
+    /// types to change one value of a release.
+    pub fn upgrade(&self, values: &[&Path], set: &[String]) -> Result<()> {
+        self.run(&["upgrade"], values, set)
     }
-    run(command, kubeconfig, &format!("helm upgrade {release}"))
+
+    fn run(&self, verb: &[&str], values: &[&Path], set: &[String]) -> Result<()> {
+        let mut command = Command::new(self.helm);
+        command
+            .args(verb)
+            .arg(self.name)
+            .arg(self.chart)
+            .args(["--namespace", self.namespace]);
+        for file in values {
+            command.arg("--values").arg(file);
+        }
+        for value in set {
+            command.args(["--set", value]);
+        }
+        let what = format!("helm {} {}{}", verb[0], self.name, set_flags(set));
+        run(command, self.kubeconfig, &what)
+    }
 }
 
 /// `helm uninstall <release> -n <namespace> --wait`.

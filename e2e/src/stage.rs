@@ -222,15 +222,14 @@ impl Stage {
                     ));
                 }
                 _ => {
-                    chart::install(
-                        &inputs.helm,
-                        self.cluster.kubeconfig(),
-                        &chart_dir,
-                        program,
-                        AGENTS_NAMESPACE,
-                        &[&values],
-                        &inputs.values_set,
-                    )?;
+                    chart::Release {
+                        helm: &inputs.helm,
+                        kubeconfig: self.cluster.kubeconfig(),
+                        chart: &chart_dir,
+                        name: program,
+                        namespace: AGENTS_NAMESPACE,
+                    }
+                    .install(&[&values], &inputs.values_set)?;
                     self.timeline.event(&format!(
                         "helm install {program} charts/{program} -n {AGENTS_NAMESPACE} -f e2e/demo/{program}.values.yaml{set}: {}",
                         describe_all(&objects)

@@ -149,15 +149,14 @@ async fn turn_on(stage: &Stage) -> Result<()> {
     let values = stage
         .values_dir
         .join(format!("{TERMINATION_CONTROLLER}.values.yaml"));
-    chart::upgrade(
-        &stage.helm,
-        stage.kubeconfig(),
-        &stage.charts_dir.join(TERMINATION_CONTROLLER),
-        TERMINATION_CONTROLLER,
-        AGENTS_NAMESPACE,
-        &[&values],
-        &[SETTING.to_owned()],
-    )?;
+    chart::Release {
+        helm: &stage.helm,
+        kubeconfig: stage.kubeconfig(),
+        chart: &stage.charts_dir.join(TERMINATION_CONTROLLER),
+        name: TERMINATION_CONTROLLER,
+        namespace: AGENTS_NAMESPACE,
+    }
+    .upgrade(&[&values], &[SETTING.to_owned()])?;
     stage.timeline.event(&format!(
         "helm upgrade {TERMINATION_CONTROLLER} charts/{TERMINATION_CONTROLLER} -n \
          {AGENTS_NAMESPACE} -f e2e/demo/{TERMINATION_CONTROLLER}.values.yaml --set {SETTING}: \
