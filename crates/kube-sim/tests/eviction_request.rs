@@ -93,6 +93,39 @@ async fn the_eviction(sim: &KubeSim, evictions: &Api<Eviction>) -> Result<Evicti
         .remove(0))
 }
 
+/// db-0 asked for by one request, and the Eviction made of it.
+struct Asked {
+    pods: Api<Pod>,
+    requests: Api<EvictionRequest>,
+    evictions: Api<Eviction>,
+    uid: String,
+    name: String,
+}
+
+async fn ask_for_db_0(sim: &KubeSim) -> Result<Asked> {
+    let client = sim.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = pods.get("db-0").await?;
+    let uid = pod.metadata.uid.clone().context("uid")?;
+    let requests: Api<EvictionRequest> = Api::namespaced(client.clone(), "default");
+    requests
+        .create(&PostParams::default(), &request(&pod, "Eviction")?)
+        .await?;
+    let evictions: Api<Eviction> = Api::namespaced(client, "default");
+    let name = the_eviction(sim, &evictions)
+        .await?
+        .metadata
+        .name
+        .context("name")?;
+    Ok(Asked {
+        pods,
+        requests,
+        evictions,
+        uid,
+        name,
+    })
+}
+
 /// Plays `responder` as upstream's integration test does: applies its own entry of
 /// `status.responders` (server-side apply merges the list by name).
 async fn heartbeat(evictions: &Api<Eviction>, name: &str, responder: &str) -> Result<()> {
@@ -318,17 +351,13 @@ async fn a_responder_that_migrates_its_pod_is_handed_the_eviction_and_no_evictio
         None,
     )
     .await?;
-    let client = sim.client();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let pod = pods.get("db-0").await?;
-    let uid = pod.metadata.uid.clone().context("uid")?;
-    let requests: Api<EvictionRequest> = Api::namespaced(client.clone(), "default");
-    requests
-        .create(&PostParams::default(), &request(&pod, "Eviction")?)
-        .await?;
-    let evictions: Api<Eviction> = Api::namespaced(client.clone(), "default");
-    let eviction = the_eviction(&sim, &evictions).await?;
-    let name = eviction.metadata.name.clone().context("name")?;
+    let Asked {
+        pods,
+        requests,
+        evictions,
+        uid,
+        name,
+    } = ask_for_db_0(&sim).await?;
     ensure!(name == "pod-1-db-0", "{name}");
     wait_until(&sim, "the responder to be Active", || async {
         Ok(states(&evictions.get(&name).await?)
@@ -438,20 +467,12 @@ async fn a_silent_responder_is_passed_over_to_the_evictor_which_evicts() -> Resu
         None,
     )
     .await?;
-    let client = sim.client();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let pod = pods.get("db-0").await?;
-    let uid = pod.metadata.uid.clone().context("uid")?;
-    let requests: Api<EvictionRequest> = Api::namespaced(client.clone(), "default");
-    requests
-        .create(&PostParams::default(), &request(&pod, "Eviction")?)
-        .await?;
-    let evictions: Api<Eviction> = Api::namespaced(client.clone(), "default");
-    let name = the_eviction(&sim, &evictions)
-        .await?
-        .metadata
-        .name
-        .context("name")?;
+    let Asked {
+        evictions,
+        uid,
+        name,
+        ..
+    } = ask_for_db_0(&sim).await?;
     wait_until(&sim, "the silent responder to be passed over", || async {
         Ok(states(&evictions.get(&name).await?)
             == [
@@ -500,19 +521,13 @@ async fn a_budget_that_never_allows_holds_the_pod_with_the_evictors_message() ->
             == Some(1))
     })
     .await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let pod = pods.get("db-0").await?;
-    let uid = pod.metadata.uid.clone().context("uid")?;
-    let requests: Api<EvictionRequest> = Api::namespaced(client.clone(), "default");
-    requests
-        .create(&PostParams::default(), &request(&pod, "Eviction")?)
-        .await?;
-    let evictions: Api<Eviction> = Api::namespaced(client.clone(), "default");
-    let name = the_eviction(&sim, &evictions)
-        .await?
-        .metadata
-        .name
-        .context("name")?;
+    let Asked {
+        pods,
+        requests,
+        evictions,
+        uid,
+        name,
+    } = ask_for_db_0(&sim).await?;
     wait_until(&sim, "the evictor to report the budget", || async {
         let eviction = evictions.get(&name).await?;
         let message = eviction

@@ -54,6 +54,15 @@ async fn requests_left(client: &Client) -> Result<usize> {
     Ok(handover::list(client).await?.len())
 }
 
+/// Waits until exactly `count` EvictionRequests of ours are there.
+async fn wait_requests(client: &Client, count: usize, what: &str) -> Result<()> {
+    wait_for(what, || {
+        let client = client.clone();
+        async move { Ok(requests_left(&client).await? == count) }
+    })
+    .await
+}
+
 /// Plays the responder: a heartbeat with an expected completion, by server-side apply of its
 /// own entry.
 async fn heartbeat(client: &Client, eviction: &str) -> Result<()> {
@@ -130,11 +139,7 @@ async fn a_pod_with_a_responder_leaves_through_it_without_an_eviction_api_call()
     ensure!(web_evicted, "web's pods went through the default evictor");
     ensure!(audit.violations().is_empty(), "{:?}", audit.violations());
     ensure!(has_event(&client, "db-0", "EvictionRequested").await?);
-    wait_for("no EvictionRequest of ours left", || {
-        let client = client.clone();
-        async move { Ok(requests_left(&client).await? == 0) }
-    })
-    .await?;
+    wait_requests(&client, 0, "no EvictionRequest of ours left").await?;
     Ok(())
 }
 
@@ -201,11 +206,7 @@ async fn a_silent_responder_is_passed_over_and_the_deadline_withdraws_what_a_bud
             .any(|evicted| evicted.pod.starts_with("frozen-")),
         "the budget held its pod until the deadline"
     );
-    wait_for("no EvictionRequest of ours left", || {
-        let client = client.clone();
-        async move { Ok(requests_left(&client).await? == 0) }
-    })
-    .await?;
+    wait_requests(&client, 0, "no EvictionRequest of ours left").await?;
     Ok(())
 }
 
@@ -219,11 +220,7 @@ async fn do_not_evict_withdraws_and_a_finalizer_removed_by_hand_leaves_no_reques
     let client = sim.client();
     let _controller = managing(&sim, &["--eviction-api=eviction-request"]).await?;
     delete_node(&client, "node-0").await?;
-    wait_for("the frozen pod's request", || {
-        let client = client.clone();
-        async move { Ok(requests_left(&client).await? == 1) }
-    })
-    .await?;
+    wait_requests(&client, 1, "the frozen pod's request").await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let frozen = pods
         .list(&kube::api::ListParams::default().labels("app=frozen"))
@@ -238,19 +235,16 @@ async fn do_not_evict_withdraws_and_a_finalizer_removed_by_hand_leaves_no_reques
     };
     pods.patch(&frozen, &PatchParams::default(), &protect(Some("true")))
         .await?;
-    wait_for("the request withdrawn once the pod is do-not-evict", || {
-        let client = client.clone();
-        async move { Ok(requests_left(&client).await? == 0) }
-    })
+    wait_requests(
+        &client,
+        0,
+        "the request withdrawn once the pod is do-not-evict",
+    )
     .await?;
     terminating_with(&client, "node-0", "BlockedByDoNotEvict", &frozen).await?;
     pods.patch(&frozen, &PatchParams::default(), &protect(None))
         .await?;
-    wait_for("the pod requested again", || {
-        let client = client.clone();
-        async move { Ok(requests_left(&client).await? == 1) }
-    })
-    .await?;
+    wait_requests(&client, 1, "the pod requested again").await?;
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .patch(
