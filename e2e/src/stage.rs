@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -320,6 +321,41 @@ impl Stage {
         let booted = jiff::Timestamp::now();
         set_kubelet(self.client(), node, None).await?;
         self.wait_until_ready(Some((node, booted))).await
+    }
+
+    /// A new machine joins the cluster as `node`, as a node autoscaler's would: its elogind
+    /// boots and its kubelet registers the Node. Returns once every DaemonSet of ours runs a
+    /// Ready pod there.
+    pub async fn join(&mut self, node: &str) -> Result<()> {
+        self.nodes
+            .push(NodeHost::boot(node, &machine_roots(&self.work_dir)).await?);
+        let registered: Node = serde_json::from_value(kube_sim::populate::node(node))?;
+        Api::<Node>::all(self.client().clone())
+            .create(&PostParams::default(), &registered)
+            .await
+            .with_context(|| format!("register {node}"))?;
+        let daemonsets: Api<DaemonSet> = Api::namespaced(self.client().clone(), AGENTS_NAMESPACE);
+        let pods: Api<Pod> = Api::namespaced(self.client().clone(), AGENTS_NAMESPACE);
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let ready = poll_for(READY_TIMEOUT, || async {
+            let expected = daemonsets
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .len();
+            let running = pods.list(&on_node).await.ok()?.items;
+            let ready = running.iter().filter(|pod| pod_ready(pod)).count();
+            (ready == expected).then_some(())
+        })
+        .await;
+        if ready.is_none() {
+            bail!(
+                "our DaemonSets' pods on {node} are not all Ready after {READY_TIMEOUT:?}:\n{}",
+                pod_report(&pods, &on_node).await
+            );
+        }
+        Ok(())
     }
 
     /// Stops everything: the machines, then the cluster (its pods' processes end with it).

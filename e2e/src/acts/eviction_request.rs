@@ -1,6 +1,7 @@
 //! Act: the operator turns on Kubernetes 1.37's alpha EvictionRequest API for the drain
-//! (`helm upgrade … --set eviction.api=eviction-request`) and deletes node-1, where the
-//! `orders/db` database runs, whose pod names its operator as an eviction responder.
+//! (`helm upgrade … --set eviction.api=eviction-request`). A new machine joins as node-3 and
+//! runs the `orders/db` database, whose pod names its operator as an eviction responder; the
+//! operator deletes node-3.
 //! termination-controller asks for each pod with an EvictionRequest instead of calling the
 //! Eviction API: kube-sim's evictionrequest-controller hands the database's pod to its operator
 //! (played by the act: a heartbeat, then it deletes the pod itself), and every other pod to the
@@ -29,11 +30,12 @@ use crate::wait::poll_for;
 
 pub const ACT: Act = Act {
     slug: "eviction-request",
-    title: "EvictionRequest (Kubernetes 1.37, alpha): node-1's database handed to its operator",
+    title: "EvictionRequest (Kubernetes 1.37, alpha): node-3's database handed to its operator",
     play: |stage| Box::pin(play(stage)),
 };
 
-const NODE: &str = "node-1";
+/// A machine of its own, so the nodes the other acts tell about stay for `--keep`.
+const NODE: &str = "node-3";
 const NAMESPACE: &str = "orders";
 const DB: &str = "db-0";
 const RESPONDER: &str = "db-operator.example.com/failover";
@@ -50,6 +52,11 @@ async fn play(stage: &mut Stage) -> Result<()> {
         .kubectl(&["api-resources", "--api-group=lifecycle.k8s.io"], true)
         .await?;
 
+    stage.join(NODE).await?;
+    stage.timeline.event(&format!(
+        "a new machine joins: {NODE}, its elogind booted and its Node registered; our \
+         DaemonSets' pods are Ready there"
+    ));
     let objects = manifests::parse_documents(ORDERS)?;
     for object in &objects {
         manifests::create(&client, object, NAMESPACE).await?;
