@@ -345,7 +345,18 @@ impl Stage {
                 .items
                 .len();
             let running = pods.list(&on_node).await.ok()?.items;
-            let ready = running.iter().filter(|pod| pod_ready(pod)).count();
+            let of_daemonset = |pod: &&Pod| {
+                pod.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|owner| owner.kind == "DaemonSet")
+            };
+            let ready = running
+                .iter()
+                .filter(of_daemonset)
+                .filter(|pod| pod_ready(pod))
+                .count();
             (ready == expected).then_some(())
         })
         .await;
