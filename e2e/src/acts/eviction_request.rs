@@ -61,13 +61,12 @@ async fn play(stage: &mut Stage) -> Result<()> {
     for object in &objects {
         manifests::create(&client, object, NAMESPACE).await?;
     }
-    let db_uid = running_on(&client, NODE).await?;
+    let (_, db_uid) = db_running(&client, |node| node == NODE).await?;
     stage.timeline.event(&format!(
         "created {}: {DB} runs on {NODE}; its pod names {RESPONDER} as its eviction responder",
         describe_all(&objects)
     ));
 
-    let departures_before = evicted_on(&client, NODE).await?.len();
     Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
         .delete(NODE, &DeleteParams::default())
         .await
@@ -145,7 +144,7 @@ async fn play(stage: &mut Stage) -> Result<()> {
         "{NODE} drained, its machine terminated, and the Node gone {} after the delete",
         seconds(deleted.elapsed())
     ));
-    judge(stage, &db_uid, departures_before).await?;
+    judge(stage, &db_uid).await?;
     Ok(())
 }
 
@@ -205,12 +204,7 @@ async fn rolled_out(client: &Client) -> Option<String> {
         if !done || listed.len() != live.len() {
             return None;
         }
-        let holder = leases
-            .get(TERMINATION_CONTROLLER)
-            .await
-            .ok()?
-            .spec?
-            .holder_identity?;
+        let holder = super::leader_failover::holder(&leases).await?;
         live.iter()
             .any(|pod| pod.metadata.name.as_deref() == Some(holder.as_str()))
             .then_some(holder)
@@ -218,18 +212,17 @@ async fn rolled_out(client: &Client) -> Option<String> {
     .await
 }
 
-/// The UID of `db-0` once it runs Ready on `node`.
-async fn running_on(client: &Client, node: &str) -> Result<String> {
+/// The node and UID of `db-0` once it runs Ready on a node `wanted`.
+async fn db_running(client: &Client, wanted: impl Fn(&str) -> bool) -> Result<(String, String)> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let found = poll_for(TIMEOUT, || async {
         let pod = pods.get_opt(DB).await.ok()??;
-        let here = pod.spec.as_ref()?.node_name.as_deref() == Some(node);
-        (here && pod_ready(&pod) && pod.metadata.deletion_timestamp.is_none())
-            .then(|| pod.metadata.uid.clone())
-            .flatten()
+        let node = pod.spec.as_ref()?.node_name.clone()?;
+        let running = wanted(&node) && pod_ready(&pod) && pod.metadata.deletion_timestamp.is_none();
+        running.then_some((node, pod.metadata.uid?))
     })
     .await;
-    found.with_context(|| format!("{NAMESPACE}/{DB} did not run Ready on {node} in {TIMEOUT:?}"))
+    found.with_context(|| format!("{NAMESPACE}/{DB} did not run Ready where wanted in {TIMEOUT:?}"))
 }
 
 /// The name of the Eviction of the pod `uid` once the operator's responder is its active one.
@@ -279,7 +272,8 @@ async fn heartbeat(client: &Client, eviction: &str) -> Result<()> {
     Ok(())
 }
 
-/// kube-sim's audit of the Eviction API's evictions of pods on `node`.
+/// kube-sim's audit of the Eviction API's evictions of pods on `node` (node-3 joined for this
+/// act, so every one is of its drain).
 async fn evicted_on(client: &Client, node: &str) -> Result<Vec<Evicted>> {
     let all: Vec<Evicted> =
         serde_json::from_value(sim_get(client, "/sim/v1/audit/evictions").await?)?;
@@ -291,7 +285,7 @@ async fn evicted_on(client: &Client, node: &str) -> Result<Vec<Evicted>> {
 
 /// The outcome, from kube-sim's audit and the API: the database left without an Eviction API
 /// call, the other pods through the default evictor within their budgets, no request left.
-async fn judge(stage: &Stage, db_uid: &str, evicted_before: usize) -> Result<()> {
+async fn judge(stage: &Stage, db_uid: &str) -> Result<()> {
     let client = stage.client();
     let evicted = evicted_on(client, NODE).await?;
     if evicted.iter().any(|evicted| evicted.uid == db_uid) {
@@ -299,8 +293,7 @@ async fn judge(stage: &Stage, db_uid: &str, evicted_before: usize) -> Result<()>
             "{DB} was evicted through the Eviction API: the drain did not hand it to {RESPONDER}"
         );
     }
-    let by_evictor = &evicted[evicted_before..];
-    if let Some(other) = by_evictor
+    if let Some(other) = evicted
         .iter()
         .find(|evicted| evicted.user != kube_sim::world::EVICTOR_USER)
     {
@@ -312,7 +305,7 @@ async fn judge(stage: &Stage, db_uid: &str, evicted_before: usize) -> Result<()>
             other.user
         );
     }
-    let names: Vec<String> = by_evictor
+    let names: Vec<String> = evicted
         .iter()
         .map(|evicted| format!("{}/{}", evicted.namespace, evicted.pod))
         .collect();
@@ -341,7 +334,7 @@ async fn judge(stage: &Stage, db_uid: &str, evicted_before: usize) -> Result<()>
             names.join(", ")
         );
     }
-    let replacement = running_elsewhere(client).await?;
+    let (replacement, _) = db_running(client, |node| node != NODE).await?;
     stage.timeline.event(&format!(
         "{NAMESPACE}/{DB} runs again, on {replacement}: the StatefulSet's new pod"
     ));
@@ -356,16 +349,4 @@ async fn judge(stage: &Stage, db_uid: &str, evicted_before: usize) -> Result<()>
          it, 0 PodDisruptionBudget violations, no request left"
     ));
     Ok(())
-}
-
-/// The node the StatefulSet's replacement pod runs Ready on.
-async fn running_elsewhere(client: &Client) -> Result<String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let found = poll_for(TIMEOUT, || async {
-        let pod = pods.get_opt(DB).await.ok()??;
-        let node = pod.spec.as_ref()?.node_name.clone()?;
-        (node != NODE && pod_ready(&pod)).then_some(node)
-    })
-    .await;
-    found.with_context(|| format!("{NAMESPACE}/{DB} did not run again within {TIMEOUT:?}"))
 }

@@ -27,7 +27,8 @@ pub const ACT: Act = Act {
 /// fresh candidate, may take it first.
 const TIMEOUT: Duration = Duration::from_secs(40);
 
-async fn holder(leases: &Api<Lease>) -> Option<String> {
+/// Who holds termination-controller's Lease, if anyone.
+pub(crate) async fn holder(leases: &Api<Lease>) -> Option<String> {
     leases
         .get(TERMINATION_CONTROLLER)
         .await
