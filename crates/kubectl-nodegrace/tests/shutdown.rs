@@ -6,12 +6,15 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_sim::{KubeSim, SimOptions};
 use logind_harness::{LogindHarness, ScenarioOptions};
 use nodegrace_testing::{ProgramUnderTest, command_line};
 use serde_json::json;
+
+/// Holds the shutdown's pod until the test has looked.
+const HOLD: &str = "test.nodegrace.io/hold";
 
 use crate::plugin::{Kubectl, blocked_by, command, status_facts, viewer, wait_for};
 
@@ -119,12 +122,14 @@ async fn a_shutdown_in_progress_shows_until_its_pods_are_gone() -> Result<()> {
         kube_sim::populate::node("node-a"),
     )
     .await?;
-    // A pod that takes 3 s to stop: the shutdown is in progress that long.
+    // A pod held by a finalizer: the shutdown is in progress until the test lets it go (within
+    // the group's 60 s), however slowly a loaded machine runs the plugin meanwhile.
     let pods = Api::<Pod>::namespaced(client.clone(), "default");
     create(
         &client,
         pods.clone(),
-        json!({"metadata": {"name": "slow", "annotations": {"sim.nodegrace.io/stop-seconds": "3"}},
+        json!({"metadata": {"name": "slow", "finalizers": [HOLD],
+                            "annotations": {"sim.nodegrace.io/stop-seconds": "1"}},
                "spec": {"nodeName": "node-a", "terminationGracePeriodSeconds": 30,
                         "containers": [{"name": "c", "image": "i"}]}}),
     )
@@ -140,7 +145,7 @@ async fn a_shutdown_in_progress_shows_until_its_pods_are_gone() -> Result<()> {
         format!("--boot-id-file={}", boot_id.display()),
         format!("--logind-drop-in-dir={}", logind.drop_in_dir().display()),
         "--admin-listen=127.0.0.1:0".to_owned(),
-        "--shutdown-grace-period-by-pod-priority=0=10".to_owned(),
+        "--shutdown-grace-period-by-pod-priority=0=60".to_owned(),
         "--logind-reload-timeout=1s".to_owned(),
     ];
     let args = Args::try_parse_from(command_line(PROGRAM, &defaults, &[]))?;
@@ -163,7 +168,7 @@ async fn a_shutdown_in_progress_shows_until_its_pods_are_gone() -> Result<()> {
             .admin()
             .get("/metrics")
             .await?
-            .contains("graceful_shutdown_budget_seconds 10.0"))
+            .contains("graceful_shutdown_budget_seconds 60.0"))
     })
     .await?;
     logind.power_off().await?;
@@ -185,6 +190,7 @@ async fn a_shutdown_in_progress_shows_until_its_pods_are_gone() -> Result<()> {
     let table = kubectl.nodegrace(&["status", "node-a"]).await?;
     println!("{table}");
     ensure!(table.contains("shutting down"), "{table}");
+    let_go(&pods, "slow").await?;
     wait_for("the slow pod to be gone", || async {
         Ok(pods.get_opt("slow").await?.is_none())
     })
@@ -197,6 +203,14 @@ async fn a_shutdown_in_progress_shows_until_its_pods_are_gone() -> Result<()> {
     );
     ensure!(pod["verdict"]["how"] == "terminated", "{pod:#}");
     agent.stop().await
+}
+
+/// Removes the test's finalizer from `pod`: its deletion completes.
+async fn let_go(pods: &Api<Pod>, pod: &str) -> Result<()> {
+    let released = json!({"metadata": {"finalizers": null}});
+    pods.patch(pod, &PatchParams::default(), &Patch::Merge(released))
+        .await?;
+    Ok(())
 }
 
 /// A user with only the docs' read role gets the same answers; without Leases, the rest and one
